@@ -1,0 +1,30 @@
+"""The ops layer: each NPU kernel the patches call, behind one function.
+
+``kernels()`` returns a namespace with torch_npu's op names and signatures:
+torch_npu itself when the target is a (real or simulated) NPU, and
+:mod:`npu_inject.ops.reference` -- plain PyTorch following torch_npu's documented
+semantics -- in the CPU rehearsal.
+"""
+
+from __future__ import annotations
+
+import functools
+from types import ModuleType
+
+from npu_inject import settings
+
+
+@functools.lru_cache(maxsize=None)
+def _kernels_for(target: str | None) -> ModuleType:
+    if target == "npu":
+        import torch_npu
+
+        return torch_npu
+    from npu_inject.ops import reference
+
+    return reference
+
+
+def kernels() -> ModuleType:
+    """torch_npu on an NPU target, the reference implementations otherwise."""
+    return _kernels_for(settings.load().target)

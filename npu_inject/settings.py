@@ -1,0 +1,79 @@
+"""What the environment asks of the runtime.
+
+Stdlib only: this module is imported from the ``.pth`` bootstrap path once the
+runtime is enabled, before torch or torchtitan are imported.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+from npu_inject.errors import ConfigError
+
+ENV_TARGET = "TORCHTITAN_NPU"
+ENV_PATCHES = "TORCHTITAN_NPU_PATCHES"
+ENV_REGISTRY = "TORCHTITAN_NPU_REGISTRY"
+ENV_STRICT = "TORCHTITAN_NPU_STRICT"
+ENV_REPORT_DIR = "TORCHTITAN_NPU_REPORT_DIR"
+
+# Values of TORCHTITAN_NPU and the target each one selects (None: runtime off).
+TARGET_VALUES = {"": None, "0": None, "1": "npu", "npu": "npu", "cpu": "cpu"}
+TARGETS = ("npu", "cpu")
+_BOOL_VALUES = {"": False, "0": False, "1": True}
+
+
+def parse_target(raw: str | None) -> str | None:
+    """Map a TORCHTITAN_NPU value to "npu", "cpu" or None (disabled)."""
+    value = (raw or "").strip().lower()
+    if value not in TARGET_VALUES:
+        valid = ", ".join(repr(v) for v in TARGET_VALUES if v)
+        raise ConfigError(
+            f"{ENV_TARGET}={raw!r} is not valid; use one of {valid} "
+            f"(1/npu: real Ascend NPU, cpu: CPU rehearsal, 0 or unset: off)"
+        )
+    return TARGET_VALUES[value]
+
+
+def parse_flag(name: str, raw: str | None) -> bool:
+    value = (raw or "").strip()
+    if value not in _BOOL_VALUES:
+        raise ConfigError(f"{name}={raw!r} is not valid; use 1 (on) or 0 (off)")
+    return _BOOL_VALUES[value]
+
+
+@dataclass(frozen=True)
+class Settings:
+    """The runtime's view of the environment, validated."""
+
+    target: str | None  # "npu", "cpu" or None when the runtime is off
+    patches: str  # raw TORCHTITAN_NPU_PATCHES selection, parsed against the registry
+    registry_path: str | None  # user registry merged over the packaged one
+    strict: bool
+    report_dir: str | None  # where the report goes until torchtitan's dump folder is known
+
+    @property
+    def enabled(self) -> bool:
+        return self.target is not None
+
+    @property
+    def rehearsal(self) -> bool:
+        return self.target == "cpu"
+
+
+def load(environ: os._Environ | dict | None = None) -> Settings:
+    """Read and validate every TORCHTITAN_NPU* variable; raises ConfigError."""
+    env = os.environ if environ is None else environ
+    registry_path = env.get(ENV_REGISTRY) or None
+    if registry_path is not None and not os.path.isfile(registry_path):
+        raise ConfigError(
+            f"{ENV_REGISTRY}={registry_path!r}: no such file; "
+            "point it at a JSON registry file or unset it"
+        )
+    return Settings(
+        target=parse_target(env.get(ENV_TARGET)),
+        patches=env.get(ENV_PATCHES, "").strip(),
+        registry_path=registry_path,
+        strict=parse_flag(ENV_STRICT, env.get(ENV_STRICT)),
+        report_dir=env.get(ENV_REPORT_DIR) or None,
+    )
