@@ -1,0 +1,148 @@
+"""torchtitan's attention cases, expressed as ``npu_fusion_attention`` calls.
+
+Shape suffixes follow torchtitan: B batch, L sequence, N heads, H head dim,
+T packed tokens. Inputs arrive as (B, L, N, H), which is the kernel's BSND
+layout, so plain causal attention needs no transpose; document-packed batches
+use the TND layout with cumulative per-document end offsets.
+
+Masks are never built per call: the causal and band sparse modes (2, 3, 4) take
+torch_npu's compressed 2048x2048 upper-triangular mask, made once per device.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+
+from npu_inject.ops import kernels
+
+COMPRESSED_MASK_SIZE = 2048
+UNBOUNDED_TOCKENS = 2147483647
+SPARSE_ALL_MASK, SPARSE_LEFT_UP_CAUSAL, SPARSE_RIGHT_DOWN_CAUSAL, SPARSE_BAND = 1, 2, 3, 4
+
+_compressed_masks: dict[torch.device, torch.Tensor] = {}
+
+
+def compressed_causal_mask(device: torch.device) -> torch.Tensor:
+    """The 2048x2048 mask sparse modes 2/3/4 take (True = masked out), cached per device."""
+    mask = _compressed_masks.get(device)
+    if mask is None:
+        ones = torch.ones(COMPRESSED_MASK_SIZE, COMPRESSED_MASK_SIZE, dtype=torch.bool, device=device)
+        mask = _compressed_masks[device] = torch.triu(ones, diagonal=1)
+    return mask
+
+
+@dataclass(frozen=True)
+class AttentionPlan:
+    """Which kernel call a torchtitan mask amounts to.
+
+    ``document_ends`` are cumulative end offsets of every packed document over the
+    flattened B*L tokens (TND's actual_seq_qlen); None means one sequence per row.
+    ``window`` is the sliding-window size in tokens including the query itself
+    (None: unbounded). ``causal`` False means full bidirectional attention.
+    """
+
+    causal: bool = True
+    window: int | None = None
+    document_ends: tuple[int, ...] | None = None
+
+
+def document_ends_from_positions(positions_BL: torch.Tensor) -> tuple[int, ...]:
+    """Cumulative document ends over B*L tokens; documents start where positions reset to 0.
+
+    Each row starts a document, as torchtitan's packed-document flex masks behave.
+    One host synchronisation, once per forward (shared by every layer).
+    """
+    starts_BL = positions_BL == 0
+    starts_BL[:, 0] = True
+    starts = starts_BL.flatten().nonzero().flatten().tolist()
+    return tuple(starts[1:]) + (positions_BL.numel(),)
+
+
+def _sparse_arguments(plan: AttentionPlan) -> dict:
+    if not plan.causal:
+        return {"sparse_mode": 0, "atten_mask": None}
+    if plan.window is None:
+        # Equal query/key lengths: left-up and right-down causal coincide; TND needs
+        # right-down (mode 3) so each packed document is causal on its own.
+        mode = SPARSE_RIGHT_DOWN_CAUSAL if plan.document_ends else SPARSE_LEFT_UP_CAUSAL
+        return {"sparse_mode": mode}
+    return {"sparse_mode": SPARSE_BAND, "pre_tockens": plan.window - 1, "next_tockens": 0}
+
+
+def fusion_attention_BLNH(
+    q_BLNH: torch.Tensor,
+    k_BLNH: torch.Tensor,
+    v_BLNH: torch.Tensor,
+    plan: AttentionPlan,
+    scale: float | None,
+    compute_dtype: torch.dtype | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Attention output (B, L, N, H) and log-sum-exp (B, L, N) through npu_fusion_attention.
+
+    Key/value may carry fewer heads than the query (GQA): the kernel takes them as
+    they are. ``compute_dtype`` casts q/k/v for kernels that need half precision.
+    """
+    B, L, N, H = q_BLNH.shape
+    value_head_dim = v_BLNH.shape[-1]
+    scale = 1.0 / math.sqrt(H) if scale is None else scale
+    out_dtype = q_BLNH.dtype
+    if compute_dtype is not None and compute_dtype != q_BLNH.dtype:
+        q_BLNH, k_BLNH, v_BLNH = (t.to(compute_dtype) for t in (q_BLNH, k_BLNH, v_BLNH))
+    arguments = {"scale": scale, "atten_mask": compressed_causal_mask(q_BLNH.device)}
+    arguments.update(_sparse_arguments(plan))
+    ops = kernels()
+    if plan.document_ends is None:
+        out_BLNH, softmax_max_BNL8, softmax_sum_BNL8, *_ = ops.npu_fusion_attention(
+            q_BLNH, k_BLNH, v_BLNH, N, "BSND", **arguments
+        )
+        lse_BLN = (softmax_max_BNL8[..., 0] + softmax_sum_BNL8[..., 0].log()).transpose(1, 2)
+    else:
+        T = B * L
+        ends = list(plan.document_ends)
+        out_TNH, softmax_max_TN8, softmax_sum_TN8, *_ = ops.npu_fusion_attention(
+            q_BLNH.reshape(T, N, H),
+            k_BLNH.reshape(T, k_BLNH.shape[2], H),
+            v_BLNH.reshape(T, v_BLNH.shape[2], value_head_dim),
+            N,
+            "TND",
+            actual_seq_qlen=ends,
+            actual_seq_kvlen=ends,
+            **arguments,
+        )
+        out_BLNH = out_TNH.view(B, L, N, value_head_dim)
+        lse_BLN = (softmax_max_TN8[..., 0] + softmax_sum_TN8[..., 0].log()).view(B, L, N)
+    return out_BLNH.to(out_dtype), lse_BLN
+
+
+def reference_attention_BLNH(
+    q_BLNH: torch.Tensor,
+    k_BLNH: torch.Tensor,
+    v_BLNH: torch.Tensor,
+    keep_BNLL: torch.Tensor,
+    scale: float | None,
+    score_mod=None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Fallback for masks/score_mods the kernel cannot express: explicit scores and softmax.
+
+    ``keep_BNLL`` is a dense boolean mask (True = attend), broadcastable over heads.
+    """
+    B, L, N, H = q_BLNH.shape
+    q_BNLH = q_BLNH.transpose(1, 2).float()
+    groups = N // k_BLNH.shape[2]
+    k_BNLH = k_BLNH.transpose(1, 2).float().repeat_interleave(groups, dim=1)
+    v_BNLH = v_BLNH.transpose(1, 2).float().repeat_interleave(groups, dim=1)
+    scale = 1.0 / math.sqrt(H) if scale is None else scale
+    scores_BNLL = (q_BNLH @ k_BNLH.transpose(-1, -2)) * scale
+    if score_mod is not None:
+        index = lambda size, dim: torch.arange(size, device=q_BLNH.device).view(  # noqa: E731
+            [size if d == dim else 1 for d in range(4)]
+        )
+        scores_BNLL = score_mod(scores_BNLL, index(B, 0), index(N, 1), index(L, 2), index(k_BLNH.shape[1], 3))
+    scores_BNLL = scores_BNLL.masked_fill(~keep_BNLL, float("-inf"))
+    lse_BNL = torch.logsumexp(scores_BNLL, dim=-1)
+    probs_BNLL = torch.exp(scores_BNLL - lse_BNL.unsqueeze(-1)).nan_to_num(0.0)
+    out_BNLH = probs_BNLL @ v_BNLH
+    return out_BNLH.transpose(1, 2).to(q_BLNH.dtype), lse_BNL.transpose(1, 2)

@@ -1,0 +1,176 @@
+"""What a patch uses to change torchtitan: recorded, reversible edits.
+
+Every change a patch makes goes through a :class:`PatchContext`, which keeps
+the exact original (the raw class ``__dict__`` entry for class attributes, so
+staticmethods, classmethods and properties come back unchanged). Reverting
+restores the originals in reverse order; the runtime reverts automatically when
+``apply`` raises, which makes applying all or nothing.
+"""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+import logging
+from dataclasses import dataclass, field
+from types import ModuleType
+from typing import Any, Callable, Mapping
+
+import wrapt
+
+logger = logging.getLogger("npu_inject")
+
+_MISSING = object()
+
+
+@dataclass
+class _Change:
+    owner: Any
+    attribute: str
+    original: Any  # raw value, or _MISSING if the attribute did not exist on owner
+    target: str
+
+
+class TargetMissing(LookupError):
+    """A ``module:qualname`` target does not exist in the installed torchtitan."""
+
+
+def split_target(target: str) -> tuple[str, str]:
+    module_name, sep, qualname = target.partition(":")
+    if not sep or not module_name or not qualname:
+        raise ValueError(f"target {target!r} must look like 'package.module:Qual.name'")
+    return module_name, qualname
+
+
+def resolve_owner(target: str) -> tuple[Any, str]:
+    """(object holding the attribute, attribute name) for ``module:Qual.name``."""
+    module_name, qualname = split_target(target)
+    try:
+        owner: Any = importlib.import_module(module_name)
+    except ImportError as exc:
+        raise TargetMissing(f"{target}: module {module_name!r} cannot be imported ({exc})") from exc
+    *path, attribute = qualname.split(".")
+    for part in path:
+        try:
+            owner = getattr(owner, part)
+        except AttributeError:
+            raise TargetMissing(f"{target}: {part!r} not found") from None
+    return owner, attribute
+
+
+def target_exists(target: str) -> bool:
+    owner, attribute = resolve_owner(target)
+    return _raw_get(owner, attribute) is not _MISSING
+
+
+def _raw_get(owner: Any, attribute: str) -> Any:
+    if inspect.isclass(owner):
+        for klass in owner.__mro__:
+            if attribute in vars(klass):
+                return vars(klass)[attribute] if klass is owner else _Inherited(vars(klass)[attribute])
+        return _MISSING
+    return getattr(owner, attribute, _MISSING)
+
+
+class _Inherited:
+    """Marks a class attribute found on a base class: reverting deletes the override."""
+
+    def __init__(self, value: Any) -> None:
+        self.value = value
+
+
+@dataclass
+class PatchContext:
+    """Handed to a patch's ``apply``/``revert``; records every change it makes."""
+
+    patch_id: str
+    target: str  # "npu" or "cpu"
+    options: Mapping[str, Any]
+    declared_targets: tuple[str, ...] = ()
+    on_fallback: Callable[[str, str], None] | None = None
+    changes: list[_Change] = field(default_factory=list)
+    cleanups: list[Callable[[], None]] = field(default_factory=list)
+    fallbacks: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def rehearsal(self) -> bool:
+        return self.target == "cpu"
+
+    def module(self, name: str) -> ModuleType:
+        return importlib.import_module(name)
+
+    def original(self, target: str) -> Any:
+        """The current value of a target (resolved as attribute access would)."""
+        owner, attribute = resolve_owner(target)
+        if _raw_get(owner, attribute) is _MISSING:
+            raise TargetMissing(f"{target}: attribute {attribute!r} not found")
+        return getattr(owner, attribute)
+
+    def replace(self, target: str, value: Any) -> Any:
+        """Set ``target`` to ``value``; returns the previous (raw) value."""
+        self._check_declared(target)
+        owner, attribute = resolve_owner(target)
+        raw = _raw_get(owner, attribute)
+        if raw is _MISSING:
+            raise TargetMissing(f"{target}: attribute {attribute!r} not found")
+        original = _MISSING if isinstance(raw, _Inherited) else raw
+        self.changes.append(_Change(owner, attribute, original, target))
+        setattr(owner, attribute, value)
+        return raw.value if isinstance(raw, _Inherited) else raw
+
+    def wrap(self, target: str, wrapper: Callable[..., Any]) -> Any:
+        """Wrap a function or method with a wrapt wrapper ``(wrapped, instance, args, kwargs)``."""
+        owner, attribute = resolve_owner(target)
+        raw = _raw_get(owner, attribute)
+        if raw is _MISSING:
+            raise TargetMissing(f"{target}: attribute {attribute!r} not found")
+        function = raw.value if isinstance(raw, _Inherited) else raw
+        wrapped = wrapt.FunctionWrapper(function, wrapper)
+        self.replace(target, wrapped)
+        return wrapped
+
+    def add_cleanup(self, cleanup: Callable[[], None]) -> None:
+        """Run on revert, for state that is not an attribute (registries, env vars)."""
+        self.cleanups.append(cleanup)
+
+    def fallback(self, reason: str) -> None:
+        """Record (once per reason) that a slower or reference path is taken, and why."""
+        if reason in self.fallbacks:
+            return
+        self.fallbacks.append(reason)
+        logger.warning("npu_inject: patch %s falls back: %s", self.patch_id, reason)
+        if self.on_fallback is not None:
+            self.on_fallback(self.patch_id, reason)
+
+    def note(self, message: str) -> None:
+        """A fact for the report (e.g. which optimizer implementation was picked)."""
+        if message not in self.notes:
+            self.notes.append(message)
+
+    def restore(self) -> None:
+        """Undo every recorded change, newest first; leaves the context reusable."""
+        errors = []
+        for cleanup in reversed(self.cleanups):
+            try:
+                cleanup()
+            except Exception as exc:  # keep restoring the rest; report all failures together
+                errors.append(f"cleanup {cleanup!r}: {exc!r}")
+        for change in reversed(self.changes):
+            if change.original is _MISSING:
+                if change.attribute in vars(change.owner):
+                    delattr(change.owner, change.attribute)
+            else:
+                setattr(change.owner, change.attribute, change.original)
+        self.changes.clear()
+        self.cleanups.clear()
+        if errors:
+            raise RuntimeError(f"patch {self.patch_id}: restoring failed: {'; '.join(errors)}")
+
+    def _check_declared(self, target: str) -> None:
+        # Keeps registry.json honest: a patch may only touch what it declares.
+        if self.declared_targets and target not in self.declared_targets:
+            raise ValueError(
+                f"patch {self.patch_id} changes {target!r}, which registry.json does not list "
+                f"in its 'targets' ({', '.join(self.declared_targets)})"
+            )

@@ -1,0 +1,145 @@
+"""attention: torchtitan's inner attention runs on npu_fusion_attention semantics.
+
+torchtitan 0.3.0 language models accept only FlexAttention (no NPU kernel, no
+CPU backward) and VarlenAttention (CUDA flash attention). This patch:
+
+* replaces ``Decoder._create_flex_attention_mask``: when the mask mods are ones
+  the kernel can express -- causal, packed-document causal, sliding window --
+  it returns an :class:`AttentionPlan` (no BlockMask is built); any other mask
+  still gets upstream's BlockMask;
+* replaces ``FlexAttention.forward``: an AttentionPlan runs through
+  ``npu_fusion_attention`` (BSND causal, TND per document, band for windows);
+  a BlockMask or a score_mod falls back to explicit reference math, with a
+  one-time warning and a report entry;
+* replaces ``VarlenAttention.forward``: TND with the cumulative lengths from
+  torchtitan's VarlenMetadata; ``window_size`` maps to causal, band or full.
+"""
+
+from __future__ import annotations
+
+import weakref
+
+from npu_inject.patching import PatchContext
+
+TRIGGERS = ("torchtitan.models.common.decoder",)
+TARGETS = (
+    "torchtitan.models.common.decoder:Decoder._create_flex_attention_mask",
+    "torchtitan.models.common.attention:FlexAttention.forward",
+    "torchtitan.models.common.attention:VarlenAttention.forward",
+)
+SUPPORTS = {"torchtitan": ">=0.3.0,<0.4", "torch": ">=2.14", "torch_npu": ">=2.14"}
+REQUIRES = ("device",)
+
+
+def _mask_mod_codes():
+    """Code objects of torchtitan's mask-mod closures, to recognise them without calling them."""
+    import torch
+    from torchtitan.models.common import attention
+
+    one_row, two_rows = torch.zeros(1, 2, dtype=torch.long), torch.zeros(2, 2, dtype=torch.long)
+    return {
+        attention.get_causal_mask_mod().__code__: "causal",
+        attention.get_document_mask_mod(one_row).__code__: "document",
+        attention.get_efficient_causal_mask_mod_for_packed_document(one_row).__code__: "document",
+        attention.get_efficient_causal_mask_mod_for_packed_document(two_rows).__code__: "document",
+        attention.get_sliding_window_mask_mod(1).__code__: "window",
+    }
+
+
+def plan_for_mask_mods(mask_mods, positions_BL, codes):
+    """An AttentionPlan for ANDed mask mods, or None when the kernel cannot express them."""
+    from npu_inject.ops.attention import AttentionPlan, document_ends_from_positions
+
+    kinds, window = set(), None
+    for mask_mod in mask_mods:
+        kind = codes.get(getattr(mask_mod, "__code__", None))
+        if kind is None:
+            return None
+        if kind == "window":
+            cells = dict(zip(mask_mod.__code__.co_freevars, mask_mod.__closure__ or ()))
+            window = cells["window_size"].cell_contents
+        kinds.add(kind)
+    if "causal" not in kinds and "window" not in kinds:
+        return None  # a document mask without causality is not one of the kernel's modes
+    document_ends = document_ends_from_positions(positions_BL) if "document" in kinds else None
+    return AttentionPlan(causal=True, window=window, document_ends=document_ends)
+
+
+def _compute_dtype(ctx: PatchContext, dtype):
+    import torch
+
+    if ctx.target == "npu" and dtype == torch.float32:
+        ctx.note("fp32 attention inputs run in bf16 (the NPU fused kernel takes fp16/bf16)")
+        return torch.bfloat16
+    return None
+
+
+def apply(ctx: PatchContext) -> None:
+    from torch.nn.attention.flex_attention import create_mask
+
+    from npu_inject.ops.attention import (
+        AttentionPlan,
+        fusion_attention_BLNH,
+        reference_attention_BLNH,
+    )
+
+    codes = _mask_mod_codes()
+    host_offsets = weakref.WeakKeyDictionary()  # cu_seq tensor -> host tuple, one sync per forward
+
+    def create_flex_attention_mask(wrapped, instance, args, kwargs):
+        positions, attn_config, mask_mods = _bind(args, kwargs, ("positions", "attn_config", "mask_mods"))
+        plan = plan_for_mask_mods(mask_mods, positions, codes)
+        return plan if plan is not None else wrapped(*args, **kwargs)
+
+    def flex_forward(wrapped, instance, args, kwargs):
+        q_BLNH, k_BLNH, v_BLNH = args[:3]
+        mask = kwargs["attention_masks"]
+        score_mod, scale = kwargs.get("score_mod"), kwargs.get("scale")
+        out_transform = kwargs.get("out_transform")
+        if isinstance(mask, AttentionPlan) and score_mod is None:
+            out_BLNH, lse_BLN = fusion_attention_BLNH(
+                q_BLNH, k_BLNH, v_BLNH, mask, scale, _compute_dtype(ctx, q_BLNH.dtype)
+            )
+        else:
+            what = "a score_mod" if score_mod is not None else "a mask the fused kernel cannot express"
+            ctx.fallback(f"FlexAttention with {what} runs on reference attention (explicit mask, slower)")
+            B, L = q_BLNH.shape[:2]
+            keep_BNLL = create_mask(mask.mask_mod, B, None, L, k_BLNH.shape[1], device=q_BLNH.device)
+            out_BLNH, lse_BLN = reference_attention_BLNH(q_BLNH, k_BLNH, v_BLNH, keep_BNLL, scale, score_mod)
+        return out_BLNH if out_transform is None else out_transform(out_BLNH, lse_BLN)
+
+    def varlen_forward(wrapped, instance, args, kwargs):
+        q_BLNH, k_BLNH, v_BLNH = args[:3]
+        metadata = kwargs["attention_masks"]
+        scale, out_transform = kwargs.get("scale"), kwargs.get("out_transform")
+        offsets = metadata.cu_seq_q_host or host_offsets.get(metadata.cu_seq_q)
+        if offsets is None:
+            offsets = host_offsets[metadata.cu_seq_q] = tuple(metadata.cu_seq_q.tolist())
+        left, right = instance.window_size
+        if (left, right) == (-1, -1):
+            plan = AttentionPlan(causal=False, document_ends=offsets[1:])
+        elif right == 0:
+            plan = AttentionPlan(window=None if left < 0 else left + 1, document_ends=offsets[1:])
+        else:
+            raise NotImplementedError(
+                f"VarlenAttention window_size={instance.window_size}: the NPU kernel's band mode "
+                "needs right == 0 (causal or sliding window) or (-1, -1) (full)"
+            )
+        out_BLNH, lse_BLN = fusion_attention_BLNH(
+            q_BLNH, k_BLNH, v_BLNH, plan, scale, _compute_dtype(ctx, q_BLNH.dtype)
+        )
+        return out_BLNH if out_transform is None else out_transform(out_BLNH, lse_BLN)
+
+    ctx.wrap("torchtitan.models.common.decoder:Decoder._create_flex_attention_mask", create_flex_attention_mask)
+    ctx.wrap("torchtitan.models.common.attention:FlexAttention.forward", flex_forward)
+    ctx.wrap("torchtitan.models.common.attention:VarlenAttention.forward", varlen_forward)
+
+
+def _bind(args, kwargs, names):
+    values = dict(zip(names, args))
+    values.update({name: kwargs[name] for name in names if name in kwargs})
+    return [values[name] for name in names]
+
+
+def revert(ctx: PatchContext) -> None:
+    """The recorded wrappers are all there is to undo."""
