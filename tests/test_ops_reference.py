@@ -185,7 +185,8 @@ def test_value_head_dim_smaller_than_key():
     v = _randn(1, 2, 6, 4, seed=3)
     for layout in ("BSH", "BNSD"):
         out, *_ = fa(to_layout(q, layout), to_layout(k, layout), to_layout(v, layout), 2, layout)
-        torch.testing.assert_close(from_layout(out, layout, 2).double(), expected_attention(q, k, v), atol=1e-5, rtol=1e-5)
+        expected = expected_attention(q, k, v)
+        torch.testing.assert_close(from_layout(out, layout, 2).double(), expected, atol=1e-5, rtol=1e-5)
 
 
 CAUSAL_RULES = {
@@ -224,7 +225,8 @@ def test_band_mode4_right_down(sq, skv, pre, nxt):
 def test_mode0_band_left_up(sq, skv, pre, nxt):
     q, k, v = _randn(1, 2, sq, 8, seed=10), _randn(1, 2, skv, 8, seed=11), _randn(1, 2, skv, 8, seed=12)
     # The docs' own example mask for mode 0: triu(k=next+1) + tril(k=-pre-1).
-    masked = (torch.triu(torch.ones(sq, skv), diagonal=nxt + 1) + torch.tril(torch.ones(sq, skv), diagonal=-pre - 1)).bool()
+    ones = torch.ones(sq, skv)
+    masked = (torch.triu(ones, diagonal=nxt + 1) + torch.tril(ones, diagonal=-pre - 1)).bool()
     keep = keep_mask(sq, skv, lambda i, j: -pre <= j - i <= nxt)
     assert torch.equal(keep, ~masked)
     # Band given both ways (mask and tockens) as the docs ask, and by the tockens alone on top
@@ -364,11 +366,18 @@ def cumsum(lens):
 
 @pytest.mark.parametrize(
     "mode,q_lens,kv_lens",
-    [(3, [3, 1, 4], [3, 1, 4]), (3, [2, 3], [4, 3]), (2, [2, 4, 1], [3, 2, 1]), (4, [5, 3], [6, 3]), (1, [3, 4], [4, 2])],
+    [
+        (3, [3, 1, 4], [3, 1, 4]),
+        (3, [2, 3], [4, 3]),
+        (2, [2, 4, 1], [3, 2, 1]),
+        (4, [5, 3], [6, 3]),
+        (1, [3, 4], [4, 2]),
+    ],
 )
 def test_tnd_per_sequence(mode, q_lens, kv_lens):
     n, nkv, d = 4, 2, 8
-    q, k, v = _randn(sum(q_lens), n, d, seed=40), _randn(sum(kv_lens), nkv, d, seed=41), _randn(sum(kv_lens), nkv, d, seed=42)
+    q = _randn(sum(q_lens), n, d, seed=40)
+    k, v = _randn(sum(kv_lens), nkv, d, seed=41), _randn(sum(kv_lens), nkv, d, seed=42)
     pre, nxt = 2, 0
     if mode == 1:
         masked = torch.rand(max(q_lens), max(kv_lens), generator=_gen(43)) < 0.3
@@ -385,7 +394,8 @@ def test_tnd_per_sequence(mode, q_lens, kv_lens):
     out, smax, ssum, *_ = fa(q, k, v, n, "TND", atten_mask=mask, sparse_mode=mode, pre_tockens=pre, next_tockens=nxt,
                              actual_seq_qlen=cumsum(q_lens), actual_seq_kvlen=cumsum(kv_lens), scale=0.4)
     assert out.shape == (sum(q_lens), n, d) and smax.shape == ssum.shape == (sum(q_lens), n, 8)
-    torch.testing.assert_close(out.double(), tnd_expected(q, k, v, q_lens, kv_lens, rule_for, 0.4), atol=1e-5, rtol=1e-5)
+    expected = tnd_expected(q, k, v, q_lens, kv_lens, rule_for, 0.4)
+    torch.testing.assert_close(out.double(), expected, atol=1e-5, rtol=1e-5)
 
 
 def test_tnd_zero_length_and_skipped_tail():
@@ -470,7 +480,8 @@ def test_mode7_matches_doc_split_of_right_down_causal():
     full_a = tnd_expected(qa, ka, va, [3], [3], lambda idx, sq, skv: (lambda i, j: j <= i))
     torch.testing.assert_close(out.double(), torch.cat([full_a, full_b[:2]]), atol=1e-5, rtol=1e-5)
     # Card 2 keeps mode 3 for the last 2 rows.
-    out2, *_ = fa(qb[2:], kb, vb, n, "TND", atten_mask=COMPRESSED, sparse_mode=3, actual_seq_qlen=[2], actual_seq_kvlen=[6])
+    out2, *_ = fa(qb[2:], kb, vb, n, "TND", atten_mask=COMPRESSED, sparse_mode=3,
+                  actual_seq_qlen=[2], actual_seq_kvlen=[6])
     torch.testing.assert_close(out2.double(), full_b[2:], atol=1e-5, rtol=1e-5)
 
 
@@ -550,7 +561,9 @@ def test_gmm_gradients_match_loop():
     m, k, n = sum(counts), 6, 4
     x0, w0, g = _randn(m, k, seed=72), _randn(5, k, n, seed=73), _randn(m, n, seed=74)
     x, w = x0.clone().requires_grad_(True), w0.clone().requires_grad_(True)
-    (y,) = ref.npu_grouped_matmul([x], [w], group_list=torch.tensor(counts), split_item=3, group_type=0, group_list_type=1)
+    (y,) = ref.npu_grouped_matmul(
+        [x], [w], group_list=torch.tensor(counts), split_item=3, group_type=0, group_list_type=1
+    )
     (y * g).sum().backward()
     xr, wr = x0.double().requires_grad_(True), w0.double().requires_grad_(True)
     (loop_gmm(xr, wr, counts) * g.double()).sum().backward()
@@ -580,7 +593,9 @@ def test_gmm_list_group_list_and_weight_list():
     assert [t.shape[0] for t in ys] == counts
     torch.testing.assert_close(torch.cat(ys).double(), loop_gmm(x, w, counts), atol=1e-5, rtol=1e-5)
     # A 3-D weight takes its bias as one (E, N) tensor.
-    (y,) = ref.npu_grouped_matmul([x], [w], bias=[bias], group_list=torch.tensor(cumsum(counts)), split_item=3, group_type=0)
+    (y,) = ref.npu_grouped_matmul(
+        [x], [w], bias=[bias], group_list=torch.tensor(cumsum(counts)), split_item=3, group_type=0
+    )
     torch.testing.assert_close(y.double(), loop_gmm(x, w, counts, bias), atol=1e-5, rtol=1e-5)
     with pytest.raises(ValueError, match="always cumulative"):
         ref.npu_grouped_matmul([x], list(w), group_list=counts, split_item=2, group_list_type=1)
@@ -596,12 +611,15 @@ def test_gmm_multi_x_multi_weight():
     # 多多单: 2-D xs concatenated into one output (weights share N).
     xs2, ws2 = [_randn(2, 4, seed=89), _randn(3, 4, seed=90)], [_randn(4, 3, seed=91), _randn(4, 3, seed=92)]
     (y,) = ref.npu_grouped_matmul(xs2, ws2, split_item=2)
-    torch.testing.assert_close(y.double(), torch.cat([a.double() @ b.double() for a, b in zip(xs2, ws2)]), atol=1e-5, rtol=1e-5)
+    expected = torch.cat([a.double() @ b.double() for a, b in zip(xs2, ws2)])
+    torch.testing.assert_close(y.double(), expected, atol=1e-5, rtol=1e-5)
 
 
 def test_gmm_uncovered_tail_rows_are_zero():
     x, w = _randn(10, 4, seed=93), _randn(2, 4, 3, seed=94)
-    (y,) = ref.npu_grouped_matmul([x], [w], group_list=torch.tensor([3, 4]), split_item=3, group_type=0, group_list_type=1)
+    (y,) = ref.npu_grouped_matmul(
+        [x], [w], group_list=torch.tensor([3, 4]), split_item=3, group_type=0, group_list_type=1
+    )
     torch.testing.assert_close(y[:7].double(), loop_gmm(x, w, [3, 4]), atol=1e-5, rtol=1e-5)
     assert torch.all(y[7:] == 0)
 
@@ -683,8 +701,12 @@ def test_permute_round_trip():
     indices = torch.stack([torch.randperm(experts, generator=_gen(96 + t))[:topk] for t in range(num_tokens)])
     permuted, sorted_indices = ref.npu_moe_token_permute(tokens, indices)
     # Every expert's rows are contiguous and in expert order.
-    experts_of_rows = indices.flatten()[torch.argsort(sorted_indices.long())]
+    slot_of_row = torch.argsort(sorted_indices.long())
+    experts_of_rows = indices.flatten()[slot_of_row]
     assert torch.all(experts_of_rows[1:] >= experts_of_rows[:-1])
+    # Stable: within one expert, rows keep the (token, k) slot order.
+    same_expert = experts_of_rows[1:] == experts_of_rows[:-1]
+    assert torch.all(slot_of_row[1:][same_expert] > slot_of_row[:-1][same_expert])
     out = ref.npu_moe_token_unpermute(permuted, sorted_indices, probs=torch.full((num_tokens, topk), 1.0 / topk))
     torch.testing.assert_close(out, tokens, atol=1e-6, rtol=1e-6)
     probs = torch.rand(num_tokens, topk, generator=_gen(97))

@@ -164,8 +164,8 @@ def _attention_core(
     v_BK1SD = v_BKSD.to(cdt).unsqueeze(2)
     s_BKGSS = torch.matmul(q_BKGSD, k_BK1SD.transpose(-1, -2))
     if pse is not None:
-        s_BKGSS = s_BKGSS * scale
-    s_BKGSS = s_BKGSS + _to_5d(pse.to(cdt), n, nkv)
+        s_BKGSS = s_BKGSS + _to_5d(pse.to(cdt), n, nkv)
+    s_BKGSS = s_BKGSS * scale
 
     dead = None
     if masked is not None:
@@ -472,9 +472,11 @@ def npu_fusion_attention(
                 if len(prefix) != b:
                     raise ValueError(f"{fn}: prefix has {len(prefix)} entries; it needs one per batch (B={b})")
                 _check_prefix(fn, prefix, sq, skv)
-                region = torch.stack(
-                    [_region_mask(sparse_mode, sq, skv, pre_tockens, next_tockens, p, True, True, device) for p in prefix]
-                ).unsqueeze(1)
+                per_batch = [
+                    _region_mask(sparse_mode, sq, skv, pre_tockens, next_tockens, p, True, True, device)
+                    for p in prefix
+                ]
+                region = torch.stack(per_batch).unsqueeze(1)
             else:
                 region = _region_mask(sparse_mode, sq, skv, pre_tockens, next_tockens, None, True, True, device)
                 region = None if region is None else region.reshape(1, 1, sq, skv)
@@ -523,7 +525,9 @@ def _varlen_attention(
     prefix, actual_seq_qlen, actual_seq_kvlen, sparse_mode, softmax_layout,
 ):
     if actual_seq_qlen is None or actual_seq_kvlen is None:
-        raise ValueError(f"{fn}: input_layout='TND' needs actual_seq_qlen and actual_seq_kvlen (cumulative end offsets)")
+        raise ValueError(
+            f"{fn}: input_layout='TND' needs actual_seq_qlen and actual_seq_kvlen (cumulative end offsets)"
+        )
     if pse is not None:
         raise NotImplementedError(f"{fn}: pse with input_layout='TND' (compressed alibi only) is not implemented")
     for name, t in (("query", query), ("key", key), ("value", value)):
@@ -712,7 +716,9 @@ def npu_grouped_matmul(
             )
 
     if split_item not in (0, 1, 2, 3):
-        raise ValueError(f"{fn}: split_item={split_item} is not supported; use 0/1 (one output per group) or 2/3 (one output)")
+        raise ValueError(
+            f"{fn}: split_item={split_item} is not supported; use 0/1 (one output per group) or 2/3 (one output)"
+        )
     single_out = split_item in (2, 3)
     if group_type in (1, 2):
         raise NotImplementedError(
@@ -722,7 +728,9 @@ def npu_grouped_matmul(
     if group_type not in (None, -1, 0):
         raise ValueError(f"{fn}: group_type={group_type} is not supported; use None, -1 or 0")
     if group_list_type not in (None, 0, 1):
-        raise ValueError(f"{fn}: group_list_type={group_list_type} is not supported; use 0 (cumulative) or 1 (counts)")
+        raise ValueError(
+            f"{fn}: group_list_type={group_list_type} is not supported; use 0 (cumulative) or 1 (counts)"
+        )
 
     # Per-group 2-D weights; a single 3-D weight holds one (K, N) matrix per expert.
     single_3d = len(ws) == 1 and ws[0].dim() == 3
@@ -736,7 +744,10 @@ def npu_grouped_matmul(
         bs = _tensor_list(fn, "bias", bias)
         if single_3d:
             if len(bs) != 1 or tuple(bs[0].shape) != (groups, ws[0].shape[2]):
-                raise ValueError(f"{fn}: with a 3-D weight, bias must be [tensor of shape (E, N)] = [({groups}, {ws[0].shape[2]})]")
+                raise ValueError(
+                    f"{fn}: with a 3-D weight, bias must be [one tensor of shape (E, N)] = "
+                    f"[({groups}, {ws[0].shape[2]})]"
+                )
             b_list = list(bs[0].unbind(0))
         else:
             if len(bs) != groups or any(bi.dim() != 1 or bi.shape[0] != w.shape[1] for bi, w in zip(bs, w_list)):
@@ -751,7 +762,9 @@ def npu_grouped_matmul(
             if group_type is None:
                 raise ValueError(f"{fn}: a tensor group_list needs group_type=0 (split along M)")
             if group_list.dim() != 1 or group_list.dtype not in (torch.int64, torch.int32):
-                raise ValueError(f"{fn}: group_list must be a 1-D int64 tensor, got {group_list.dtype} {tuple(group_list.shape)}")
+                raise ValueError(
+                    f"{fn}: group_list must be a 1-D int64 tensor, got {group_list.dtype} {tuple(group_list.shape)}"
+                )
             values = [int(v) for v in group_list.tolist()]
             as_counts = group_list_type == 1
         else:
@@ -768,7 +781,9 @@ def npu_grouped_matmul(
             counts = values
         else:
             if any(b < a for a, b in zip(values, values[1:])):
-                raise ValueError(f"{fn}: group_list={values} with group_list_type=0 must be non-decreasing cumulative offsets")
+                raise ValueError(
+                    f"{fn}: group_list={values} with group_list_type=0 must be non-decreasing cumulative offsets"
+                )
             counts = [b - a for a, b in zip([0] + values[:-1], values)]
         if len(counts) != groups:
             raise ValueError(f"{fn}: group_list has {len(counts)} groups but weight has {groups}")
@@ -814,10 +829,15 @@ def npu_grouped_matmul(
             "with group_list"
         )
     if counts is not None and any(c != x_i.shape[0] for c, x_i in zip(counts, xs)):
-        raise ValueError(f"{fn}: group_list sizes {counts} must equal each x's row count {[x_i.shape[0] for x_i in xs]}")
+        raise ValueError(
+            f"{fn}: group_list sizes {counts} must equal each x's row count {[x_i.shape[0] for x_i in xs]}"
+        )
     for x_i, w in zip(xs, w_list):
         if x_i.dim() < 2 or x_i.dim() > 6 or x_i.shape[-1] != w.shape[0]:
-            raise ValueError(f"{fn}: x tensor of shape {tuple(x_i.shape)} does not match weight {tuple(w.shape)} (x: 2-6-D, (..., K))")
+            raise ValueError(
+                f"{fn}: x tensor of shape {tuple(x_i.shape)} does not match weight {tuple(w.shape)}; "
+                "x must be 2-6-D (..., K) against a (K, N) weight"
+            )
     outs = [mm(x_i, g) for g, x_i in enumerate(xs)]
     if not single_out:
         return outs
@@ -859,7 +879,9 @@ def npu_moe_token_permute(
     if tokens.dim() != 2:
         raise ValueError(f"{fn}: tokens must be 2-D (num_tokens, hidden_size), got {tuple(tokens.shape)}")
     if indices.dim() not in (1, 2) or indices.dtype not in (torch.int32, torch.int64):
-        raise ValueError(f"{fn}: indices must be a 1-D or 2-D int32/int64 tensor, got {indices.dtype} {tuple(indices.shape)}")
+        raise ValueError(
+            f"{fn}: indices must be a 1-D or 2-D int32/int64 tensor, got {indices.dtype} {tuple(indices.shape)}"
+        )
     if indices.shape[0] != tokens.shape[0]:
         raise ValueError(f"{fn}: indices has {indices.shape[0]} rows but tokens has {tokens.shape[0]}")
     if indices.numel() and int(indices.min()) < 0:
@@ -904,12 +926,16 @@ def npu_moe_token_unpermute(
     if permuted_tokens.dim() != 2:
         raise ValueError(f"{fn}: permuted_tokens must be 2-D, got {tuple(permuted_tokens.shape)}")
     if sorted_indices.dim() != 1 or sorted_indices.dtype not in (torch.int32, torch.int64):
-        raise ValueError(f"{fn}: sorted_indices must be a 1-D int32 tensor, got {sorted_indices.dtype} {tuple(sorted_indices.shape)}")
+        raise ValueError(
+            f"{fn}: sorted_indices must be a 1-D int32 tensor, "
+            f"got {sorted_indices.dtype} {tuple(sorted_indices.shape)}"
+        )
     total = sorted_indices.numel()
     if probs is not None:
         if probs.dim() != 2 or probs.numel() != total:
             raise ValueError(
-                f"{fn}: probs must be 2-D (num_tokens, topK) with num_tokens * topK = {total} entries, got {tuple(probs.shape)}"
+                f"{fn}: probs must be 2-D (num_tokens, topK) with num_tokens * topK = {total} entries, "
+                f"got {tuple(probs.shape)}"
             )
         topk = probs.shape[-1]
     else:
