@@ -3,7 +3,9 @@
 ``kernels()`` returns a namespace with torch_npu's op names and signatures:
 torch_npu itself when the target is a (real or simulated) NPU, and
 :mod:`npu_inject.ops.reference` -- plain PyTorch following torch_npu's documented
-semantics -- in the CPU rehearsal.
+semantics -- in the CPU rehearsal. What the reference implements (and leaves
+NotImplemented) is digested, with the doc entries it came from, in
+``tools/torch_npu_docs.md``.
 """
 
 from __future__ import annotations
