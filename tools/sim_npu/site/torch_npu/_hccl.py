@@ -1,0 +1,319 @@
+"""Simulated "hccl" process-group backend for the "npu" device.
+
+Each collective copies its npu tensors to host tensors, runs gloo on them,
+copies the results back and returns an already-completed Work: collectives are
+synchronous, like every other simulated kernel.
+
+Reductions: SUM, PRODUCT, MIN, MAX, BAND, BOR, BXOR go to gloo; AVG (which
+gloo lacks, and which FSDP2 uses for fp32/bf16 gradients) is a SUM followed by
+a division by the group size. PREMUL_SUM is rejected as gloo rejects it; real
+HCCL accepts it, so code that needs it must choose per backend.
+"""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from typing import Sequence
+
+import torch
+import torch.distributed as dist
+from torch._C._distributed_c10d import Backend as _C10dBackend
+from torch._C._distributed_c10d import _create_work_from_future
+from torch.futures import Future
+
+BACKEND_NAME = "hccl"
+
+
+def _completed(result: object = None) -> dist.Work:
+    future: Future = Future()
+    future.set_result(result)
+    return _create_work_from_future(future)
+
+
+def _to_host(tensor: torch.Tensor) -> torch.Tensor:
+    return tensor.detach().to("cpu", memory_format=torch.contiguous_format).contiguous()
+
+
+def _copy_back(targets: Sequence[torch.Tensor], hosts: Sequence[torch.Tensor]) -> None:
+    with torch.no_grad():
+        for target, host in zip(targets, hosts):
+            target.copy_(host)
+
+
+def _check_reduce_op(op: dist.ReduceOp, collective: str) -> bool:
+    """Returns True when op is AVG (run as SUM then divide); raises for PREMUL_SUM."""
+    if op == dist.ReduceOp.PREMUL_SUM:
+        raise ValueError(
+            f"ReduceOp.PREMUL_SUM is not supported by the simulated hccl backend "
+            f"({collective} runs through gloo, which rejects it). Use SUM and scale "
+            "the tensor, or AVG."
+        )
+    return op == dist.ReduceOp.AVG
+
+
+def _divide_for_average(hosts: Sequence[torch.Tensor], size: int, collective: str) -> None:
+    for host in hosts:
+        if host.is_floating_point() or host.is_complex():
+            host.div_(size)
+        else:
+            raise ValueError(
+                f"ReduceOp.AVG needs floating-point tensors ({collective} got {host.dtype})."
+            )
+
+
+class HcclSimBackend(_C10dBackend):
+    """Collectives for npu tensors, carried out by an inner gloo group on host copies."""
+
+    def __init__(
+        self, store: dist.Store, rank: int, size: int, timeout: timedelta
+    ) -> None:
+        super().__init__(rank, size)
+        self._rank = rank
+        self._size = size
+        self._gloo = dist.ProcessGroupGloo(
+            dist.PrefixStore("hccl_sim_gloo/", store), rank, size, timeout
+        )
+
+    # -- identity ---------------------------------------------------------
+
+    def getBackendName(self) -> str:  # noqa: N802 - name fixed by c10d
+        return BACKEND_NAME
+
+    @property
+    def supports_splitting(self) -> bool:
+        return False
+
+    @property
+    def supports_coalescing(self) -> bool:
+        return False
+
+    # -- helpers ----------------------------------------------------------
+
+    def _reduce_op_for_gloo(self, op: dist.ReduceOp, collective: str) -> tuple[dist.ReduceOp, bool]:
+        average = _check_reduce_op(op, collective)
+        return (dist.ReduceOp.SUM if average else op), average
+
+    def _run(self, work: dist.Work) -> None:
+        work.wait()
+
+    # -- collectives --------------------------------------------------------
+
+    def allreduce(self, tensors: list[torch.Tensor], opts: dist.AllreduceOptions) -> dist.Work:
+        op, average = self._reduce_op_for_gloo(opts.reduceOp, "allreduce")
+        hosts = [_to_host(t) for t in tensors]
+        gloo_opts = dist.AllreduceOptions()
+        gloo_opts.reduceOp = op
+        self._run(self._gloo.allreduce(hosts, gloo_opts))
+        if average:
+            _divide_for_average(hosts, self._size, "allreduce")
+        _copy_back(tensors, hosts)
+        return _completed(tensors)
+
+    def allreduce_coalesced(
+        self, tensors: list[torch.Tensor], opts: dist.AllreduceCoalescedOptions
+    ) -> dist.Work:
+        single = dist.AllreduceOptions()
+        single.reduceOp = opts.reduceOp
+        for tensor in tensors:
+            self.allreduce([tensor], single)
+        return _completed(tensors)
+
+    def reduce(self, tensors: list[torch.Tensor], opts: dist.ReduceOptions) -> dist.Work:
+        # Every rank computes the reduction; only the root keeps it.
+        all_opts = dist.AllreduceOptions()
+        all_opts.reduceOp = opts.reduceOp
+        hosts = [_to_host(t) for t in tensors]
+        op, average = self._reduce_op_for_gloo(opts.reduceOp, "reduce")
+        all_opts.reduceOp = op
+        self._run(self._gloo.allreduce(hosts, all_opts))
+        if average:
+            _divide_for_average(hosts, self._size, "reduce")
+        if self._rank == opts.rootRank:
+            _copy_back(tensors, hosts)
+        return _completed(tensors)
+
+    def broadcast(self, tensors: list[torch.Tensor], opts: dist.BroadcastOptions) -> dist.Work:
+        hosts = [_to_host(t) for t in tensors]
+        gloo_opts = dist.BroadcastOptions()
+        gloo_opts.rootRank = opts.rootRank
+        gloo_opts.rootTensor = opts.rootTensor
+        self._run(self._gloo.broadcast(hosts, gloo_opts))
+        _copy_back(tensors, hosts)
+        return _completed(tensors)
+
+    def allgather(
+        self,
+        output_tensors: list[list[torch.Tensor]],
+        input_tensors: list[torch.Tensor],
+        opts: dist.AllgatherOptions,
+    ) -> dist.Work:
+        host_inputs = [_to_host(t) for t in input_tensors]
+        host_outputs = [[_to_host(t) for t in outputs] for outputs in output_tensors]
+        self._run(self._gloo.allgather(host_outputs, host_inputs, dist.AllgatherOptions()))
+        for outputs, hosts in zip(output_tensors, host_outputs):
+            _copy_back(outputs, hosts)
+        return _completed(output_tensors)
+
+    def all_gather_single(
+        self, output: torch.Tensor, input: torch.Tensor, opts: dist.AllgatherOptions
+    ) -> dist.Work:
+        host_input = _to_host(input)
+        host_output = torch.empty(output.shape, dtype=output.dtype)
+        self._run(self._gloo._allgather_base(host_output, host_input, dist.AllgatherOptions()))
+        _copy_back([output], [host_output])
+        return _completed([output])
+
+    def allgather_coalesced(
+        self,
+        output_lists: list[list[torch.Tensor]],
+        input_list: list[torch.Tensor],
+        opts: dist.AllgatherOptions,
+    ) -> dist.Work:
+        # output_lists[rank][i] receives input_list[i] of `rank`.
+        for index, tensor in enumerate(input_list):
+            self.allgather([[outputs[index] for outputs in output_lists]], [tensor], opts)
+        return _completed(output_lists)
+
+    def all_gather_single_coalesced(
+        self,
+        outputs: list[torch.Tensor],
+        inputs: list[torch.Tensor],
+        opts: dist.AllgatherOptions,
+    ) -> dist.Work:
+        for output, tensor in zip(outputs, inputs):
+            self.all_gather_single(output, tensor, opts)
+        return _completed(outputs)
+
+    def gather(
+        self,
+        output_tensors: list[list[torch.Tensor]],
+        input_tensors: list[torch.Tensor],
+        opts: dist.GatherOptions,
+    ) -> dist.Work:
+        host_inputs = [_to_host(t) for t in input_tensors]
+        host_outputs = [[_to_host(t) for t in outputs] for outputs in output_tensors]
+        gloo_opts = dist.GatherOptions()
+        gloo_opts.rootRank = opts.rootRank
+        self._run(self._gloo.gather(host_outputs, host_inputs, gloo_opts))
+        for outputs, hosts in zip(output_tensors, host_outputs):
+            _copy_back(outputs, hosts)
+        return _completed(output_tensors)
+
+    def scatter(
+        self,
+        output_tensors: list[torch.Tensor],
+        input_tensors: list[list[torch.Tensor]],
+        opts: dist.ScatterOptions,
+    ) -> dist.Work:
+        host_outputs = [_to_host(t) for t in output_tensors]
+        host_inputs = [[_to_host(t) for t in inputs] for inputs in input_tensors]
+        gloo_opts = dist.ScatterOptions()
+        gloo_opts.rootRank = opts.rootRank
+        self._run(self._gloo.scatter(host_outputs, host_inputs, gloo_opts))
+        _copy_back(output_tensors, host_outputs)
+        return _completed(output_tensors)
+
+    def reduce_scatter(
+        self,
+        output_tensors: list[torch.Tensor],
+        input_tensors: list[list[torch.Tensor]],
+        opts: dist.ReduceScatterOptions,
+    ) -> dist.Work:
+        # Allreduce of this rank's inputs, keeping the own chunk: same result as
+        # a reduce-scatter, and gloo supports allreduce for every dtype and op.
+        op, average = self._reduce_op_for_gloo(opts.reduceOp, "reduce_scatter")
+        for output, inputs in zip(output_tensors, input_tensors):
+            stacked = torch.stack([_to_host(t) for t in inputs])
+            gloo_opts = dist.AllreduceOptions()
+            gloo_opts.reduceOp = op
+            self._run(self._gloo.allreduce([stacked], gloo_opts))
+            mine = stacked[self._rank]
+            if average:
+                _divide_for_average([mine], self._size, "reduce_scatter")
+            _copy_back([output], [mine])
+        return _completed(output_tensors)
+
+    def reduce_scatter_single(
+        self, output: torch.Tensor, input: torch.Tensor, opts: dist.ReduceScatterOptions
+    ) -> dist.Work:
+        op, average = self._reduce_op_for_gloo(opts.reduceOp, "reduce_scatter_tensor")
+        if input.numel() != output.numel() * self._size:
+            raise ValueError(
+                f"reduce_scatter_tensor needs an input with world_size ({self._size}) times "
+                f"the output's elements: input has {input.numel()}, output {output.numel()}."
+            )
+        host_input = _to_host(input).reshape(-1)
+        gloo_opts = dist.AllreduceOptions()
+        gloo_opts.reduceOp = op
+        self._run(self._gloo.allreduce([host_input], gloo_opts))
+        chunk = output.numel()
+        mine = host_input[self._rank * chunk : (self._rank + 1) * chunk].reshape(output.shape)
+        if average:
+            _divide_for_average([mine], self._size, "reduce_scatter_tensor")
+        _copy_back([output], [mine])
+        return _completed([output])
+
+    def reduce_scatter_single_coalesced(
+        self,
+        outputs: list[torch.Tensor],
+        inputs: list[torch.Tensor],
+        opts: dist.ReduceScatterOptions,
+    ) -> dist.Work:
+        for output, tensor in zip(outputs, inputs):
+            self.reduce_scatter_single(output, tensor, opts)
+        return _completed(outputs)
+
+    def all_to_all_single(
+        self,
+        output: torch.Tensor,
+        input: torch.Tensor,
+        output_split_sizes: list[int],
+        input_split_sizes: list[int],
+        opts: dist.AllToAllOptions,
+    ) -> dist.Work:
+        host_input = _to_host(input)
+        host_output = torch.empty(output.shape, dtype=output.dtype)
+        self._run(
+            self._gloo.alltoall_base(
+                host_output, host_input, output_split_sizes, input_split_sizes, dist.AllToAllOptions()
+            )
+        )
+        _copy_back([output], [host_output])
+        return _completed([output])
+
+    def alltoall(
+        self,
+        output_tensors: list[torch.Tensor],
+        input_tensors: list[torch.Tensor],
+        opts: dist.AllToAllOptions,
+    ) -> dist.Work:
+        host_outputs = [_to_host(t) for t in output_tensors]
+        host_inputs = [_to_host(t) for t in input_tensors]
+        self._run(self._gloo.alltoall(host_outputs, host_inputs, dist.AllToAllOptions()))
+        _copy_back(output_tensors, host_outputs)
+        return _completed(output_tensors)
+
+    def send(self, tensors: list[torch.Tensor], dst_rank: int, tag: int) -> dist.Work:
+        hosts = [_to_host(t) for t in tensors]
+        self._run(self._gloo.send(hosts, dst_rank, tag))
+        return _completed(tensors)
+
+    def recv(self, tensors: list[torch.Tensor], src_rank: int, tag: int) -> dist.Work:
+        hosts = [_to_host(t) for t in tensors]
+        self._run(self._gloo.recv(hosts, src_rank, tag))
+        _copy_back(tensors, hosts)
+        return _completed(tensors)
+
+    def barrier(self, opts: dist.BarrierOptions) -> dist.Work:
+        self._run(self._gloo.barrier(dist.BarrierOptions()))
+        return _completed(None)
+
+
+def _create(store: dist.Store, rank: int, size: int, timeout: timedelta) -> HcclSimBackend:
+    return HcclSimBackend(store, rank, size, timeout)
+
+
+def register() -> None:
+    if BACKEND_NAME.upper() in dist.Backend._plugins:
+        return
+    dist.Backend.register_backend(BACKEND_NAME, _create, devices=["npu"])
