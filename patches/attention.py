@@ -80,6 +80,7 @@ def apply(ctx: PatchContext) -> None:
     from npu_inject.ops.attention import (
         AttentionPlan,
         fusion_attention_BLNH,
+        plan_keep_mask,
         reference_attention_BLNH,
     )
 
@@ -96,17 +97,27 @@ def apply(ctx: PatchContext) -> None:
         mask = kwargs["attention_masks"]
         score_mod, scale = kwargs.get("score_mod"), kwargs.get("scale")
         out_transform = kwargs.get("out_transform")
-        if isinstance(mask, AttentionPlan) and score_mod is None:
-            out_BLNH, lse_BLN = fusion_attention_BLNH(
+        if isinstance(mask, AttentionPlan) and score_mod is None and out_transform is None:
+            out_BLNH, _ = fusion_attention_BLNH(
                 q_BLNH, k_BLNH, v_BLNH, mask, scale, _compute_dtype(ctx, q_BLNH.dtype)
             )
+            return out_BLNH
+        if score_mod is not None:
+            what = "a score_mod"
+        elif out_transform is not None:
+            what = "an out_transform (needs a differentiable log-sum-exp, which the kernel does not return)"
         else:
-            what = "a score_mod" if score_mod is not None else "a mask the fused kernel cannot express"
-            ctx.fallback(f"FlexAttention with {what} runs on reference attention (explicit mask, slower)")
-            B, L = q_BLNH.shape[:2]
-            keep_BNLL = create_mask(mask.mask_mod, B, None, L, k_BLNH.shape[1], device=q_BLNH.device)
-            out_BLNH, lse_BLN = reference_attention_BLNH(q_BLNH, k_BLNH, v_BLNH, keep_BNLL, scale, score_mod)
+            what = "a mask the fused kernel cannot express"
+        ctx.fallback(f"FlexAttention with {what} runs on reference attention (explicit mask, slower)")
+        keep_BNLL = _dense_keep_mask(mask, q_BLNH, k_BLNH)
+        out_BLNH, lse_BLN = reference_attention_BLNH(q_BLNH, k_BLNH, v_BLNH, keep_BNLL, scale, score_mod)
         return out_BLNH if out_transform is None else out_transform(out_BLNH, lse_BLN)
+
+    def _dense_keep_mask(mask, q_BLNH, k_BLNH):
+        B, L, S = q_BLNH.shape[0], q_BLNH.shape[1], k_BLNH.shape[1]
+        if not isinstance(mask, AttentionPlan):
+            return create_mask(mask.mask_mod, B, None, L, S, device=q_BLNH.device)
+        return plan_keep_mask(mask, B, L, S, q_BLNH.device)
 
     def varlen_forward(wrapped, instance, args, kwargs):
         q_BLNH, k_BLNH, v_BLNH = args[:3]
@@ -125,10 +136,17 @@ def apply(ctx: PatchContext) -> None:
                 f"VarlenAttention window_size={instance.window_size}: the NPU kernel's band mode "
                 "needs right == 0 (causal or sliding window) or (-1, -1) (full)"
             )
-        out_BLNH, lse_BLN = fusion_attention_BLNH(
+        if out_transform is not None:
+            ctx.fallback("VarlenAttention with an out_transform runs on reference attention "
+                         "(needs a differentiable log-sum-exp, which the kernel does not return)")
+            B, L = q_BLNH.shape[:2]
+            keep_BNLL = plan_keep_mask(plan, B, L, L, q_BLNH.device)
+            out_BLNH, lse_BLN = reference_attention_BLNH(q_BLNH, k_BLNH, v_BLNH, keep_BNLL, scale)
+            return out_transform(out_BLNH, lse_BLN)
+        out_BLNH, _ = fusion_attention_BLNH(
             q_BLNH, k_BLNH, v_BLNH, plan, scale, _compute_dtype(ctx, q_BLNH.dtype)
         )
-        return out_BLNH if out_transform is None else out_transform(out_BLNH, lse_BLN)
+        return out_BLNH
 
     ctx.wrap("torchtitan.models.common.decoder:Decoder._create_flex_attention_mask", create_flex_attention_mask)
     ctx.wrap("torchtitan.models.common.attention:FlexAttention.forward", flex_forward)

@@ -82,7 +82,9 @@ def fusion_attention_BLNH(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Attention output (B, L, N, H) and log-sum-exp (B, L, N) through npu_fusion_attention.
 
-    Key/value may carry fewer heads than the query (GQA): the kernel takes them as
+    The log-sum-exp comes from the kernel's softmax statistics, which carry no
+    gradient (torch_npu returns them for its own backward): use it for values, not
+    for anything that must be differentiated. Key/value may carry fewer heads than the query (GQA): the kernel takes them as
     they are. ``compute_dtype`` casts q/k/v for kernels that need half precision.
     """
     B, L, N, H = q_BLNH.shape
@@ -110,6 +112,8 @@ def fusion_attention_BLNH(
             "TND",
             actual_seq_qlen=ends,
             actual_seq_kvlen=ends,
+            # Ask for token-major softmax statistics: the default TND order is head-major.
+            softmax_layout="TND",
             **arguments,
         )
         out_BLNH = out_TNH.view(B, L, N, value_head_dim)
@@ -146,3 +150,23 @@ def reference_attention_BLNH(
     probs_BNLL = torch.exp(scores_BNLL - lse_BNL.unsqueeze(-1)).nan_to_num(0.0)
     out_BNLH = probs_BNLL @ v_BNLH
     return out_BNLH.transpose(1, 2).to(q_BLNH.dtype), lse_BNL.transpose(1, 2)
+
+
+def plan_keep_mask(plan: AttentionPlan, B: int, L: int, S: int, device: torch.device) -> torch.Tensor:
+    """Dense (B, 1, L, S) boolean mask (True = attend) of a plan, for the reference fallback only."""
+    q_idx = torch.arange(L, device=device).view(L, 1)
+    kv_idx = torch.arange(S, device=device).view(1, S)
+    keep_LS = torch.ones(L, S, dtype=torch.bool, device=device)
+    if plan.causal:
+        keep_LS &= kv_idx <= q_idx
+    if plan.window is not None:
+        keep_LS &= q_idx - kv_idx < plan.window
+    keep_BLS = keep_LS.expand(B, L, S).clone()
+    if plan.document_ends is not None:
+        starts = (0,) + plan.document_ends[:-1]
+        document_T = torch.zeros(B * L, dtype=torch.long, device=device)
+        for number, (start, end) in enumerate(zip(starts, plan.document_ends)):
+            document_T[start:end] = number
+        document_BL = document_T.view(B, L)
+        keep_BLS &= document_BL.unsqueeze(2) == document_BL.unsqueeze(1)
+    return keep_BLS.unsqueeze(1)

@@ -1,0 +1,7 @@
+"""``python -m npu_inject``: the same CLI as ``npu-inject``."""
+
+import sys
+
+from npu_inject.cli import main
+
+sys.exit(main())

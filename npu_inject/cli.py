@@ -1,0 +1,221 @@
+"""``npu-inject`` / ``python -m npu_inject``: list, show, check, doctor.
+
+Nothing here imports torch or torchtitan: targets are checked by reading the
+installed torchtitan's source with :mod:`ast`, so ``doctor`` works even where
+importing torchtitan would fail (no triton, no NPU).
+"""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import importlib.util
+import json
+import os
+import sys
+from typing import Any
+
+from npu_inject import registry as registry_mod
+from npu_inject import settings as settings_mod
+from npu_inject.errors import ConfigError
+
+EXIT_OK, EXIT_ERROR = 0, 2
+DOCTOR_DISTRIBUTIONS = ("torch", "torchtitan", "torch_npu", "triton", "triton-ascend", "wrapt")
+
+
+def _load(args) -> tuple[settings_mod.Settings, registry_mod.Registry, dict[str, bool]]:
+    settings = settings_mod.load()
+    registry = registry_mod.load(settings.registry_path)
+    enabled = registry_mod.select(registry, settings.patches)
+    return settings, registry, enabled
+
+
+def _state(spec: registry_mod.PatchSpec, settings: settings_mod.Settings, enabled: dict[str, bool]) -> str:
+    if not enabled[spec.id]:
+        return "off"
+    if settings.target is not None and settings.target not in spec.runs_on:
+        return f"off ({'/'.join(spec.runs_on)} only)"
+    return "on"
+
+
+def _supports_text(spec: registry_mod.PatchSpec) -> str:
+    return ", ".join(f"{dist}{specifier}" for dist, specifier in spec.supports.items())
+
+
+def cmd_list(args) -> int:
+    settings, registry, enabled = _load(args)
+    rows = [
+        {**spec.to_json(), "state": _state(spec, settings, enabled)}
+        for spec in registry.patches.values()
+    ]
+    if args.json:
+        print(json.dumps({"target": settings.target, "patches": rows}, indent=2))
+        return EXIT_OK
+    headers = ("id", "state", "default", "triggers", "supports", "description")
+    table = [
+        (r["id"], r["state"], "on" if r["default"] else "off", ", ".join(r["triggers"]),
+         _supports_text(registry.patches[r["id"]]), r["description"])
+        for r in rows
+    ]
+    widths = [max(len(str(row[i])) for row in (headers, *table)) for i in range(len(headers) - 1)]
+    print(f"target: {settings.target or 'off (TORCHTITAN_NPU unset or 0)'}")
+    for row in (headers, *table):
+        print("  ".join(str(cell).ljust(width) for cell, width in zip(row, widths)) + "  " + row[-1])
+    return EXIT_OK
+
+
+def cmd_show(args) -> int:
+    settings, registry, enabled = _load(args)
+    spec = registry.get(args.patch_id)
+    print(json.dumps({**spec.to_json(), "state": _state(spec, settings, enabled)}, indent=2))
+    return EXIT_OK
+
+
+def cmd_check(args) -> int:
+    settings, registry, enabled = _load(args)
+    on = [i for i, spec in registry.patches.items() if _state(spec, settings, enabled) == "on"]
+    print(f"OK: target={settings.target or 'off'}, strict={int(settings.strict)}, "
+          f"registries: {', '.join(registry.sources)}")
+    print(f"enabled ({len(on)}): {', '.join(on) or '-'}")
+    return EXIT_OK
+
+
+# -- doctor ------------------------------------------------------------------
+
+def _installed(distribution: str) -> str | None:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version(distribution)
+    except PackageNotFoundError:
+        return None
+
+
+def _module_source(module_name: str) -> str | None:
+    """Path of an installed module's source, found without importing any package."""
+    top, *rest = module_name.split(".")
+    spec = importlib.util.find_spec(top)
+    if spec is None or spec.origin is None:
+        return None
+    base = os.path.join(os.path.dirname(spec.origin), *rest) if rest else os.path.dirname(spec.origin)
+    for candidate in (base + ".py", os.path.join(base, "__init__.py")):
+        if os.path.isfile(candidate):
+            return candidate
+    return None
+
+
+def _defined_names(body: list[ast.stmt]) -> dict[str, ast.AST]:
+    names: dict[str, ast.AST] = {}
+    for node in body:
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            names[node.name] = node
+        elif isinstance(node, ast.Assign):
+            for target in node.targets:
+                for element in ast.walk(target):
+                    if isinstance(element, ast.Name):
+                        names[element.id] = node
+        elif isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name):
+            names[node.target.id] = node
+        elif isinstance(node, (ast.Import, ast.ImportFrom)):
+            for alias in node.names:
+                names[(alias.asname or alias.name).split(".")[0]] = node
+        elif isinstance(node, (ast.If, ast.Try)):
+            for block in (node.body, getattr(node, "orelse", []), getattr(node, "finalbody", [])):
+                names.update(_defined_names(block))
+    return names
+
+
+def target_status(target: str) -> str:
+    """'ok' or why a 'module:qualname' target is missing from the installed sources."""
+    module_name, _, qualname = target.partition(":")
+    path = _module_source(module_name)
+    if path is None:
+        return f"module {module_name} not found"
+    if qualname == "*":
+        return "ok"
+    with open(path, encoding="utf-8") as handle:
+        tree = ast.parse(handle.read(), filename=path)
+    body: list[ast.stmt] = tree.body
+    for part in qualname.split("."):
+        node = _defined_names(body).get(part)
+        if node is None:
+            return f"{part!r} not defined in {path}"
+        body = node.body if isinstance(node, ast.ClassDef) else []
+    return "ok"
+
+
+def cmd_doctor(args) -> int:
+    from packaging.specifiers import SpecifierSet
+
+    settings, registry, enabled = _load(args)
+    versions = {dist: _installed(dist) for dist in DOCTOR_DISTRIBUTIONS}
+    print("installed:")
+    for dist, version in versions.items():
+        print(f"  {dist:14} {version or '-'}")
+    if settings.target == "npu":
+        print(f"  torch_npu import: {_probe_torch_npu()}")
+    problems = 0
+    print(f"patches enabled for target {settings.target or 'off'}:")
+    for spec in registry.patches.values():
+        if _state(spec, settings, enabled) != "on":
+            continue
+        issues = []
+        for dist, specifier in spec.supports.items():
+            if dist == "torch_npu" and settings.target != "npu":
+                continue
+            version = versions.get(dist) or _installed(dist)
+            if version is None:
+                issues.append(f"{dist} not installed (needs {specifier})")
+            elif not SpecifierSet(specifier).contains(version, prereleases=True):
+                issues.append(f"{dist} {version} outside {specifier}")
+        for target in spec.targets:
+            status = target_status(target)
+            if status != "ok":
+                issues.append(f"target {target}: {status}")
+        problems += bool(issues)
+        print(f"  {spec.id:16} {'ok' if not issues else 'PROBLEM: ' + '; '.join(issues)}")
+    return EXIT_OK if problems == 0 else EXIT_ERROR
+
+
+def _probe_torch_npu() -> str:
+    # A subprocess: importing torch_npu loads CANN and must not leak into this CLI.
+    import subprocess
+
+    probe = subprocess.run(
+        [sys.executable, "-c", "import torch_npu, torch; print(torch.npu.device_count())"],
+        capture_output=True, text=True, env={**os.environ, settings_mod.ENV_TARGET: "0"},
+    )
+    if probe.returncode == 0:
+        return f"ok, {probe.stdout.strip()} device(s)"
+    return "FAILED: " + (probe.stderr.strip().splitlines() or ["(no output)"])[-1]
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="npu-inject",
+        description="Patches that let upstream torchtitan train on Ascend NPUs: "
+        "what is in the catalog, what the environment selects, and whether it fits this install.",
+    )
+    commands = parser.add_subparsers(dest="command", required=True)
+    listing = commands.add_parser("list", help="table of patches and their state")
+    listing.add_argument("--json", action="store_true", help="machine-readable output")
+    listing.set_defaults(run=cmd_list)
+    show = commands.add_parser("show", help="one patch in full")
+    show.add_argument("patch_id")
+    show.set_defaults(run=cmd_show)
+    commands.add_parser("check", help="validate environment and registries; exit 0 or 2").set_defaults(run=cmd_check)
+    commands.add_parser("doctor", help="installed versions; do the enabled patches fit them?").set_defaults(run=cmd_doctor)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return args.run(args)
+    except ConfigError as exc:
+        print(f"npu-inject: error: {exc}", file=sys.stderr)
+        return EXIT_ERROR
+
+
+def _entry() -> Any:
+    sys.exit(main())

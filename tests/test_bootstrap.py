@@ -1,0 +1,95 @@
+"""The .pth bootstrap in fresh interpreters, exactly as users get it from site-packages."""
+
+from __future__ import annotations
+
+import json
+import os
+import site
+import sysconfig
+
+import pytest
+
+from conftest import REPO, clean_env, run_python
+
+HEAVY = ("torch", "wrapt", "importlib.metadata", "packaging", "npu_inject.runtime", "torchtitan")
+PROBE = f"import sys; print(sorted(m for m in {HEAVY!r} + ('npu_inject',) if m in sys.modules))"
+
+
+def test_pth_is_installed_in_site_packages():
+    candidates = [sysconfig.get_paths()["purelib"], *site.getsitepackages()]
+    assert any(os.path.isfile(os.path.join(d, "npu_inject_bootstrap.pth")) for d in candidates), (
+        "npu_inject_bootstrap.pth is not in site-packages: install the project (pip install -e .)"
+    )
+
+
+def test_disabled_imports_nothing():
+    for value in (None, "0", ""):
+        env = clean_env() if value is None else clean_env(TORCHTITAN_NPU=value)
+        result = run_python(PROBE, env)
+        assert result.returncode == 0, result.stderr
+        assert json.loads(result.stdout.replace("'", '"')) == [], value
+
+
+def test_enabled_defers_everything_heavy_until_torchtitan():
+    result = run_python(PROBE, clean_env(TORCHTITAN_NPU="cpu"))
+    assert result.returncode == 0, result.stderr
+    assert json.loads(result.stdout.replace("'", '"')) == ["npu_inject"]
+
+
+def test_enabled_hooks_fire_on_import():
+    code = """
+        import torchtitan.tools.utils as utils
+        from npu_inject import runtime
+        report = runtime.current().report
+        print(utils.device_type, report.patches["device"].state, report.patches["attention"].state)
+    """
+    result = run_python(code, clean_env(TORCHTITAN_NPU="cpu"))
+    assert result.returncode == 0, result.stderr
+    # attention waits for its own trigger module: lazily, not at torchtitan import
+    assert result.stdout.split() == ["cpu", "applied", "pending"]
+
+
+def test_disabled_runtime_leaves_torchtitan_alone():
+    result = run_python("import torchtitan.tools.utils as u; print(u.device_type)", clean_env())
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "cuda"  # upstream's choice on a machine without accelerators
+
+
+@pytest.mark.parametrize("env, message", [
+    ({"TORCHTITAN_NPU": "gpu"},
+     "npu_inject: configuration error: TORCHTITAN_NPU='gpu' is not valid; use one of '0', '1', 'npu', 'cpu'"),
+    ({"TORCHTITAN_NPU": "cpu", "TORCHTITAN_NPU_PATCHES": "+atention"},
+     "TORCHTITAN_NPU_PATCHES: unknown patch id 'atention'; did you mean attention?"),
+    ({"TORCHTITAN_NPU": "1"},
+     "needs torch_npu, which failed to import: No module named 'torch_npu'. To rehearse this run on a "
+     "machine without an NPU, set TORCHTITAN_NPU=cpu."),
+])
+def test_bad_configuration_stops_at_torchtitan_import_with_one_message(env, message):
+    result = run_python("import torchtitan; print('imported')", clean_env(**env))
+    assert result.returncode != 0
+    assert "imported" not in result.stdout
+    assert message in result.stderr
+    assert "Traceback" not in result.stderr
+
+
+def test_malformed_user_registry_names_file_line_column(tmp_path):
+    path = tmp_path / "mine.json"
+    path.write_text('{"patches": {"device": {"default": false,}}}')
+    result = run_python("import torchtitan", clean_env(TORCHTITAN_NPU="cpu", TORCHTITAN_NPU_REGISTRY=str(path)))
+    assert result.returncode != 0
+    assert f"{path}:1:42: malformed JSON" in result.stderr
+
+
+def test_report_dir_from_environment(tmp_path):
+    code = "import torchtitan.tools.utils"
+    result = run_python(code, clean_env(TORCHTITAN_NPU="cpu", TORCHTITAN_NPU_REPORT_DIR=str(tmp_path), RANK="3"))
+    assert result.returncode == 0, result.stderr
+    report = json.loads((tmp_path / "report_rank3.json").read_text())
+    assert report["rank"] == 3 and report["patches"]["device"]["state"] == "applied"
+    assert report["patches"]["rank_sync"]["state"] == "pending"
+
+
+def test_python_dash_m_entry_point_runs_cli():
+    result = run_python("import runpy; runpy.run_module('npu_inject', run_name='__main__')", clean_env(), cwd=REPO)
+    assert result.returncode == 2  # no sub-command given: argparse usage error
+    assert "usage: npu-inject" in result.stderr

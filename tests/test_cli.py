@@ -1,0 +1,92 @@
+"""npu-inject list / show / check / doctor."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from npu_inject import cli
+
+
+@pytest.fixture
+def env(monkeypatch):
+    for name in ("TORCHTITAN_NPU", "TORCHTITAN_NPU_PATCHES", "TORCHTITAN_NPU_REGISTRY", "TORCHTITAN_NPU_STRICT"):
+        monkeypatch.delenv(name, raising=False)
+    return monkeypatch
+
+
+def test_list_table_and_json(env, capsys):
+    env.setenv("TORCHTITAN_NPU", "cpu")
+    env.setenv("TORCHTITAN_NPU_PATCHES", "-attention")
+    assert cli.main(["list"]) == 0
+    table = capsys.readouterr().out
+    assert table.splitlines()[0] == "target: cpu"
+    assert table.splitlines()[1].split() == ["id", "state", "default", "triggers", "supports", "description"]
+    row = next(line for line in table.splitlines() if line.startswith("attention "))
+    assert row.split()[1:3] == ["off", "on"]
+    assert cli.main(["list", "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    states = {p["id"]: p["state"] for p in data["patches"]}
+    assert states["attention"] == "off" and states["device"] == "on"
+
+
+def test_show_one_patch(env, capsys):
+    assert cli.main(["show", "device"]) == 0
+    shown = json.loads(capsys.readouterr().out)
+    assert shown["triggers"] == ["torchtitan.tools.utils"] and shown["state"] == "on"
+    assert cli.main(["show", "devise"]) == 2
+    assert "unknown patch 'devise'; did you mean device?" in capsys.readouterr().err
+
+
+def test_check_ok_and_errors(env, capsys, tmp_path):
+    env.setenv("TORCHTITAN_NPU", "cpu")
+    assert cli.main(["check"]) == 0
+    assert capsys.readouterr().out.startswith("OK: target=cpu")
+    env.setenv("TORCHTITAN_NPU_PATCHES", "-device")
+    assert cli.main(["check"]) == 2
+    assert "patch 'collectives' requires 'device', which is disabled" in capsys.readouterr().err
+    bad = tmp_path / "bad.json"
+    bad.write_text("{")
+    env.setenv("TORCHTITAN_NPU_PATCHES", "")
+    env.setenv("TORCHTITAN_NPU_REGISTRY", str(bad))
+    assert cli.main(["check"]) == 2
+    assert f"{bad}:1:2: malformed JSON" in capsys.readouterr().err
+
+
+def test_doctor_reports_versions_and_targets(env, capsys):
+    env.setenv("TORCHTITAN_NPU", "cpu")
+    assert cli.main(["doctor"]) == 0
+    out = capsys.readouterr().out
+    assert "torchtitan     0.3.0" in out
+    assert "  attention        ok" in out
+
+
+def test_doctor_finds_missing_targets(env, capsys, tmp_path):
+    user = tmp_path / "user.json"
+    user.write_text(json.dumps({"patches": {"mine": {
+        "module": "x", "triggers": ["torchtitan.trainer"], "default": True, "description": "d",
+        "targets": ["torchtitan.trainer:Trainer.no_such_method", "torchtitan.nowhere:thing"],
+        "supports": {"torchtitan": ">=9"}}}}))
+    env.setenv("TORCHTITAN_NPU_REGISTRY", str(user))
+    assert cli.main(["doctor"]) == 2
+    line = next(l for l in capsys.readouterr().out.splitlines() if l.strip().startswith("mine"))
+    assert "torchtitan 0.3.0 outside >=9" in line
+    assert "'no_such_method' not defined" in line and "module torchtitan.nowhere not found" in line
+
+
+def test_target_status_reads_sources_without_importing():
+    from conftest import clean_env, run_python
+
+    code = """
+        import sys
+        from npu_inject import cli
+        for target in ("torchtitan.models.common.attention:FlexAttention.forward",
+                       "torchtitan.tools.utils:device_type",
+                       "torchtitan.distributed.minimal_async_ep.kernels:*"):
+            assert cli.target_status(target) == "ok", target
+        print(sorted(m for m in sys.modules if m.startswith(("torch", "torchtitan"))))
+    """
+    result = run_python(code, clean_env())
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "[]"

@@ -1,0 +1,157 @@
+"""registry.json and user registries: validation, merging, selection, entry points."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+
+import pytest
+
+from conftest import fake_entry
+from npu_inject import registry, settings
+from npu_inject.errors import ConfigError
+
+
+def write(tmp_path, content: str, name: str = "user.json") -> str:
+    path = tmp_path / name
+    path.write_text(content)
+    return str(path)
+
+
+def test_packaged_registry_loads_and_is_valid():
+    catalog = registry.load(None)
+    assert {"device", "attention", "triton_guard", "collectives", "rank_sync"} <= set(catalog.patches)
+    for spec in catalog.patches.values():
+        assert spec.module.startswith("npu_inject.patches."), spec.id
+
+
+def test_malformed_json_names_file_line_and_column(tmp_path):
+    path = write(tmp_path, '{\n  "patches": {\n    "device": {"default": tru}\n  }\n}')
+    with pytest.raises(ConfigError) as error:
+        registry.load(path)
+    assert str(error.value).startswith(f"{path}:3:")
+    assert "malformed JSON" in str(error.value)
+
+
+@pytest.mark.parametrize("override, message", [
+    ({"default": "yes"}, "key 'default' must be true or false"),
+    ({"colour": 1}, "key(s) 'colour' cannot be overridden for existing patch 'device'; allowed: default, options"),
+    ({"options": {"nope": 1}}, "unknown option 'nope' for patch 'device'"),
+    ({"supports": {"torch": "about 2"}}, "supports['torch']='about 2' is not a PEP 440 specifier"),
+    ({"supports": {"numpy": ">=1"}}, "'supports' names 'numpy'; allowed: torchtitan, torch, torch_npu"),
+])
+def test_bad_overrides_name_the_key_and_what_is_allowed(tmp_path, override, message):
+    path = write(tmp_path, json.dumps({"patches": {"device": override}}))
+    with pytest.raises(ConfigError) as error:
+        registry.load(path)
+    assert message in str(error.value)
+    assert f"{path}: patches['device']" in str(error.value)
+
+
+def test_unknown_top_level_key_and_schema(tmp_path):
+    with pytest.raises(ConfigError, match="unknown top-level key"):
+        registry.load(write(tmp_path, '{"patchez": {}}'))
+    with pytest.raises(ConfigError, match="this runtime reads schema 1"):
+        registry.load(write(tmp_path, '{"schema": 2, "patches": {}}'))
+
+
+def test_new_entry_must_be_complete(tmp_path):
+    with pytest.raises(ConfigError, match="missing key.*'module'"):
+        registry.load(write(tmp_path, json.dumps({"patches": {"mine": {"default": True}}})))
+
+
+def test_user_override_changes_toggles_and_options_only(tmp_path, monkeypatch):
+    base = registry.load(None)
+    document = {"patches": {"device": {"default": False, "description": "mine"}}}
+    merged = registry.load(write(tmp_path, json.dumps(document)))
+    assert merged.patches["device"].default is False
+    assert merged.patches["device"].targets == base.patches["device"].targets
+    assert merged.sources[-1].endswith("user.json")
+
+
+def test_option_type_must_match_default(tmp_path):
+    catalog = registry.Registry()
+    registry.merge_document(catalog, {"patches": {"p": fake_entry("m", options={"slices": 4})}}, "base")
+    with pytest.raises(ConfigError, match="option 'slices' must be int like its default 4"):
+        registry.merge_document(catalog, {"patches": {"p": {"options": {"slices": "8"}}}}, "user")
+    registry.merge_document(catalog, {"patches": {"p": {"options": {"slices": 8}}}}, "user")
+    assert catalog.patches["p"].options["slices"] == 8
+
+
+def make_catalog(**requires) -> registry.Registry:
+    catalog = registry.Registry()
+    patches = {name: fake_entry(f"m_{name}", requires=list(deps), default=name != "c")
+               for name, deps in requires.items()}
+    registry.merge_document(catalog, {"patches": patches}, "test")
+    return catalog
+
+
+def test_requirement_cycle_and_missing_requirement_are_errors():
+    with pytest.raises(ConfigError, match="requirement cycle between patches: a -> b -> a"):
+        registry.validate_graph(make_catalog(a=["b"], b=["a"]))
+    with pytest.raises(ConfigError, match="requires unknown patch 'zz'"):
+        registry.validate_graph(make_catalog(a=["zz"]))
+
+
+@pytest.mark.parametrize("selection, expected", [
+    ("", {"a": True, "b": True, "c": False}),
+    ("all", {"a": True, "b": True, "c": True}),
+    ("none", {"a": False, "b": False, "c": False}),
+    ("b", {"a": False, "b": True, "c": False}),
+    ("a, c", {"a": True, "b": False, "c": True}),
+    ("+c", {"a": True, "b": True, "c": True}),
+    ("-b", {"a": True, "b": False, "c": False}),
+    ("none,+a", {"a": True, "b": False, "c": False}),
+    ("all,-a,-b", {"a": False, "b": False, "c": True}),
+])
+def test_selection_grammar(selection, expected):
+    assert registry.select(make_catalog(a=[], b=[], c=[]), selection) == expected
+
+
+def test_unknown_id_suggests_the_closest():
+    with pytest.raises(ConfigError) as error:
+        registry.select(registry.load(None), "+atention")
+    assert "TORCHTITAN_NPU_PATCHES: unknown patch id 'atention'; did you mean attention?" in str(error.value)
+
+
+def test_disabling_a_required_patch_is_an_error():
+    with pytest.raises(ConfigError, match="patch 'b' requires 'a', which is disabled; enable it \\(\\+a\\)"):
+        registry.select(make_catalog(a=[], b=["a"], c=[]), "-a")
+
+
+def test_apply_order_puts_requirements_first():
+    catalog = make_catalog(a=["b"], b=["c"], c=[])
+    assert registry.apply_order(catalog, ["a"]) == ["c", "b", "a"]
+
+
+def test_third_party_entry_point_joins_the_catalog(tmp_path, monkeypatch):
+    """A real distribution on sys.path publishing group npu_inject.registry."""
+    dist_info = tmp_path / "thirdparty_patches-1.0.dist-info"
+    dist_info.mkdir()
+    (dist_info / "METADATA").write_text("Metadata-Version: 2.1\nName: thirdparty-patches\nVersion: 1.0\n")
+    (dist_info / "entry_points.txt").write_text("[npu_inject.registry]\nextra = thirdparty_catalog:REGISTRY\n")
+    document = {"patches": {"thirdparty": fake_entry("thirdparty_patch", default=False)}}
+    (tmp_path / "thirdparty_catalog.py").write_text(f"REGISTRY = {document!r}\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.delitem(sys.modules, "thirdparty_catalog", raising=False)
+    catalog = registry.load(None)
+    assert catalog.patches["thirdparty"].source == "entry point extra = thirdparty_catalog:REGISTRY"
+    assert catalog.patches["thirdparty"].default is False
+
+
+@pytest.mark.parametrize("name, value, message", [
+    ("TORCHTITAN_NPU", "gpu", "TORCHTITAN_NPU='gpu' is not valid; use one of '0', '1', 'npu', 'cpu'"),
+    ("TORCHTITAN_NPU_STRICT", "yes", "TORCHTITAN_NPU_STRICT='yes' is not valid; use 1 (on) or 0 (off)"),
+    ("TORCHTITAN_NPU_REGISTRY", "/nonexistent.json", "TORCHTITAN_NPU_REGISTRY='/nonexistent.json': no such file"),
+])
+def test_bad_environment_names_the_variable(name, value, message):
+    with pytest.raises(ConfigError) as error:
+        settings.load({"TORCHTITAN_NPU": "cpu", name: value})
+    assert message in str(error.value)
+
+
+@pytest.mark.parametrize("value, target", [("", None), ("0", None), ("1", "npu"), ("npu", "npu"),
+                                           ("cpu", "cpu"), (" CPU ", "cpu")])
+def test_target_values(value, target):
+    assert settings.load({"TORCHTITAN_NPU": value}).target == target

@@ -1,0 +1,160 @@
+"""The apply engine: lazy import, all or nothing, versions, requirements, strict, revert."""
+
+from __future__ import annotations
+
+import importlib
+import sys
+
+import pytest
+
+from conftest import clean_env, fake_entry
+from npu_inject import runtime
+from npu_inject.errors import ConfigError, PatchError
+
+
+def activate(registry_path: str, selection: str, **env) -> runtime.Runtime:
+    return runtime.activate(clean_env(
+        TORCHTITAN_NPU="cpu", TORCHTITAN_NPU_REGISTRY=registry_path, TORCHTITAN_NPU_PATCHES=selection, **env,
+    ))
+
+
+def test_patch_module_is_imported_only_when_its_trigger_is(fake_target):
+    path = fake_target({"fake_device": fake_entry("fake_patch_device", options={"scale": 3})})
+    rt = activate(path, "fake_device")
+    assert "fake_patch_device" not in sys.modules
+    assert rt.report.patches["fake_device"].state == "pending"
+    core = importlib.import_module("faketitan.core")
+    assert "fake_patch_device" in sys.modules
+    assert core.DEVICE == "cpu" and core.compute(1) == 20
+    record = rt.report.patches["fake_device"]
+    assert record.state == "applied" and record.trigger == "faketitan.core"
+    assert record.notes == ["scale=3"]
+
+
+def test_failed_apply_restores_everything_it_changed(fake_target):
+    path = fake_target({"fake_broken": fake_entry("fake_patch_broken",
+                                                  targets=["faketitan.core:DEVICE", "faketitan.core:Engine.run"])})
+    rt = activate(path, "fake_broken")
+    core = importlib.import_module("faketitan.core")
+    record = rt.report.patches["fake_broken"]
+    assert record.state == "failed"
+    assert "deliberate failure after two changes" in record.reason
+    assert core.DEVICE == "cuda"
+    assert core.Engine().run(2) == 4
+    assert "run" in vars(core.Engine) and not hasattr(vars(core.Engine)["run"], "__wrapped__")
+
+
+def test_missing_target_fails_and_restores(fake_target):
+    path = fake_target({"fake_missing": fake_entry(
+        "fake_patch_missing", targets=["faketitan.core:DEVICE", "faketitan.core:Engine.vanished"])})
+    rt = activate(path, "fake_missing")
+    core = importlib.import_module("faketitan.core")
+    record = rt.report.patches["fake_missing"]
+    assert record.state == "failed" and record.reason.startswith("target missing")
+    assert "Engine.vanished" in record.reason
+    assert core.DEVICE == "cuda"
+
+
+def test_strict_mode_stops_at_a_failing_patch(fake_target):
+    path = fake_target({"fake_broken": fake_entry("fake_patch_broken",
+                                                  targets=["faketitan.core:DEVICE", "faketitan.core:Engine.run"])})
+    activate(path, "fake_broken", TORCHTITAN_NPU_STRICT="1")
+    with pytest.raises(PatchError, match="fake_broken.*TORCHTITAN_NPU_STRICT=1"):
+        importlib.import_module("faketitan.core")
+    assert sys.modules.get("faketitan.core") is None or sys.modules["faketitan.core"].DEVICE == "cuda"
+
+
+def test_unsupported_version_is_skipped_with_reason(fake_target):
+    path = fake_target({"fake_device": fake_entry("fake_patch_device", supports={"torch": "<1.0"})})
+    rt = activate(path, "fake_device")
+    core = importlib.import_module("faketitan.core")
+    record = rt.report.patches["fake_device"]
+    assert record.state == "skipped"
+    assert "outside the supported range <1.0" in record.reason
+    assert core.DEVICE == "cuda"
+    assert "fake_patch_device" not in sys.modules  # a skipped patch's code is never imported
+
+
+def test_torch_npu_range_is_ignored_in_the_rehearsal(fake_target):
+    path = fake_target({"fake_device": fake_entry("fake_patch_device", supports={"torch_npu": ">=99"})})
+    rt = activate(path, "fake_device")
+    importlib.import_module("faketitan.core")
+    assert rt.report.patches["fake_device"].state == "applied"
+
+
+def test_requirements_apply_first_even_from_another_trigger(fake_target):
+    import fake_patch_device
+
+    fake_patch_device.APPLY_COUNT = 0
+    path = fake_target({
+        "fake_device": fake_entry("fake_patch_device", targets=["faketitan.core:DEVICE", "faketitan.core:compute"]),
+        "fake_engine": fake_entry("fake_patch_engine", triggers=["faketitan.other"], requires=["fake_device"],
+                                  targets=["faketitan.core:Engine.run", "faketitan.core:Engine.build",
+                                           "faketitan.core:Engine.create", "faketitan.core:Engine.name"]),
+    })
+    rt = activate(path, "fake_device,fake_engine")
+    importlib.import_module("faketitan.other")  # fake_engine's trigger: pulls in fake_device's first
+    assert [rt.report.patches[i].state for i in ("fake_device", "fake_engine")] == ["applied", "applied"]
+    core = sys.modules["faketitan.core"]
+    assert core.Engine().run(1) == 3 and core.Engine.build() == "patched"
+    assert rt.apply("fake_device") is True and fake_patch_device.APPLY_COUNT == 1  # twice is a no-op
+
+
+def test_revert_restores_exact_originals_for_every_descriptor_kind(fake_target):
+    import faketitan.core as core
+
+    before = dict(vars(core.Engine)), core.DEVICE, core.compute
+    path = fake_target({
+        "fake_device": fake_entry("fake_patch_device", targets=["faketitan.core:DEVICE", "faketitan.core:compute"]),
+        "fake_engine": fake_entry("fake_patch_engine", triggers=["faketitan.other"], requires=["fake_device"],
+                                  targets=["faketitan.core:Engine.run", "faketitan.core:Engine.build",
+                                           "faketitan.core:Engine.create", "faketitan.core:Engine.name"]),
+    })
+    rt = activate(path, "fake_device,fake_engine")
+    importlib.import_module("faketitan.other")
+    assert core.Engine().name == "patched"
+    rt.revert("fake_device")  # reverts fake_engine first: it requires fake_device
+    for key in ("run", "build", "create", "name"):
+        assert vars(core.Engine)[key] is before[0][key], key
+    assert core.DEVICE == before[1] and core.compute is before[2]
+    assert rt.report.patches["fake_engine"].state == "pending"
+
+
+def test_disabled_and_wrong_target_patches_are_reported(fake_target):
+    path = fake_target({
+        "fake_device": fake_entry("fake_patch_device"),
+        "fake_npu_only": fake_entry("fake_patch_device", runs_on=["npu"]),
+    })
+    rt = activate(path, "fake_device,fake_npu_only")
+    assert rt.report.patches["fake_npu_only"].state == "disabled"
+    assert "runs only on npu" in rt.report.patches["fake_npu_only"].reason
+    assert rt.report.patches["triton_guard"].state == "disabled"  # not in the exact selection
+
+
+def test_configuration_errors_come_before_any_patch(fake_target):
+    path = fake_target({"fake_device": fake_entry("fake_patch_device", requires=["nonexistent"])})
+    with pytest.raises(ConfigError, match="requires unknown patch 'nonexistent'"):
+        activate(path, "fake_device")
+    assert runtime.current() is None
+    assert "fake_patch_device" not in sys.modules
+
+
+def test_runtime_off_when_target_unset():
+    assert runtime.activate(clean_env()) is None
+
+
+def test_report_summary_and_json(fake_target, tmp_path):
+    path = fake_target({"fake_broken": fake_entry("fake_patch_broken",
+                                                  targets=["faketitan.core:DEVICE", "faketitan.core:Engine.run"]),
+                        "fake_device": fake_entry("fake_patch_device")})
+    rt = activate(path, "fake_broken,fake_device")
+    importlib.import_module("faketitan.core")
+    line = rt.report.summary_line()
+    assert line.startswith("npu_inject: target=cpu")
+    assert "applied 1: fake_device" in line and "failed 1: fake_broken (RuntimeError" in line
+    written = rt.write_report(str(tmp_path / "reports"))
+    import json
+
+    data = json.load(open(written))
+    assert data["patches"]["fake_broken"]["state"] == "failed"
+    assert data["versions"]["torch"] and data["target"] == "cpu"

@@ -1,0 +1,148 @@
+"""What the runtime costs at start-up, measured over repeated fresh interpreters.
+
+Builds this project's wheel, installs it (regular, non-editable) into a scratch
+virtual environment whose dependencies come from the current environment, and
+prints medians for:
+
+1. interpreter start-up without the .pth (baseline) vs. with it, runtime disabled;
+2. start-up with the runtime enabled, before torchtitan is imported, plus which
+   heavy modules (torch, wrapt, importlib.metadata) that imported (goal: none);
+3. ``import torchtitan`` with the runtime enabled vs. disabled, and the runtime's
+   own breakdown (wrapt import, activation, per-patch apply) from its report.
+
+Usage: python tools/bench_startup.py [--runs 40]
+"""
+
+from __future__ import annotations
+
+import argparse
+import glob
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import sysconfig
+import tempfile
+import time
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+PTH = "npu_inject_bootstrap.pth"
+
+
+def make_venv(workdir: str) -> tuple[str, str]:
+    """A scratch venv with the wheel installed; deps resolve through a path-only .pth."""
+    venv = os.path.join(workdir, "venv")
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", venv], check=True)
+    python = os.path.join(venv, "bin", "python")
+    site = subprocess.run([python, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+                          check=True, capture_output=True, text=True).stdout.strip()
+    # A plain path line: the current env's packages become importable, but its own
+    # .pth files (an editable npu_inject among them) are not processed.
+    with open(os.path.join(site, "zz_deps.pth"), "w") as handle:
+        handle.write(sysconfig.get_paths()["purelib"] + "\n")
+    wheels = os.path.join(workdir, "wheels")
+    subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "-w", wheels, REPO], check=True)
+    wheel = glob.glob(os.path.join(wheels, "npu_inject-*.whl"))[0]
+    subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--prefix", venv, wheel], check=True)
+    if not os.path.exists(os.path.join(site, PTH)):
+        raise SystemExit(f"bench: the wheel did not install {PTH} into {site}")
+    return python, site
+
+
+def timed_runs(python: str, code: str, env: dict, runs: int) -> list[float]:
+    samples = []
+    for _ in range(runs):
+        started = time.perf_counter()
+        subprocess.run([python, "-c", code], env=env, check=True, stdout=subprocess.DEVNULL)
+        samples.append((time.perf_counter() - started) * 1000.0)
+    return samples
+
+
+def interleaved(python: str, cases: dict[str, tuple[str, dict]], runs: int) -> dict[str, list[float]]:
+    """Alternate the cases run by run so drift in machine load hits all of them alike."""
+    samples: dict[str, list[float]] = {name: [] for name in cases}
+    for _ in range(runs):
+        for name, (code, env) in cases.items():
+            samples[name] += timed_runs(python, code, env, 1)
+    return samples
+
+
+def describe(samples: list[float]) -> str:
+    median = statistics.median(samples)
+    mad = statistics.median(abs(s - median) for s in samples)
+    return f"{median:8.2f} ms (MAD {mad:.2f}, n={len(samples)})"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--runs", type=int, default=40)
+    args = parser.parse_args()
+    base_env = {k: v for k, v in os.environ.items() if not k.startswith("TORCHTITAN_NPU")}
+    enabled_env = {**base_env, "TORCHTITAN_NPU": "cpu"}
+    workdir = tempfile.mkdtemp(prefix="npu_inject_bench_")
+    try:
+        python, site = make_venv(workdir)
+        pth_path = os.path.join(site, PTH)
+        parked = pth_path + ".parked"
+
+        print(f"python {sys.version.split()[0]}, wheel installed in {site}")
+        print("\n1. start-up, runtime disabled (TORCHTITAN_NPU unset):")
+        os.rename(pth_path, parked)
+        without = timed_runs(python, "pass", base_env, 3)  # warm the page cache
+        without = interleaved(python, {"without": ("pass", base_env)}, args.runs)["without"]
+        os.rename(parked, pth_path)
+        with_pth = interleaved(python, {"with": ("pass", base_env)}, args.runs)["with"]
+        # Second, interleaved pass: .pth toggled between runs, to cancel drift.
+        paired_without, paired_with = [], []
+        for _ in range(args.runs):
+            os.rename(pth_path, parked)
+            paired_without += timed_runs(python, "pass", base_env, 1)
+            os.rename(parked, pth_path)
+            paired_with += timed_runs(python, "pass", base_env, 1)
+        print(f"   no .pth (baseline)      {describe(without + paired_without)}")
+        print(f"   .pth, disabled          {describe(with_pth + paired_with)}")
+        extra = statistics.median(with_pth + paired_with) - statistics.median(without + paired_without)
+        print(f"   extra                   {extra:+8.3f} ms   (goal <= 0.1 ms; noise is the MAD above)")
+
+        print("\n2. start-up, runtime enabled (TORCHTITAN_NPU=cpu), before torchtitan is imported:")
+        enabled = interleaved(python, {"enabled": ("pass", enabled_env), "disabled": ("pass", base_env)}, args.runs)
+        print(f"   disabled                {describe(enabled['disabled'])}")
+        print(f"   enabled                 {describe(enabled['enabled'])}")
+        print(f"   extra                   {statistics.median(enabled['enabled']) - statistics.median(enabled['disabled']):+8.3f} ms   (goal <= 2 ms)")
+        probe = ("import sys; print(sorted(m for m in ('torch', 'wrapt', 'importlib.metadata', "
+                 "'packaging', 'dataclasses', 'npu_inject.runtime') if m in sys.modules))")
+        loaded = subprocess.run([python, "-c", probe], env=enabled_env, capture_output=True, text=True, check=True)
+        print(f"   heavy modules imported  {loaded.stdout.strip()}   (goal: [])")
+
+        print("\n3. import torchtitan (after torch is imported), runtime enabled vs disabled:")
+        code = "import torch, time; t = time.perf_counter(); import torchtitan.trainer; print((time.perf_counter() - t) * 1e3)"
+        imports = {"disabled": [], "enabled": []}
+        for _ in range(max(5, args.runs // 4)):
+            for name, env in (("disabled", base_env), ("enabled", enabled_env)):
+                out = subprocess.run([python, "-c", code], env=env, capture_output=True, text=True, check=True)
+                imports[name].append(float(out.stdout.strip().splitlines()[-1]))
+        print(f"   disabled                {describe(imports['disabled'])}")
+        print(f"   enabled                 {describe(imports['enabled'])}")
+        report_code = ("import torch, json, torchtitan.trainer; from npu_inject import runtime; r = runtime.current().report; "
+                       "print(json.dumps({'timings': r.timings_ms, 'apply': {k: v.apply_ms for k, v in r.patches.items()}}))")
+        breakdowns = []
+        for _ in range(max(5, args.runs // 4)):
+            out = subprocess.run([python, "-c", report_code], env=enabled_env, capture_output=True, text=True, check=True)
+            breakdowns.append(json.loads(out.stdout.strip().splitlines()[-1]))
+        wrapt_ms = statistics.median(b["timings"]["wrapt_import"] for b in breakdowns)
+        activate_ms = statistics.median(b["timings"]["activate"] for b in breakdowns)
+        apply_ms = statistics.median(sum(b["apply"].values()) for b in breakdowns)
+        print(f"   wrapt import            {wrapt_ms:8.2f} ms   (reported separately)")
+        print(f"   activation w/o wrapt    {activate_ms - wrapt_ms:8.2f} ms   (env, registries, entry points, selection, versions)")
+        print(f"   all patch apply         {apply_ms:8.2f} ms")
+        for patch_id in breakdowns[0]["apply"]:
+            print(f"     {patch_id:22}{statistics.median(b['apply'][patch_id] for b in breakdowns):8.2f} ms")
+        print(f"   runtime total w/o wrapt {activate_ms - wrapt_ms + apply_ms:8.2f} ms   (goal <= 30 ms)")
+    finally:
+        shutil.rmtree(workdir, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()
