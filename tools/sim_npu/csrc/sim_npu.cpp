@@ -1410,6 +1410,17 @@ std::vector<int64_t> op_pinned_memory_stats() {
   return g_pinned_allocator->stats();
 }
 
+// torch.Event.elapsed_time rejects subclasses (exact type check), so
+// torch.npu.Event computes it from the events' ids, which are SimEvent
+// pointers handed out by NpuGuardImpl::record.
+double op_event_elapsed_time(int64_t start_id, int64_t end_id) {
+  TORCH_CHECK(
+      start_id != 0 && end_id != 0,
+      "Both events must be recorded before calculating elapsed time.");
+  return NpuGuardImpl().elapsedTime(
+      reinterpret_cast<void*>(start_id), reinterpret_cast<void*>(end_id), -1);
+}
+
 int64_t op_capacity_bytes() {
   return g_capacity_bytes.load();
 }
@@ -1421,12 +1432,45 @@ TORCH_LIBRARY(npu_sim, m) {
   m.def("set_device(int index) -> ()", op_set_device);
   m.def("pinned_memory_stats() -> int[]", op_pinned_memory_stats);
   m.def("capacity_bytes() -> int", op_capacity_bytes);
+  m.def("event_elapsed_time(int start_id, int end_id) -> float", op_event_elapsed_time);
+}
+
+// Structured ops (add, mse_loss, ...) have CompositeExplicitAutogradNonFunctional
+// kernels, which the dispatcher prefers over a backend fallback: they run a
+// meta function, allocate the output on the npu and call the .out variant.
+// Some CPU .out kernels then disagree with that meta about the output shape
+// (mse_loss warns that it resized its output). Sending these ops straight to
+// the fallback runs the CPU functional kernel itself, which always agrees with
+// CPU -- and saves a dispatch round trip.
+void route_structured_ops_to_fallback() {
+  static auto* library = new torch::Library(
+      torch::Library::IMPL, "aten", c10::DispatchKey::PrivateUse1, __FILE__, __LINE__);
+  auto& dispatcher = c10::Dispatcher::singleton();
+  for (const c10::OperatorName& name : dispatcher.getAllOpNames()) {
+    if (name.name.rfind("aten::", 0) != 0) {
+      continue;
+    }
+    auto handle = dispatcher.findOp(name);
+    if (!handle.has_value() ||
+        !handle->hasKernelForDispatchKey(c10::DispatchKey::CompositeExplicitAutogradNonFunctional) ||
+        !handle->hasKernelForDispatchKey(c10::DispatchKey::CPU) ||
+        handle->hasKernelForDispatchKey(c10::DispatchKey::PrivateUse1)) {
+      continue;
+    }
+    std::string qualified = name.name.substr(6);
+    if (!name.overload_name.empty()) {
+      qualified += "." + name.overload_name;
+    }
+    library->impl(
+        qualified.c_str(), torch::CppFunction::makeFromBoxedFunction<&cpu_fallback>());
+  }
 }
 
 struct Registration {
   Registration() {
     c10::SetAllocator(kNpu, g_device_allocator);
     at::RegisterPrivateUse1HooksInterface(new NpuHooks());
+    route_structured_ops_to_fallback();
   }
 };
 Registration g_registration;

@@ -17,6 +17,7 @@ from typing import Sequence
 
 import torch
 import torch.distributed as dist
+import torch._C._distributed_c10d as _c10d
 from torch._C._distributed_c10d import Backend as _C10dBackend
 from torch._C._distributed_c10d import _create_work_from_future
 from torch.futures import Future
@@ -98,10 +99,10 @@ class HcclSimBackend(_C10dBackend):
 
     # -- collectives --------------------------------------------------------
 
-    def allreduce(self, tensors: list[torch.Tensor], opts: dist.AllreduceOptions) -> dist.Work:
+    def allreduce(self, tensors: list[torch.Tensor], opts: _c10d.AllreduceOptions) -> dist.Work:
         op, average = self._reduce_op_for_gloo(opts.reduceOp, "allreduce")
         hosts = [_to_host(t) for t in tensors]
-        gloo_opts = dist.AllreduceOptions()
+        gloo_opts = _c10d.AllreduceOptions()
         gloo_opts.reduceOp = op
         self._run(self._gloo.allreduce(hosts, gloo_opts))
         if average:
@@ -110,17 +111,17 @@ class HcclSimBackend(_C10dBackend):
         return _completed(tensors)
 
     def allreduce_coalesced(
-        self, tensors: list[torch.Tensor], opts: dist.AllreduceCoalescedOptions
+        self, tensors: list[torch.Tensor], opts: _c10d.AllreduceCoalescedOptions
     ) -> dist.Work:
-        single = dist.AllreduceOptions()
+        single = _c10d.AllreduceOptions()
         single.reduceOp = opts.reduceOp
         for tensor in tensors:
             self.allreduce([tensor], single)
         return _completed(tensors)
 
-    def reduce(self, tensors: list[torch.Tensor], opts: dist.ReduceOptions) -> dist.Work:
+    def reduce(self, tensors: list[torch.Tensor], opts: _c10d.ReduceOptions) -> dist.Work:
         # Every rank computes the reduction; only the root keeps it.
-        all_opts = dist.AllreduceOptions()
+        all_opts = _c10d.AllreduceOptions()
         all_opts.reduceOp = opts.reduceOp
         hosts = [_to_host(t) for t in tensors]
         op, average = self._reduce_op_for_gloo(opts.reduceOp, "reduce")
@@ -132,9 +133,9 @@ class HcclSimBackend(_C10dBackend):
             _copy_back(tensors, hosts)
         return _completed(tensors)
 
-    def broadcast(self, tensors: list[torch.Tensor], opts: dist.BroadcastOptions) -> dist.Work:
+    def broadcast(self, tensors: list[torch.Tensor], opts: _c10d.BroadcastOptions) -> dist.Work:
         hosts = [_to_host(t) for t in tensors]
-        gloo_opts = dist.BroadcastOptions()
+        gloo_opts = _c10d.BroadcastOptions()
         gloo_opts.rootRank = opts.rootRank
         gloo_opts.rootTensor = opts.rootTensor
         self._run(self._gloo.broadcast(hosts, gloo_opts))
@@ -145,21 +146,21 @@ class HcclSimBackend(_C10dBackend):
         self,
         output_tensors: list[list[torch.Tensor]],
         input_tensors: list[torch.Tensor],
-        opts: dist.AllgatherOptions,
+        opts: _c10d.AllgatherOptions,
     ) -> dist.Work:
         host_inputs = [_to_host(t) for t in input_tensors]
         host_outputs = [[_to_host(t) for t in outputs] for outputs in output_tensors]
-        self._run(self._gloo.allgather(host_outputs, host_inputs, dist.AllgatherOptions()))
+        self._run(self._gloo.allgather(host_outputs, host_inputs, _c10d.AllgatherOptions()))
         for outputs, hosts in zip(output_tensors, host_outputs):
             _copy_back(outputs, hosts)
         return _completed(output_tensors)
 
     def all_gather_single(
-        self, output: torch.Tensor, input: torch.Tensor, opts: dist.AllgatherOptions
+        self, output: torch.Tensor, input: torch.Tensor, opts: _c10d.AllgatherOptions
     ) -> dist.Work:
         host_input = _to_host(input)
         host_output = torch.empty(output.shape, dtype=output.dtype)
-        self._run(self._gloo._allgather_base(host_output, host_input, dist.AllgatherOptions()))
+        self._run(self._gloo._allgather_base(host_output, host_input, _c10d.AllgatherOptions()))
         _copy_back([output], [host_output])
         return _completed([output])
 
@@ -167,7 +168,7 @@ class HcclSimBackend(_C10dBackend):
         self,
         output_lists: list[list[torch.Tensor]],
         input_list: list[torch.Tensor],
-        opts: dist.AllgatherOptions,
+        opts: _c10d.AllgatherOptions,
     ) -> dist.Work:
         # output_lists[rank][i] receives input_list[i] of `rank`.
         for index, tensor in enumerate(input_list):
@@ -178,7 +179,7 @@ class HcclSimBackend(_C10dBackend):
         self,
         outputs: list[torch.Tensor],
         inputs: list[torch.Tensor],
-        opts: dist.AllgatherOptions,
+        opts: _c10d.AllgatherOptions,
     ) -> dist.Work:
         for output, tensor in zip(outputs, inputs):
             self.all_gather_single(output, tensor, opts)
@@ -188,11 +189,11 @@ class HcclSimBackend(_C10dBackend):
         self,
         output_tensors: list[list[torch.Tensor]],
         input_tensors: list[torch.Tensor],
-        opts: dist.GatherOptions,
+        opts: _c10d.GatherOptions,
     ) -> dist.Work:
         host_inputs = [_to_host(t) for t in input_tensors]
         host_outputs = [[_to_host(t) for t in outputs] for outputs in output_tensors]
-        gloo_opts = dist.GatherOptions()
+        gloo_opts = _c10d.GatherOptions()
         gloo_opts.rootRank = opts.rootRank
         self._run(self._gloo.gather(host_outputs, host_inputs, gloo_opts))
         for outputs, hosts in zip(output_tensors, host_outputs):
@@ -203,11 +204,11 @@ class HcclSimBackend(_C10dBackend):
         self,
         output_tensors: list[torch.Tensor],
         input_tensors: list[list[torch.Tensor]],
-        opts: dist.ScatterOptions,
+        opts: _c10d.ScatterOptions,
     ) -> dist.Work:
         host_outputs = [_to_host(t) for t in output_tensors]
         host_inputs = [[_to_host(t) for t in inputs] for inputs in input_tensors]
-        gloo_opts = dist.ScatterOptions()
+        gloo_opts = _c10d.ScatterOptions()
         gloo_opts.rootRank = opts.rootRank
         self._run(self._gloo.scatter(host_outputs, host_inputs, gloo_opts))
         _copy_back(output_tensors, host_outputs)
@@ -217,14 +218,14 @@ class HcclSimBackend(_C10dBackend):
         self,
         output_tensors: list[torch.Tensor],
         input_tensors: list[list[torch.Tensor]],
-        opts: dist.ReduceScatterOptions,
+        opts: _c10d.ReduceScatterOptions,
     ) -> dist.Work:
         # Allreduce of this rank's inputs, keeping the own chunk: same result as
         # a reduce-scatter, and gloo supports allreduce for every dtype and op.
         op, average = self._reduce_op_for_gloo(opts.reduceOp, "reduce_scatter")
         for output, inputs in zip(output_tensors, input_tensors):
             stacked = torch.stack([_to_host(t) for t in inputs])
-            gloo_opts = dist.AllreduceOptions()
+            gloo_opts = _c10d.AllreduceOptions()
             gloo_opts.reduceOp = op
             self._run(self._gloo.allreduce([stacked], gloo_opts))
             mine = stacked[self._rank]
@@ -234,7 +235,7 @@ class HcclSimBackend(_C10dBackend):
         return _completed(output_tensors)
 
     def reduce_scatter_single(
-        self, output: torch.Tensor, input: torch.Tensor, opts: dist.ReduceScatterOptions
+        self, output: torch.Tensor, input: torch.Tensor, opts: _c10d.ReduceScatterOptions
     ) -> dist.Work:
         op, average = self._reduce_op_for_gloo(opts.reduceOp, "reduce_scatter_tensor")
         if input.numel() != output.numel() * self._size:
@@ -243,7 +244,7 @@ class HcclSimBackend(_C10dBackend):
                 f"the output's elements: input has {input.numel()}, output {output.numel()}."
             )
         host_input = _to_host(input).reshape(-1)
-        gloo_opts = dist.AllreduceOptions()
+        gloo_opts = _c10d.AllreduceOptions()
         gloo_opts.reduceOp = op
         self._run(self._gloo.allreduce([host_input], gloo_opts))
         chunk = output.numel()
@@ -257,7 +258,7 @@ class HcclSimBackend(_C10dBackend):
         self,
         outputs: list[torch.Tensor],
         inputs: list[torch.Tensor],
-        opts: dist.ReduceScatterOptions,
+        opts: _c10d.ReduceScatterOptions,
     ) -> dist.Work:
         for output, tensor in zip(outputs, inputs):
             self.reduce_scatter_single(output, tensor, opts)
@@ -269,13 +270,13 @@ class HcclSimBackend(_C10dBackend):
         input: torch.Tensor,
         output_split_sizes: list[int],
         input_split_sizes: list[int],
-        opts: dist.AllToAllOptions,
+        opts: _c10d.AllToAllOptions,
     ) -> dist.Work:
         host_input = _to_host(input)
         host_output = torch.empty(output.shape, dtype=output.dtype)
         self._run(
             self._gloo.alltoall_base(
-                host_output, host_input, output_split_sizes, input_split_sizes, dist.AllToAllOptions()
+                host_output, host_input, output_split_sizes, input_split_sizes, _c10d.AllToAllOptions()
             )
         )
         _copy_back([output], [host_output])
@@ -285,11 +286,11 @@ class HcclSimBackend(_C10dBackend):
         self,
         output_tensors: list[torch.Tensor],
         input_tensors: list[torch.Tensor],
-        opts: dist.AllToAllOptions,
+        opts: _c10d.AllToAllOptions,
     ) -> dist.Work:
         host_outputs = [_to_host(t) for t in output_tensors]
         host_inputs = [_to_host(t) for t in input_tensors]
-        self._run(self._gloo.alltoall(host_outputs, host_inputs, dist.AllToAllOptions()))
+        self._run(self._gloo.alltoall(host_outputs, host_inputs, _c10d.AllToAllOptions()))
         _copy_back(output_tensors, host_outputs)
         return _completed(output_tensors)
 
@@ -304,8 +305,8 @@ class HcclSimBackend(_C10dBackend):
         _copy_back(tensors, hosts)
         return _completed(tensors)
 
-    def barrier(self, opts: dist.BarrierOptions) -> dist.Work:
-        self._run(self._gloo.barrier(dist.BarrierOptions()))
+    def barrier(self, opts: _c10d.BarrierOptions) -> dist.Work:
+        self._run(self._gloo.barrier(_c10d.BarrierOptions()))
         return _completed(None)
 
 

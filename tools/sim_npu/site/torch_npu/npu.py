@@ -170,8 +170,12 @@ class Stream(torch.Stream):
         index = _device_index(device)
         return super().__new__(cls, device=torch.device("npu", index), priority=priority)
 
-    def wait_stream(self, stream: torch.Stream) -> None:  # noqa: D102 - same as torch.Stream
-        super().wait_stream(stream)
+    def record_event(self, event: torch.Event | None = None) -> torch.Event:
+        # torch.Stream.record_event accepts only exact torch.Event instances.
+        if event is None:
+            event = Event(device=torch.device("npu", self.device_index))
+        event.record(self)
+        return event
 
     def __repr__(self) -> str:
         return f"<torch_npu.npu.Stream device=npu:{self.device_index} stream_id={self.stream_id}>"
@@ -209,6 +213,10 @@ class Event(torch.Event):
 
     def wait(self, stream: torch.Stream | None = None) -> None:
         super().wait(current_stream() if stream is None else stream)
+
+    def elapsed_time(self, end_event: torch.Event) -> float:
+        # torch.Event.elapsed_time accepts only exact torch.Event instances.
+        return float(torch.ops.npu_sim.event_elapsed_time(self.event_id, end_event.event_id))
 
 
 def current_stream(device: _device_t = None) -> Stream:
