@@ -17,8 +17,6 @@ CPU backward) and VarlenAttention (CUDA flash attention). This patch:
 
 from __future__ import annotations
 
-import weakref
-
 from npu_inject.patching import PatchContext
 
 TRIGGERS = ("torchtitan.models.common.decoder",)
@@ -85,7 +83,8 @@ def apply(ctx: PatchContext) -> None:
     )
 
     codes = _mask_mod_codes()
-    host_offsets = weakref.WeakKeyDictionary()  # cu_seq tensor -> host tuple, one sync per forward
+    # Every layer of one forward gets the same cu_seq tensor: read it to the host once.
+    last_offsets: dict = {"cu_seq": None, "host": None}
 
     def create_flex_attention_mask(wrapped, instance, args, kwargs):
         positions, attn_config, mask_mods = _bind(args, kwargs, ("positions", "attn_config", "mask_mods"))
@@ -123,9 +122,11 @@ def apply(ctx: PatchContext) -> None:
         q_BLNH, k_BLNH, v_BLNH = args[:3]
         metadata = kwargs["attention_masks"]
         scale, out_transform = kwargs.get("scale"), kwargs.get("out_transform")
-        offsets = metadata.cu_seq_q_host or host_offsets.get(metadata.cu_seq_q)
+        offsets = metadata.cu_seq_q_host
         if offsets is None:
-            offsets = host_offsets[metadata.cu_seq_q] = tuple(metadata.cu_seq_q.tolist())
+            if last_offsets["cu_seq"] is not metadata.cu_seq_q:
+                last_offsets.update(cu_seq=metadata.cu_seq_q, host=tuple(metadata.cu_seq_q.tolist()))
+            offsets = last_offsets["host"]
         left, right = instance.window_size
         if (left, right) == (-1, -1):
             plan = AttentionPlan(causal=False, document_ends=offsets[1:])

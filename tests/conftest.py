@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import textwrap
@@ -99,3 +100,41 @@ def fake_entry(module: str, triggers=("faketitan.core",),
     }
     entry.update(extra)
     return entry
+
+
+# -- torchrun end-to-end helpers ------------------------------------------------
+
+LOSS_LINE = re.compile(r"step:\s*(\d+)\s+(?:\x1b\[[0-9;]*m)?loss:\s*([-+0-9.naif]+)")
+
+
+def parse_losses(log: str) -> dict[int, float]:
+    """step -> loss from torchtitan's metric lines (every rank logs the same global loss)."""
+    return {int(m.group(1)): float(m.group(2)) for m in LOSS_LINE.finditer(log)}
+
+
+def torchrun(args: list[str], env: dict[str, str], nproc: int = 2, timeout: int = 600):
+    """Run ``torchrun -m torchtitan.train`` from the repo root (where the debug configs find
+    tests/assets). Returns the CompletedProcess; stdout holds both streams."""
+    command = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(nproc),
+               "--master_port", str(_free_port()), "-m", "torchtitan.train", *args]
+    return subprocess.run(command, env={"HF_HUB_OFFLINE": "1", **env}, cwd=REPO, timeout=timeout,
+                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def reference_attention_env(**overrides: str) -> dict[str, str]:
+    """Environment selecting the test-only SDPA attention instead of the attention patch."""
+    return clean_env(
+        TORCHTITAN_NPU="cpu",
+        TORCHTITAN_NPU_REGISTRY=os.path.join(PLUGINS, "reference_registry.json"),
+        TORCHTITAN_NPU_PATCHES="-attention,+sdpa_reference_attention",
+        PYTHONPATH=os.pathsep.join(filter(None, [PLUGINS, os.environ.get("PYTHONPATH")])),
+        **overrides,
+    )

@@ -1,0 +1,157 @@
+"""The attention patch on torchtitan's own modules vs. independent PyTorch math (SDPA + explicit masks).
+
+Runs in the CPU rehearsal, where the kernel is the reference npu_fusion_attention.
+The expected values never go through the patch or the reference: masks come from
+torchtitan's own mask mods evaluated densely, attention from SDPA, in fp32.
+"""
+
+from __future__ import annotations
+
+import importlib
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from conftest import clean_env
+from npu_inject import runtime
+
+B, L, N, N_KV, H = 2, 24, 4, 2, 8
+
+
+@pytest.fixture
+def patched():
+    rt = runtime.activate(clean_env(TORCHTITAN_NPU="cpu", TORCHTITAN_NPU_PATCHES="device,attention"),
+                          install_hooks=False)
+    for module in ("torchtitan.tools.utils", "torchtitan.models.common.decoder"):
+        importlib.import_module(module)
+    assert rt.apply("device") and rt.apply("attention"), rt.report.patches["attention"].reason
+    from torchtitan.models.common import attention, decoder
+
+    yield rt, attention, decoder
+    rt.revert_all()
+
+
+def qkv(seed=0):
+    generator = torch.Generator().manual_seed(seed)
+    make = lambda heads: torch.randn(B, L, heads, H, generator=generator, requires_grad=True)  # noqa: E731
+    return make(N), make(N_KV), make(N_KV)
+
+
+def positions_with_documents():
+    positions = torch.cat([torch.arange(10), torch.arange(14)]).repeat(B, 1)
+    positions[1] = torch.cat([torch.arange(5), torch.arange(12), torch.arange(7)])
+    return positions
+
+
+def sdpa_expected(q_BLNH, k_BLNH, v_BLNH, keep_BLL, scale=None):
+    groups = N // k_BLNH.shape[2]
+    q = q_BLNH.transpose(1, 2)
+    k = k_BLNH.transpose(1, 2).repeat_interleave(groups, dim=1)
+    v = v_BLNH.transpose(1, 2).repeat_interleave(groups, dim=1)
+    out = F.scaled_dot_product_attention(q, k, v, attn_mask=keep_BLL.unsqueeze(1), scale=scale)
+    return out.transpose(1, 2)
+
+
+def dense_keep(mask_mods):
+    b = torch.arange(B).view(B, 1, 1)
+    q_idx = torch.arange(L).view(1, L, 1)
+    kv_idx = torch.arange(L).view(1, 1, L)
+    keep = torch.ones(B, L, L, dtype=torch.bool)
+    for mask_mod in mask_mods:
+        keep &= mask_mod(b, None, q_idx, kv_idx)
+    return keep
+
+
+def assert_same_with_grads(actual, expected, inputs):
+    torch.testing.assert_close(actual, expected, atol=2e-6, rtol=1e-5)
+    upstream = torch.randn_like(expected)
+    grads_actual = torch.autograd.grad(actual, inputs, upstream)
+    grads_expected = torch.autograd.grad(expected, inputs, upstream)
+    for got, want in zip(grads_actual, grads_expected):
+        torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-4)
+
+
+def flex_case(attention, decoder, mask_mods, positions, scale=None):
+    from npu_inject.ops.attention import AttentionPlan
+
+    config = attention.FlexAttention.Config()
+    attn_config = type("AttnConfig", (), {"inner_attention": config})()
+    plan = decoder.Decoder._create_flex_attention_mask(object.__new__(decoder.Decoder), positions, attn_config, mask_mods)
+    assert isinstance(plan, AttentionPlan), "this mask should run on the fused kernel"
+    module = attention.FlexAttention(config)
+    q, k, v = qkv()
+    out = module(q, k, v, attention_masks=plan, scale=scale, enable_gqa=True)
+    expected = sdpa_expected(q, k, v, dense_keep(mask_mods), scale)
+    assert_same_with_grads(out, expected, (q, k, v))
+    return plan
+
+
+def test_flex_causal_gqa(patched):
+    rt, attention, decoder = patched
+    plan = flex_case(attention, decoder, [attention.get_causal_mask_mod()], positions_with_documents())
+    assert plan.document_ends is None and plan.window is None
+    assert rt.report.patches["attention"].fallbacks == []
+
+
+def test_flex_causal_scale_honoured(patched):
+    _, attention, decoder = patched
+    flex_case(attention, decoder, [attention.get_causal_mask_mod()], positions_with_documents(), scale=0.3)
+
+
+def test_flex_packed_documents_use_tnd(patched):
+    _, attention, decoder = patched
+    positions = positions_with_documents()
+    mods = [attention.get_causal_mask_mod(), attention.get_efficient_causal_mask_mod_for_packed_document(positions)]
+    plan = flex_case(attention, decoder, mods, positions)
+    assert plan.document_ends == (10, 24, 29, 41, 48)
+
+
+def test_flex_sliding_window_uses_band(patched):
+    _, attention, decoder = patched
+    mods = [attention.get_causal_mask_mod(), attention.get_sliding_window_mask_mod(5)]
+    plan = flex_case(attention, decoder, mods, positions_with_documents())
+    assert plan.window == 5
+
+
+def test_unknown_mask_falls_back_to_reference(patched):
+    from torch.nn.attention.flex_attention import create_block_mask
+
+    rt, attention, _ = patched
+    block_mod = attention.get_fixed_block_mask_mod(6)
+    block_mask = create_block_mask(block_mod, B, None, L, L, device="cpu")
+    module = attention.FlexAttention(attention.FlexAttention.Config())
+    for _ in range(2):
+        q, k, v = qkv(1)
+        out = module(q, k, v, attention_masks=block_mask, enable_gqa=True)
+        assert_same_with_grads(out, sdpa_expected(q, k, v, dense_keep([block_mod])), (q, k, v))
+    fallbacks = rt.report.patches["attention"].fallbacks
+    assert len(fallbacks) == 1 and "cannot express" in fallbacks[0]
+
+
+@pytest.mark.parametrize("window_size", [(-1, 0), (3, 0), (-1, -1)])
+def test_varlen_windows(patched, window_size):
+    _, attention, _ = patched
+    positions = positions_with_documents()
+    metadata = attention.create_varlen_metadata_for_document(positions)
+    module = attention.VarlenAttention(attention.VarlenAttention.Config(window_size=window_size))
+    q, k, v = qkv(2)
+    out = module(q, k, v, attention_masks=metadata, enable_gqa=True)
+    document = torch.cumsum((positions == 0).int(), dim=1)
+    keep = document.unsqueeze(2) == document.unsqueeze(1)
+    q_idx, kv_idx = torch.arange(L).view(L, 1), torch.arange(L).view(1, L)
+    left, right = window_size
+    if right == 0:
+        keep &= kv_idx <= q_idx
+    if left >= 0:
+        keep &= q_idx - kv_idx <= left
+    assert_same_with_grads(out, sdpa_expected(q, k, v, keep), (q, k, v))
+
+
+def test_compressed_mask_is_built_once_per_device(patched):
+    from npu_inject.ops import attention as ops_attention
+
+    first = ops_attention.compressed_causal_mask(torch.device("cpu"))
+    assert ops_attention.compressed_causal_mask(torch.device("cpu")) is first
+    assert first.shape == (2048, 2048) and first.dtype == torch.bool
+    assert torch.equal(first, torch.triu(torch.ones(2048, 2048, dtype=torch.bool), diagonal=1))
