@@ -1,0 +1,28 @@
+#!/usr/bin/env bash
+# Install everything into .venv and run a short llama3 debug training through npu_inject:
+# on real NPUs when torch_npu imports, else as the CPU rehearsal (2 CPU ranks, gloo).
+#   bash tools/quickstart.sh            # 10 steps
+#   NPROC=8 STEPS=20 bash tools/quickstart.sh -- --training.seq_len 2048   # extra torchtitan flags after --
+set -euo pipefail
+cd "$(dirname "$0")/.."
+VENV=${VENV:-.venv}
+[ -x "$VENV/bin/python" ] || python3 -m venv "$VENV"
+PY="$VENV/bin/python"
+"$PY" -m pip install -q --upgrade pip
+# NPU users bring the torch their torch_npu pairs with; elsewhere take torch 2.14.1.
+"$PY" -c "import torch" 2>/dev/null || "$PY" -m pip install -q "torch==2.14.1"
+"$PY" -m pip install -q "torchtitan==0.3.0" -e .
+
+if "$PY" -c "import torch_npu" 2>/dev/null; then
+  TARGET=1; NPROC=${NPROC:-$("$PY" -c "import torch, torch_npu; print(torch.npu.device_count())")}
+else
+  TARGET=cpu; NPROC=${NPROC:-2}
+  echo "quickstart: torch_npu does not import here: running the CPU rehearsal (TORCHTITAN_NPU=cpu)"
+fi
+[ "${1:-}" = "--" ] && shift
+"$VENV/bin/npu-inject" doctor || true
+TORCHTITAN_NPU=$TARGET HF_HUB_OFFLINE=1 "$VENV/bin/torchrun" --nproc_per_node "$NPROC" \
+  -m torchtitan.train --module llama3 --config llama3_debugmodel \
+  --training.steps "${STEPS:-10}" --training.seq_len 256 --training.local_batch_size 2 \
+  --checkpoint.no-enable --validator.no-enable --dump_folder "${DUMP:-outputs/quickstart}" "$@"
+echo "quickstart: per-rank patch reports in ${DUMP:-outputs/quickstart}/npu_inject/"
