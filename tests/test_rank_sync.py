@@ -1,0 +1,40 @@
+"""Ranks that applied different patches fail fast, naming ranks and patches."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+
+from conftest import PLUGINS, clean_env, fake_entry, parse_losses, torchrun
+from npu_inject.patches.rank_sync import mismatch_message
+
+
+def test_agreeing_ranks_give_no_message():
+    assert mismatch_message([["a", "b"], ["b", "a"], ["a", "b"]]) is None
+
+
+def test_mismatch_names_ranks_and_patches():
+    message = mismatch_message([["attention", "device"], ["device"], ["attention", "device", "extra"]])
+    assert "rank 1 vs rank 0: only on rank 1: -; only on rank 0: ['attention']" in message
+    assert "rank 2 vs rank 0: only on rank 2: ['extra']; only on rank 0: -" in message
+    assert "same TORCHTITAN_NPU* environment" in message
+
+
+@pytest.mark.e2e
+def test_torchrun_with_rank_dependent_patch_fails_before_training(tmp_path):
+    registry = tmp_path / "registry.json"
+    registry.write_text(json.dumps({"patches": {"rank1_fails": fake_entry(
+        "fake_patch_rank1_fails", triggers=["torchtitan.trainer"], targets=["torchtitan.trainer:Trainer.close"])}}))
+    env = clean_env(TORCHTITAN_NPU="cpu", TORCHTITAN_NPU_REGISTRY=str(registry),
+                    PYTHONPATH=os.pathsep.join(filter(None, [PLUGINS, os.environ.get("PYTHONPATH")])))
+    result = torchrun(["--module", "llama3", "--config", "llama3_debugmodel", "--training.steps", "2",
+                       "--training.seq_len", "64", "--checkpoint.no-enable", "--validator.no-enable",
+                       "--dump_folder", str(tmp_path / "dump")], env)
+    assert result.returncode != 0
+    assert parse_losses(result.stdout) == {}, "no training step may run"
+    assert ("npu_inject: ranks applied different patches, which would hang or corrupt collectives: "
+            "rank 1 vs rank 0: only on rank 1: -; only on rank 0: ['rank1_fails']") in result.stdout
+    report = json.load(open(tmp_path / "dump" / "npu_inject" / "report_rank1.json"))
+    assert report["patches"]["rank1_fails"]["state"] == "failed"
