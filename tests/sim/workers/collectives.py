@@ -106,8 +106,42 @@ def main() -> None:
     else:
         raise AssertionError("all_reduce of a host tensor on hccl succeeded")
 
+    check_dtensor(rank, world, device)
+
     dist.destroy_process_group()
     print(f"rank {rank}: collectives ok")
+
+
+def check_dtensor(rank: int, world: int, device: torch.device) -> None:
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import Replicate, Shard, distribute_tensor
+    from torch.distributed.tensor import _random as dtensor_random
+
+    mesh = init_device_mesh("npu", (world,))
+    full = torch.arange(24, dtype=torch.float32).reshape(6, 4)
+    sharded = distribute_tensor(full.to(device), mesh, [Shard(0)])
+    check(sharded.to_local().device == device, f"local shard on {sharded.to_local().device}")
+    check(torch.equal(sharded.to_local().cpu(), full[3 * rank : 3 * rank + 3]), "Shard(0) local piece")
+    replicated = sharded.redistribute(mesh, [Replicate()])
+    check(torch.equal(replicated.to_local().cpu(), full), "redistribute to Replicate")
+    check(torch.equal(sharded.full_tensor().cpu(), full), "full_tensor")
+    column = sharded.redistribute(mesh, [Shard(1)])
+    check(torch.equal(column.to_local().cpu(), full[:, 2 * rank : 2 * rank + 2]), "Shard(0) -> Shard(1)")
+
+    # DTensor's RNG tracker reads and writes the npu generator's 16-byte
+    # Philox-shaped state; random ops on DTensors must work and agree on
+    # replicated placements across ranks.
+    dtensor_random.manual_seed(7, mesh)
+    check(dtensor_random._rng_tracker is not None, "DTensor RNG tracker was not created for npu")
+    noise = distribute_tensor(torch.empty(8, 4, device=device), mesh, [Replicate()])
+    torch.nn.init.normal_(noise)
+    gathered = [torch.empty(8, 4, device=device) for _ in range(world)]
+    dist.all_gather(gathered, noise.to_local())
+    check(torch.equal(gathered[0].cpu(), gathered[1].cpu()), "replicated random DTensor differs across ranks")
+    sharded_noise = distribute_tensor(torch.empty(8, 4, device=device), mesh, [Shard(0)])
+    torch.nn.init.uniform_(sharded_noise)
+    halves = sharded_noise.full_tensor().cpu()
+    check(not torch.equal(halves[:4], halves[4:]), "sharded random DTensor repeats across shards")
 
 
 if __name__ == "__main__":

@@ -23,6 +23,7 @@
 #include <ATen/ATen.h>
 #include <ATen/CPUGeneratorImpl.h>
 #include <ATen/EmptyTensor.h>
+#include <ATen/autocast_mode.h>
 #include <ATen/core/GeneratorForPrivateuseone.h>
 #include <ATen/detail/PrivateUse1HooksInterface.h>
 #include <ATen/native/Resize.h>
@@ -1435,13 +1436,18 @@ TORCH_LIBRARY(npu_sim, m) {
   m.def("event_elapsed_time(int start_id, int end_id) -> float", op_event_elapsed_time);
 }
 
-// Structured ops (add, mse_loss, ...) have CompositeExplicitAutogradNonFunctional
-// kernels, which the dispatcher prefers over a backend fallback: they run a
-// meta function, allocate the output on the npu and call the .out variant.
-// Some CPU .out kernels then disagree with that meta about the output shape
-// (mse_loss warns that it resized its output). Sending these ops straight to
-// the fallback runs the CPU functional kernel itself, which always agrees with
-// CPU -- and saves a dispatch round trip.
+// The dispatcher prefers composite kernels over a backend fallback. Two kinds
+// would make the npu compute differently from the CPU:
+//  * structured ops (add, mse_loss, ...) have CompositeExplicitAutogradNonFunctional
+//    kernels that run a meta function, allocate the output on the npu and call
+//    the .out variant; some CPU .out kernels then disagree with that meta about
+//    the output shape (mse_loss warns that it resized its output);
+//  * a few ops (native_layer_norm, native_group_norm, addr, ...) have a
+//    CompositeExplicitAutograd "math" kernel for non-CPU backends whose
+//    rounding differs from the CPU kernel.
+// Sending every op that has a CPU kernel and such a composite kernel straight
+// to the fallback runs the CPU kernel itself, so npu results are bit-identical
+// to CPU results (the CPU rehearsal comparison relies on it).
 void route_structured_ops_to_fallback() {
   static auto* library = new torch::Library(
       torch::Library::IMPL, "aten", c10::DispatchKey::PrivateUse1, __FILE__, __LINE__);
@@ -1451,10 +1457,12 @@ void route_structured_ops_to_fallback() {
       continue;
     }
     auto handle = dispatcher.findOp(name);
-    if (!handle.has_value() ||
-        !handle->hasKernelForDispatchKey(c10::DispatchKey::CompositeExplicitAutogradNonFunctional) ||
-        !handle->hasKernelForDispatchKey(c10::DispatchKey::CPU) ||
+    if (!handle.has_value() || !handle->hasKernelForDispatchKey(c10::DispatchKey::CPU) ||
         handle->hasKernelForDispatchKey(c10::DispatchKey::PrivateUse1)) {
+      continue;
+    }
+    if (!handle->hasKernelForDispatchKey(c10::DispatchKey::CompositeExplicitAutogradNonFunctional) &&
+        !handle->hasKernelForDispatchKey(c10::DispatchKey::CompositeExplicitAutograd)) {
       continue;
     }
     std::string qualified = name.name.substr(6);
@@ -1476,3 +1484,35 @@ struct Registration {
 Registration g_registration;
 
 }  // namespace npu_sim
+
+// Autocast on "npu" with the same op lists and policies as CUDA (what
+// torch.autocast(device_type="npu") does with torch_npu). Ops not listed
+// fall through to the backend.
+namespace at::autocast {
+namespace {
+
+TORCH_LIBRARY_IMPL(_, AutocastPrivateUse1, m) {
+  m.fallback(torch::CppFunction::makeFallthrough());
+}
+
+TORCH_LIBRARY_IMPL(aten, AutocastPrivateUse1, m) {
+#define NPU_SIM_LOWER_PRECISION_FP(...) \
+  KERNEL_PRIVATEUSEONE(__VA_ARGS__, lower_precision_fp)
+#define NPU_SIM_FP32(...) KERNEL_PRIVATEUSEONE(__VA_ARGS__, fp32)
+#define NPU_SIM_FP32_SET_OPT_DTYPE(...) \
+  KERNEL_PRIVATEUSEONE(__VA_ARGS__, fp32_set_opt_dtype)
+#define NPU_SIM_PROMOTE(...) KERNEL_PRIVATEUSEONE(__VA_ARGS__, promote)
+  AT_FORALL_LOWER_PRECISION_FP(NPU_SIM_LOWER_PRECISION_FP)
+  AT_FORALL_FP32(NPU_SIM_FP32)
+  AT_FORALL_FP32_SET_OPT_DTYPE(NPU_SIM_FP32_SET_OPT_DTYPE)
+  AT_FORALL_DIFFERENT_REDISPATCH_SIGNATURE(
+      KERNEL_DIFFERENT_REDISPATCH_SIGNATURE_PRIVATEUSEONE)
+  AT_FORALL_PROMOTE(NPU_SIM_PROMOTE)
+#undef NPU_SIM_LOWER_PRECISION_FP
+#undef NPU_SIM_FP32
+#undef NPU_SIM_FP32_SET_OPT_DTYPE
+#undef NPU_SIM_PROMOTE
+}
+
+}  // namespace
+}  // namespace at::autocast

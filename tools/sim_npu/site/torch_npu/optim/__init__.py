@@ -19,7 +19,9 @@ class NpuFusedAdamW(torch.optim.AdamW):
             raise ValueError(
                 "NpuFusedAdamW is already the fused optimizer; do not pass fused=True."
             )
-        kwargs.setdefault("foreach", True)
+        if kwargs.get("foreach") is False:
+            raise ValueError("NpuFusedAdamW always uses the multi-tensor path; do not pass foreach=False.")
+        kwargs["foreach"] = True
         super().__init__(params, *args, **kwargs)
 
 

@@ -1,0 +1,105 @@
+"""Shared helpers for the simulated-NPU tests.
+
+The simulator changes process-wide PyTorch state (PrivateUse1 becomes "npu",
+torch.accelerator reports it), so nothing here imports it into the pytest
+process: unit suites (tests/sim/unit) and rank programs (tests/sim/workers)
+run in child processes under ``sim_env``.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+if str(REPO_ROOT) not in sys.path:
+    sys.path.insert(0, str(REPO_ROOT))
+
+from tools.sim_npu import sim_env  # noqa: E402
+
+WORKERS_DIR = Path(__file__).resolve().parent / "workers"
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    # Registered in pyproject.toml too once that lands; harmless twice.
+    config.addinivalue_line("markers", "e2e: multi-process end-to-end test (slower)")
+
+
+def child_env(**extra: str) -> dict[str, str]:
+    env = sim_env(os.environ)
+    paths = env["PYTHONPATH"].split(os.pathsep)
+    if str(REPO_ROOT) not in paths:
+        paths.append(str(REPO_ROOT))
+    env["PYTHONPATH"] = os.pathsep.join(paths)
+    env.update(extra)
+    return env
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def _tail(text: str, lines: int = 60) -> str:
+    return "\n".join(text.splitlines()[-lines:])
+
+
+@pytest.fixture
+def sim_child_env() -> dict[str, str]:
+    """Environment for a child process that imports the simulated torch_npu."""
+    return child_env()
+
+
+@pytest.fixture
+def run_ranks():
+    """run_ranks(worker_name, *args, world_size=2, timeout=240) runs tests/sim/workers/<name>.py per rank."""
+
+    def run(worker: str, *args: str, world_size: int = 2, timeout: float = 240) -> list[str]:
+        script = WORKERS_DIR / f"{worker}.py"
+        port = str(_free_port())
+        processes = []
+        for rank in range(world_size):
+            env = child_env(
+                RANK=str(rank),
+                LOCAL_RANK=str(rank),
+                WORLD_SIZE=str(world_size),
+                LOCAL_WORLD_SIZE=str(world_size),
+                MASTER_ADDR="127.0.0.1",
+                MASTER_PORT=port,
+                TORCHTITAN_NPU_SIM_DEVICES=str(max(world_size, 2)),
+            )
+            processes.append(
+                subprocess.Popen(
+                    [sys.executable, str(script), *args],
+                    env=env,
+                    cwd=REPO_ROOT,
+                    stdout=subprocess.PIPE,
+                    stderr=subprocess.STDOUT,
+                    text=True,
+                )
+            )
+        outputs = []
+        failures = []
+        for rank, process in enumerate(processes):
+            try:
+                output, _ = process.communicate(timeout=timeout)
+            except subprocess.TimeoutExpired:
+                for other in processes:
+                    other.kill()
+                output, _ = process.communicate()
+                failures.append(f"rank {rank} timed out after {timeout} s:\n{_tail(output)}")
+                continue
+            outputs.append(output)
+            if process.returncode != 0:
+                failures.append(f"rank {rank} exited with {process.returncode}:\n{_tail(output)}")
+        if failures:
+            pytest.fail("\n\n".join(failures), pytrace=False)
+        return outputs
+
+    return run

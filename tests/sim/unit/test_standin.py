@@ -1,0 +1,57 @@
+"""The torch_npu stand-in package: identity, device module, forwarded ops."""
+
+from __future__ import annotations
+
+import importlib.metadata
+import os
+import sys
+import types
+
+import pytest
+import torch
+
+import torch_npu
+
+
+def test_identity() -> None:
+    assert torch_npu.__simulated__ is True
+    assert torch_npu.__version__ == "2.14.0"
+    assert importlib.metadata.version("torch_npu") == "2.14.0"
+    assert torch_npu.npu is torch.npu
+    assert torch.get_device_module("npu") is torch.npu
+    assert torch_npu.distributed.is_hccl_available()
+
+
+def test_device_module_reports_configuration() -> None:
+    expected_devices = int(os.environ.get("TORCHTITAN_NPU_SIM_DEVICES", "8"))
+    expected_gb = float(os.environ.get("TORCHTITAN_NPU_SIM_MEMORY_GB", "64"))
+    assert torch.npu.is_available()
+    assert torch.npu.device_count() == expected_devices
+    assert torch.npu.get_device_name() == "Ascend910B-sim"
+    properties = torch.npu.get_device_properties(0)
+    assert properties.name == "Ascend910B-sim"
+    assert properties.total_memory == int(expected_gb * (1 << 30))
+    assert torch.npu.is_bf16_supported()
+    assert isinstance(torch.npu.get_device_capability(), tuple)
+
+
+def test_hccl_is_the_npu_default_backend() -> None:
+    import torch.distributed as dist
+
+    assert dist.Backend.default_device_backend_map["npu"] == "hccl"
+    assert "npu" in dist.Backend.backend_capability["hccl"]
+
+
+def test_reference_ops_are_forwarded_lazily(monkeypatch: pytest.MonkeyPatch) -> None:
+    fake = types.ModuleType("npu_inject.ops.reference")
+    fake.npu_grouped_matmul = lambda *args, **kwargs: ("grouped_matmul", args, kwargs)
+    monkeypatch.setitem(sys.modules, "npu_inject.ops.reference", fake)
+    assert torch_npu.npu_grouped_matmul(1, group_list=[2]) == ("grouped_matmul", (1,), {"group_list": [2]})
+    with pytest.raises(NotImplementedError, match="npu_moe_token_permute"):
+        torch_npu.npu_moe_token_permute(torch.ones(1))
+
+
+def test_autocast_on_npu() -> None:
+    a = torch.randn(4, 4, device="npu")
+    with torch.autocast(device_type="npu", dtype=torch.bfloat16):
+        assert torch.mm(a, a).dtype == torch.bfloat16
