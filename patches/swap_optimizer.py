@@ -1,0 +1,67 @@
+"""swap_optimizer: optimizer states in pinned host memory, streamed to the device per slice.
+
+Off by default (option ``slices``: how many parts the parameters are split into;
+about 2/slices of the state is on the device during ``step()``, none between
+steps). Wraps ``OptimizersContainer._post_init``, which torchtitan calls once all
+optimizers of the container are built and before any LR scheduler wraps their
+``step``; each Adam/AdamW/SGD optimizer then gets the swap machinery of
+:mod:`npu_inject.swap_optimizer` (see there for the pipeline and why parameters
+stay bit-identical). Other optimizers keep their state on the device, with a
+fallback entry in the report.
+
+On the CPU rehearsal host and device are the same memory: the swap still runs
+(same slicing, staging buffers and state-dict handling, synchronous copies) so the
+rehearsal exercises the code path, but it saves no memory.
+"""
+
+from __future__ import annotations
+
+from npu_inject.patching import PatchContext
+
+TRIGGERS = ("torchtitan.components.optimizer.optimizer",)
+TARGETS = ("torchtitan.components.optimizer.optimizer:OptimizersContainer._post_init",)
+SUPPORTS = {"torchtitan": ">=0.3.0,<0.4", "torch": ">=2.14"}
+REQUIRES = ("optimizer",)
+
+
+def slices_option(ctx: PatchContext) -> int:
+    value = ctx.options.get("slices", 4)
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(
+            f"swap_optimizer option 'slices' must be a positive integer (e.g. 4), got {value!r}"
+        )
+    return value
+
+
+def apply(ctx: PatchContext) -> None:
+    from npu_inject import swap_optimizer
+
+    slices = slices_option(ctx)
+
+    def post_init(wrapped, instance, args, kwargs):
+        result = wrapped(*args, **kwargs)
+        from torchtitan.tools import utils
+
+        for optimizer in instance.optimizers:
+            name = type(optimizer).__name__
+            if not isinstance(optimizer, swap_optimizer.PER_PARAMETER_OPTIMIZERS):
+                ctx.fallback(f"{name} keeps its state on the device: the swap handles only "
+                             "per-parameter updates (Adam, AdamW, SGD)")
+                continue
+            params = [p for group in optimizer.param_groups for p in group["params"]]
+            if not params:
+                continue
+            device = params[0].device
+            module = None if device.type == "cpu" else utils.device_module
+            swap = swap_optimizer.install(optimizer, slices, device, module)
+            where = ("host == device on the CPU rehearsal: staged per slice, no memory saved"
+                     if module is None else f"pinned host memory, streamed to {device.type} on a side stream")
+            ctx.note(f"swap optimizer: {name} states in {where}; {len(swap.slices)} slices "
+                     f"(option slices={slices})")
+        return result
+
+    ctx.wrap("torchtitan.components.optimizer.optimizer:OptimizersContainer._post_init", post_init)
+
+
+def revert(ctx: PatchContext) -> None:
+    """The recorded wrapper is all there is to undo; optimizers already swapped stay swapped."""
