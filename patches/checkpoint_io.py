@@ -1,0 +1,313 @@
+"""checkpoint_io: torchtitan's DCP checkpoints on the target, all async modes, never half-written.
+
+What breaks upstream, and what this patch does about it (module
+``torchtitan.components.checkpointer.dcp``):
+
+* ``async_with_pinned_mem`` builds ``DefaultStager(StagingOptions(pinned, shared,
+  async staging, non-blocking copy))``. torch's staging pins only through CUDA
+  (``torch.cuda.is_available()`` + ``cudaHostRegister``): on an NPU pinning is
+  dropped with a warning, and on the CPU rehearsal the non-blocking option raises
+  (no accelerator). ``DefaultStager`` is replaced, for this module, by a factory:
+
+  - npu: device-to-host copies go on a staging stream into host buffers from the
+    device's pinned allocator (``pin_memory=True`` through torch.accelerator), kept
+    across saves; the checkpoint process then gets a shared-memory copy of them
+    (torch offers no way to pin shared memory for a non-CUDA device, and handing it
+    pinned buffers would silently turn them into unpinned shared memory).
+  - cpu: host == device, so staging is a background-thread copy into shared memory.
+
+* A save writes its step folder in place; DCP writes ``.metadata`` last, but a
+  save into an existing ``step-N`` folder (resumed with ``--checkpoint.load_step``,
+  or the same step saved twice) overwrites the previous complete checkpoint's data
+  files before the new ``.metadata`` exists. ``CheckpointManager.dcp_save`` is wrapped
+  to write into ``.saving-step_N`` (a name torchtitan's ``step-(\\d+)`` scans never
+  match) and, when the save has finished (synchronously, or when the async upload
+  future completes), rank 0 moves it to ``step-N`` with one atomic rename (an atomic
+  exchange when ``step-N`` exists). An interrupted save therefore never touches the
+  last good checkpoint.
+
+* ``CheckpointManager._find_load_step`` accepted any ``step-N`` with a ``.metadata``
+  file. It is replaced (local folders) by a scan that also checks every file the
+  metadata references exists with all its bytes, so a checkpoint written without
+  the runtime and cut short (or truncated on disk) is skipped with a report note
+  and the newest complete one is loaded. Rank 0 removes ``.saving-*`` leftovers.
+  ``CheckpointManager.dcp_load`` checks the same before loading an explicit step or
+  initial path, and names what is missing instead of failing inside DCP.
+
+Remote (fsspec) folders keep upstream behavior, noted in the report.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import dataclasses
+import errno
+import os
+import re
+import shutil
+from concurrent.futures import Future
+
+from npu_inject.patching import PatchContext
+
+TRIGGERS = ("torchtitan.components.checkpointer.dcp",)
+TARGETS = (
+    "torchtitan.components.checkpointer.dcp:DefaultStager",
+    "torchtitan.components.checkpointer.dcp:CheckpointManager.dcp_save",
+    "torchtitan.components.checkpointer.dcp:CheckpointManager.dcp_load",
+    "torchtitan.components.checkpointer.dcp:CheckpointManager._find_load_step",
+)
+SUPPORTS = {"torchtitan": ">=0.3.0,<0.4", "torch": ">=2.14"}
+REQUIRES = ("device",)
+
+STAGING_PREFIX = ".saving-"
+STEP_PATTERN = re.compile(r"step-(\d+)")  # torchtitan's own (re.search) pattern
+HF_INDEX = "model.safetensors.index.json"
+NOT_ATOMIC = "replaced the previous checkpoint of this step with two renames (no atomic exchange on this file system)"
+
+
+# -- where a save is written -------------------------------------------------------------
+def staging_path(checkpoint_id: str) -> str:
+    """``.../step-5`` -> ``.../.saving-step_5``: hidden, and invisible to ``step-(\\d+)`` scans."""
+    parent, name = os.path.split(os.path.normpath(checkpoint_id))
+    return os.path.join(parent, STAGING_PREFIX + name.replace("-", "_"))
+
+
+def _rename_exchange(first: str, second: str) -> bool:
+    """Atomically swap two paths (Linux renameat2 RENAME_EXCHANGE). False where unavailable."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    renameat2 = getattr(libc, "renameat2", None)
+    if renameat2 is None:
+        return False
+    at_fdcwd, rename_exchange = -100, 2
+    if renameat2(at_fdcwd, os.fsencode(first), at_fdcwd, os.fsencode(second), rename_exchange) == 0:
+        return True
+    error = ctypes.get_errno()
+    if error in (errno.EINVAL, errno.ENOSYS, errno.EOPNOTSUPP):
+        return False  # file system or kernel without exchange support
+    raise OSError(error, f"renameat2({first!r}, {second!r}, RENAME_EXCHANGE): {os.strerror(error)}")
+
+
+def _fsync_directory(path: str) -> None:
+    descriptor = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(descriptor)
+    finally:
+        os.close(descriptor)
+
+
+def publish(staging: str, final: str) -> str:
+    """Make the finished save at ``staging`` the checkpoint at ``final``; returns how."""
+    if not os.path.isdir(final):
+        os.rename(staging, final)  # atomic: readers see no step folder or a complete one
+        how = "renamed to step-N"
+    elif _rename_exchange(staging, final):
+        shutil.rmtree(staging)  # now holds the checkpoint that was replaced
+        how = "exchanged atomically with an existing step-N"
+    else:
+        aside = staging + ".replaced"
+        os.rename(final, aside)
+        os.rename(staging, final)
+        shutil.rmtree(aside)
+        how = NOT_ATOMIC
+    _fsync_directory(os.path.dirname(os.path.abspath(final)))
+    return how
+
+
+# -- what a complete checkpoint is ---------------------------------------------------------
+def checkpoint_problem(path: str) -> str | None:
+    """None when ``path`` holds a complete checkpoint, else what is missing."""
+    if os.path.isfile(os.path.join(path, ".metadata")):
+        from torch.distributed.checkpoint import FileSystemReader
+
+        try:
+            metadata = FileSystemReader(path).read_metadata()
+        except Exception as exc:  # any failure to parse it means DCP cannot load this checkpoint
+            return f".metadata cannot be read ({type(exc).__name__}: {exc})"
+        needed: dict[str, int] = {}
+        for info in (metadata.storage_data or {}).values():
+            needed[info.relative_path] = max(needed.get(info.relative_path, 0), info.offset + info.length)
+        for relative_path, size in sorted(needed.items()):
+            file_path = os.path.join(path, relative_path)
+            if not os.path.isfile(file_path):
+                return f"{relative_path} is missing"
+            actual = os.path.getsize(file_path)
+            if actual < size:
+                return f"{relative_path} holds {actual} of its {size} bytes"
+        return None
+    if os.path.isfile(os.path.join(path, HF_INDEX)):
+        return None  # a Hugging Face export: torchtitan's own criterion
+    return "no .metadata (the save did not finish)"
+
+
+def _rank() -> int:
+    import torch.distributed as dist
+
+    return dist.get_rank() if dist.is_available() and dist.is_initialized() else 0
+
+
+# -- staging for async_with_pinned_mem --------------------------------------------------------
+def make_stager_factory(ctx: PatchContext):
+    import torch
+    from torch.distributed.checkpoint._state_dict_stager import StateDictStager
+    from torch.distributed.checkpoint.staging import DefaultStager
+
+    class DevicePinnedStateDictStager(StateDictStager):
+        """Stages into host buffers from the accelerator's pinned allocator, reused across saves."""
+
+        def __init__(self) -> None:
+            super().__init__(pin_memory=False, share_memory=False)
+
+        def _stage_untyped_storage(self, storage, non_blocking=False):
+            cached = self._cached_storage_mapping.get(storage)
+            if cached is None or cached.nbytes() != storage.nbytes():
+                pin = storage.nbytes() >= self.pin_memory_min_bytes
+                cached = torch.empty(storage.nbytes(), dtype=torch.uint8, pin_memory=pin).untyped_storage()
+                self._cached_storage_mapping[storage] = cached
+            cached.copy_(storage, non_blocking=non_blocking)
+            return cached
+
+    class DevicePinnedStager(DefaultStager):
+        """DefaultStager whose pinned buffers come from the target device, not from CUDA."""
+
+        def __init__(self, options) -> None:
+            super().__init__(dataclasses.replace(options, use_pinned_memory=False, use_shared_memory=False))
+            if options.use_pinned_memory:
+                self._state_dict_stager = DevicePinnedStateDictStager()
+            self._shared_stager = StateDictStager(share_memory=True) if options.use_shared_memory else None
+
+        def _stage(self, state_dict, **kwargs):
+            staged = super()._stage(state_dict, **kwargs)
+            if self._shared_stager is not None:
+                # The checkpoint process reads shared memory; copy after the device copies finished.
+                staged = self._shared_stager.stage(staged, non_blocking=False)
+            return staged
+
+        def close(self) -> None:
+            super().close()
+            if self._shared_stager is not None:
+                self._shared_stager.close()
+
+    def stager(options=None):
+        from torch.distributed.checkpoint.staging import StagingOptions
+
+        options = options if options is not None else StagingOptions()
+        if ctx.target == "cpu":
+            ctx.note("async_with_pinned_mem on cpu: staging copies into shared host memory in a background "
+                     "thread (host == device: nothing to pin, no device stream)")
+            return DefaultStager(dataclasses.replace(options, use_pinned_memory=False, use_non_blocking_copy=False))
+        ctx.note("async_with_pinned_mem: device->host staging on a staging stream into pinned host buffers from "
+                 f"the {ctx.target} allocator"
+                 + (", then a shared-memory copy for the checkpoint process (host memory: twice the staged state)"
+                    if options.use_shared_memory else ""))
+        return DevicePinnedStager(options)
+
+    return stager
+
+
+# -- apply -----------------------------------------------------------------------------------
+def _bind(args, kwargs, names, defaults):
+    values = dict(defaults)
+    values.update(zip(names, args))
+    values.update(kwargs)
+    return values
+
+
+def apply(ctx: PatchContext) -> None:
+    from torch.distributed.checkpoint.state_dict_saver import AsyncSaveResponse
+    from torchtitan.tools import filesystem
+
+    save_names = ("state_dict", "checkpoint_id", "async_mode", "enable_garbage_collection", "to_hf")
+    save_defaults = {"enable_garbage_collection": False, "to_hf": False}
+
+    def publish_on_rank0(staging: str, final: str) -> None:
+        if _rank() != 0:
+            return
+        how = publish(staging, final)
+        if how == NOT_ATOMIC:
+            ctx.fallback(f"{os.path.basename(final)}: {how}")
+        else:
+            ctx.note(f"checkpoints are written to {STAGING_PREFIX}<step> and {how} once complete")
+
+    def chained(upload: Future, staging: str, final: str) -> Future:
+        """A future that completes once ``upload`` did and the checkpoint is published."""
+        done: Future = Future()
+
+        def finish(inner: Future) -> None:
+            try:
+                result = inner.result()
+                publish_on_rank0(staging, final)
+            except BaseException as exc:  # hand any failure to whoever waits on the save
+                done.set_exception(exc)
+            else:
+                done.set_result(result)
+
+        upload.add_done_callback(finish)
+        return done
+
+    def dcp_save(wrapped, instance, args, kwargs):
+        values = _bind(args, kwargs, save_names, save_defaults)
+        final = str(values["checkpoint_id"])
+        if filesystem.is_remote(final):
+            ctx.note("remote checkpoint folder: saves go straight to step-N (no atomic publish)")
+            return wrapped(*args, **kwargs)
+        staging = staging_path(final)
+        values["checkpoint_id"] = staging
+        result = wrapped(**values)
+        if isinstance(result, AsyncSaveResponse):
+            return AsyncSaveResponse(
+                staging_completion=result.staging_completion,
+                upload_completion=chained(result.upload_completion, staging, final),
+            )
+        if isinstance(result, Future):
+            return chained(result, staging, final)
+        # Synchronous: dcp.save returned after every rank's data and the .metadata were written.
+        publish_on_rank0(staging, final)
+        return result
+
+    def find_load_step(wrapped, instance, args, kwargs):
+        folder = (args[0] if args else kwargs.get("folder", "")) or instance.folder
+        if filesystem.is_remote(folder):
+            ctx.note("remote checkpoint folder: the newest step-N with .metadata is loaded unverified")
+            return wrapped(*args, **kwargs)
+        if not os.path.isdir(folder):
+            return -1
+        steps = []
+        for name in os.listdir(folder):
+            if name.startswith(STAGING_PREFIX):
+                if _rank() == 0:
+                    shutil.rmtree(os.path.join(folder, name), ignore_errors=True)
+                    ctx.note(f"removed {name}: leftover of a save that did not finish")
+                continue
+            match = STEP_PATTERN.search(name)
+            if match and os.path.isdir(os.path.join(folder, name)):
+                steps.append((int(match.group(1)), name))
+        for step, name in sorted(steps, reverse=True):
+            problem = checkpoint_problem(os.path.join(folder, name))
+            if problem is None:
+                return step
+            ctx.fallback(f"checkpoint {name} skipped: incomplete ({problem}); trying an older one")
+        return -1
+
+    load_names = ("state_dict", "checkpoint_id", "from_hf", "from_quantized")
+
+    def dcp_load(wrapped, instance, args, kwargs):
+        values = _bind(args, kwargs, load_names, {})
+        checkpoint_id = str(values["checkpoint_id"])
+        if not values["from_hf"] and not filesystem.is_remote(checkpoint_id):
+            problem = checkpoint_problem(checkpoint_id)
+            if problem is not None:
+                raise FileNotFoundError(
+                    f"checkpoint {checkpoint_id} is incomplete: {problem}. Its save did not finish; load "
+                    "another step (--checkpoint.load_step) or leave load_step at -1 to take the newest "
+                    "complete one"
+                )
+        return wrapped(*args, **kwargs)
+
+    ctx.replace("torchtitan.components.checkpointer.dcp:DefaultStager", make_stager_factory(ctx))
+    ctx.wrap("torchtitan.components.checkpointer.dcp:CheckpointManager.dcp_save", dcp_save)
+    ctx.wrap("torchtitan.components.checkpointer.dcp:CheckpointManager.dcp_load", dcp_load)
+    ctx.wrap("torchtitan.components.checkpointer.dcp:CheckpointManager._find_load_step", find_load_step)
+
+
+def revert(ctx: PatchContext) -> None:
+    """The recorded replacements are all there is to undo; finished checkpoints stay where they are."""
