@@ -45,7 +45,7 @@ def test_check_ok_and_errors(env, capsys, tmp_path):
     assert capsys.readouterr().out.startswith("OK: target=cpu")
     env.setenv("TORCHTITAN_NPU_PATCHES", "-device")
     assert cli.main(["check"]) == 2
-    assert "patch 'collectives' requires 'device', which is disabled" in capsys.readouterr().err
+    assert "requires 'device', which is disabled; enable it (+device)" in capsys.readouterr().err
     bad = tmp_path / "bad.json"
     bad.write_text("{")
     env.setenv("TORCHTITAN_NPU_PATCHES", "")
