@@ -138,3 +138,51 @@ def reference_attention_env(**overrides: str) -> dict[str, str]:
         PYTHONPATH=os.pathsep.join(filter(None, [PLUGINS, os.environ.get("PYTHONPATH")])),
         **overrides,
     )
+
+
+LLAMA_STEPS = 10
+DETERMINISTIC = ["--debug.seed", "42", "--debug.deterministic", "--training.mixed_precision_param", "float32"]
+SHORT_RUN = ["--training.seq_len", "256", "--training.local_batch_size", "2", "--validator.no-enable"]
+
+
+def train_llama(config: str, dump: str, env: dict, steps: int = LLAMA_STEPS, extra=(), nproc: int = 2):
+    """A deterministic fp32 llama3 debug run; returns (step -> loss, log)."""
+    args = ["--module", "llama3", "--config", config, "--training.steps", str(steps), *SHORT_RUN,
+            *DETERMINISTIC, "--dump_folder", dump, *extra]
+    if "--checkpoint.enable" not in extra:
+        args.append("--checkpoint.no-enable")
+    result = torchrun(args, env, nproc=nproc)
+    assert result.returncode == 0, result.stdout[-4000:]
+    return parse_losses(result.stdout), result.stdout
+
+
+def sim_npu_env(**overrides: str) -> dict[str, str]:
+    """TORCHTITAN_NPU=1 on 2 simulated NPUs (tools/sim_npu), plus test plugins on PYTHONPATH."""
+    sys.path.insert(0, REPO)
+    from tools.sim_npu import sim_env
+
+    base = clean_env(TORCHTITAN_NPU="1", **overrides)
+    base["PYTHONPATH"] = os.pathsep.join(filter(None, [PLUGINS, base.get("PYTHONPATH")]))
+    return sim_env(base, devices=2)
+
+
+@pytest.fixture(scope="session")
+def llama_runs(tmp_path_factory):
+    """Each (config, variant) trains once per session: 'cpu' (rehearsal), 'reference'
+    (rehearsal with the independent SDPA attention), 'sim' (2 simulated NPUs, device audit on)."""
+    cache = {}
+
+    def get(config: str, variant: str):
+        if (config, variant) not in cache:
+            dump = str(tmp_path_factory.mktemp(f"{config}_{variant}"))
+            env = {
+                "cpu": lambda: clean_env(TORCHTITAN_NPU="cpu"),
+                "reference": reference_attention_env,
+                "sim": lambda: sim_npu_env(
+                    TORCHTITAN_NPU_REGISTRY=os.path.join(PLUGINS, "device_audit_registry.json")),
+            }[variant]()
+            losses, log = train_llama(config, dump, env)
+            cache[config, variant] = losses, log, dump
+        return cache[config, variant]
+
+    return get
