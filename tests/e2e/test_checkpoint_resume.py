@@ -1,0 +1,206 @@
+"""Checkpoints through the runtime with upstream torchtitan (CPU rehearsal, 2 ranks, FSDP).
+
+* every async mode saves; resuming at step k reproduces the uninterrupted run's later
+  losses (deterministic mode) and its final checkpoint, tensor for tensor;
+* a checkpoint written through the runtime is read by plain torch.distributed.checkpoint
+  in a process that never loaded the runtime, re-written there, and the runtime resumes
+  from that plain-written checkpoint to the same losses and tensors;
+* seed checkpoints and ``last_save_model_only`` (with an export dtype);
+* ranks SIGKILLed in the middle of writing a checkpoint leave the last good one in
+  place, and the resumed run continues from it exactly.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import textwrap
+
+import pytest
+import torch
+
+from conftest import REPO, clean_env, parse_losses, torchrun
+
+pytestmark = pytest.mark.e2e
+
+STEPS = 6
+RESUME_ARGS = ["--module", "llama3", "--config", "llama3_debugmodel", "--training.seq_len", "128",
+               "--training.local_batch_size", "1", "--validator.no-enable", "--debug.seed", "42",
+               "--debug.deterministic", "--checkpoint.enable", "--checkpoint.interval", "2",
+               "--checkpoint.keep_latest_k", "0"]
+
+
+def ckpt_train(dump, steps=STEPS, extra=(), env=None, nproc=2, expect_ok=True):
+    args = [*RESUME_ARGS, "--training.steps", str(steps), "--dump_folder", str(dump), *extra]
+    result = torchrun(args, env or clean_env(TORCHTITAN_NPU="cpu"), nproc=nproc)
+    if expect_ok:
+        assert result.returncode == 0, result.stdout[-4000:]
+    return parse_losses(result.stdout), result
+
+
+def plain_dcp(code: str, *paths):
+    """Run ``code`` (``paths`` in sys.argv[1:]) in a fresh interpreter with no TORCHTITAN_NPU*:
+    the runtime stays inert there."""
+    script = textwrap.dedent("""
+        import sys, torch
+        from torch.distributed.checkpoint.format_utils import dcp_to_torch_save, torch_save_to_dcp
+    """) + textwrap.dedent(code) + textwrap.dedent("""
+        assert "npu_inject.runtime" not in sys.modules, "the runtime was loaded"
+    """)
+    done = subprocess.run([sys.executable, "-c", script, *map(str, paths)],
+                          env=clean_env(), cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+
+
+def read_plain(scratch, *checkpoints) -> list[dict]:
+    """Every entry of each DCP checkpoint, read by plain DCP in one process without the
+    runtime, flattened to dotted keys."""
+    outputs = [os.path.join(scratch, f"plain{index}.pt") for index in range(len(checkpoints))]
+    plain_dcp("""
+        for src, dst in zip(sys.argv[1::2], sys.argv[2::2]):
+            dcp_to_torch_save(src, dst)
+    """, *[path for pair in zip(checkpoints, outputs) for path in pair])
+    return [flatten_entries(torch.load(out, weights_only=False)) for out in outputs]
+
+
+def flatten_entries(tree, prefix=""):
+    flat = {}
+    for key, value in tree.items():
+        if isinstance(value, dict):
+            flat.update(flatten_entries(value, f"{prefix}{key}."))
+        else:
+            flat[f"{prefix}{key}"] = value
+    return flat
+
+
+def assert_same_entries(expected: dict, actual: dict):
+    """Same keys; tensors equal in dtype and every element; other entries equal."""
+    assert sorted(actual) == sorted(expected)
+    for key, value in expected.items():
+        other = actual[key]
+        if isinstance(value, torch.Tensor):
+            assert value.dtype == other.dtype and torch.equal(value, other), key
+        else:
+            assert value == other, key
+
+
+def keep_only(folder, step):
+    for name in os.listdir(folder):
+        if name != f"step-{step}":
+            shutil.rmtree(os.path.join(folder, name))
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(tmp_path_factory):
+    """6 steps, checkpoints at 2 and 4 through async_with_pinned_mem, full final checkpoint at 6."""
+    dump = tmp_path_factory.mktemp("uninterrupted")
+    losses, _ = ckpt_train(dump, extra=["--checkpoint.async_mode", "async_with_pinned_mem",
+                                        "--checkpoint.no-last_save_model_only"])
+    assert sorted(losses) == list(range(1, STEPS + 1))
+    folder = dump / "checkpoint"
+    assert sorted(os.listdir(folder)) == ["step-2", "step-4", "step-6"]
+    final, = read_plain(dump, folder / "step-6")
+    return losses, dump, final
+
+
+def test_resume_in_async_mode_reproduces_losses_and_final_checkpoint(uninterrupted, tmp_path):
+    losses, dump, final = uninterrupted
+    shutil.copytree(dump / "checkpoint", tmp_path / "checkpoint")
+    keep_only(tmp_path / "checkpoint", 2)
+    resumed, result = ckpt_train(tmp_path, extra=["--checkpoint.async_mode", "async",
+                                                  "--checkpoint.no-last_save_model_only"])
+    assert "Training starts at step 3" in result.stdout
+    assert resumed == {s: losses[s] for s in range(3, STEPS + 1)}
+    assert sorted(os.listdir(tmp_path / "checkpoint")) == ["step-2", "step-4", "step-6"]
+    mine, four_pinned, four_thread = read_plain(
+        tmp_path, tmp_path / "checkpoint" / "step-6", dump / "checkpoint" / "step-4", tmp_path / "checkpoint" / "step-4")
+    assert any(k.startswith("optimizer.state.") and k.endswith(".exp_avg") for k in final)
+    assert final["train_state.step"] == STEPS
+    assert_same_entries(final, mine)
+    # step-4 of each run went through a different async mode; same tensors.
+    assert_same_entries(four_pinned, four_thread)
+
+
+def test_plain_written_checkpoint_resumes_through_the_runtime(uninterrupted, tmp_path):
+    """runtime -> plain DCP read + re-write (no runtime) -> runtime resume, sync mode, model-only last save."""
+    losses, dump, final = uninterrupted
+    (tmp_path / "checkpoint").mkdir()
+    plain_dcp("""
+        dcp_to_torch_save(sys.argv[1], sys.argv[2])
+        torch_save_to_dcp(sys.argv[2], sys.argv[3])
+    """, dump / "checkpoint" / "step-4", tmp_path / "step4.pt", tmp_path / "checkpoint" / "step-4")
+    resumed, result = ckpt_train(tmp_path, extra=["--checkpoint.async_mode", "disabled",
+                                                  "--checkpoint.last_save_model_only"])
+    assert "Training starts at step 5" in result.stdout
+    assert resumed == {5: losses[5], 6: losses[6]}
+    model_only, = read_plain(tmp_path, tmp_path / "checkpoint" / "step-6")
+    non_model = ("optimizer.", "lr_scheduler.", "dataloader.", "train_state.")
+    assert_same_entries({k: v for k, v in final.items() if not k.startswith(non_model)}, model_only)
+
+
+def test_seed_checkpoint_and_bf16_model_only_export(tmp_path):
+    env = clean_env(TORCHTITAN_NPU="cpu")
+    ckpt_train(tmp_path / "seed", steps=1, nproc=1, env=env, extra=[
+        "--checkpoint.create_seed_checkpoint", "--parallelism.data_parallel_shard_degree", "1"])
+    seed, = read_plain(tmp_path, tmp_path / "seed" / "checkpoint" / "step-0")
+    # llama3_debugmodel sets last_save_model_only=False, so the seed holds the full (initial) state.
+    assert seed["train_state.step"] == 0
+    seed = {k: v for k, v in seed.items() if not k.startswith(("optimizer.", "lr_scheduler.", "dataloader.", "train_state."))}
+    assert seed and all(isinstance(v, torch.Tensor) and v.dtype == torch.float32 for v in seed.values())
+
+    losses, result = ckpt_train(tmp_path / "run", steps=2, env=env, extra=[
+        "--checkpoint.initial_load_path", str(tmp_path / "seed" / "checkpoint" / "step-0"),
+        "--checkpoint.last_save_model_only", "--checkpoint.export_dtype", "bfloat16"])
+    assert "Loading the checkpoint from" in result.stdout and sorted(losses) == [1, 2]
+    exported, = read_plain(tmp_path, tmp_path / "run" / "checkpoint" / "step-2")
+    assert sorted(exported) == sorted(seed)
+    assert all(v.dtype == torch.bfloat16 for v in exported.values())
+    assert any(not torch.equal(exported[k].float(), seed[k].to(torch.bfloat16).float()) for k in seed), \
+        "the export holds the trained weights, not the seed"
+
+
+SITECUSTOMIZE = '''
+import os, signal
+if os.environ.get("CKPT_TEST_KILL_RANKS", "").split(",").count(os.environ.get("RANK", "")):
+    import wrapt
+
+    def _arm(filesystem):
+        original = filesystem._write_item
+        written = []
+
+        def write_item(transforms, stream, *args, **kwargs):
+            if os.environ["CKPT_TEST_KILL_IN"] in getattr(stream, "name", ""):
+                written.append(1)
+                if len(written) > 3:
+                    stream.write(b"torn")
+                    stream.flush()
+                    os.kill(os.getpid(), signal.SIGKILL)
+            return original(transforms, stream, *args, **kwargs)
+
+        filesystem._write_item = write_item
+
+    wrapt.register_post_import_hook(_arm, "torch.distributed.checkpoint.filesystem")
+'''
+
+
+def test_ranks_killed_mid_save_keep_last_good_checkpoint_and_resume_is_exact(uninterrupted, tmp_path):
+    losses, _, _ = uninterrupted
+    hooks = tmp_path / "hooks"
+    hooks.mkdir()
+    (hooks / "sitecustomize.py").write_text(SITECUSTOMIZE)
+    env = clean_env(TORCHTITAN_NPU="cpu", CKPT_TEST_KILL_RANKS="0,1", CKPT_TEST_KILL_IN="step_4",
+                    PYTHONPATH=os.pathsep.join(filter(None, [str(hooks), os.environ.get("PYTHONPATH")])))
+    _, result = ckpt_train(tmp_path, env=env, expect_ok=False)
+    assert result.returncode != 0
+    folder = tmp_path / "checkpoint"
+    assert sorted(os.listdir(folder)) == [".saving-step_4", "step-2"], os.listdir(folder)
+    # Both ranks die inside their data file (a rank left waiting in a collective would only
+    # be reaped by torchrun's timeout).
+    assert "Signal 9" in result.stdout or "SIGKILL" in result.stdout, result.stdout[-3000:]
+
+    resumed, result = ckpt_train(tmp_path)
+    assert "Training starts at step 3" in result.stdout
+    assert resumed == {s: losses[s] for s in range(3, STEPS + 1)}
+    assert sorted(os.listdir(folder)) == ["step-2", "step-4", "step-6"]
