@@ -74,7 +74,7 @@ def apply(ctx: PatchContext) -> None:
                 "runs on torch._grouped_mm (the patch maps 2-D A, 3-D B_t and offsets)"
             )
             return wrapped(*args, **kwargs)
-        kernel_backward = moe_ops.kernel_backward_available(A.device)
+        kernel_backward = moe_ops.kernel_backward_available(A.device, A.dtype)
         if not kernel_backward:
             ctx.fallback(
                 "the kernel provider has no K-axis grouped matmul (group_type=2): expert weight "

@@ -218,7 +218,7 @@ def test_kernel_backward_groups_weight_gradient_along_k(monkeypatch):
     calls = []
     provider = _k_grouping_kernels(calls)
     monkeypatch.setattr(moe_ops, "kernels", lambda: provider)
-    assert moe_ops.kernel_backward_available(torch.device("cpu"))
+    assert moe_ops.kernel_backward_available(torch.device("cpu"), torch.float32)
 
     counts = [2, 0, 5, 1, 0]
     x_RI = _randn(8, 11, seed=5).requires_grad_()
@@ -237,7 +237,7 @@ def test_kernel_backward_groups_weight_gradient_along_k(monkeypatch):
 def test_reference_provider_differentiates_its_forward_and_reports_it(moe_patched, titan_moe):
     from npu_inject.ops import moe as moe_ops
 
-    assert not moe_ops.kernel_backward_available(torch.device("cpu"))
+    assert not moe_ops.kernel_backward_available(torch.device("cpu"), torch.bfloat16)
     experts = titan_moe.moe.GroupedExperts(titan_moe.moe.GroupedExperts.Config(dim=4, hidden_dim=3, num_experts=1))
     experts._grouped_mm(A=torch.ones(2, 4), B_t=torch.ones(1, 4, 3), offs=_offsets([2]))
     (reason,) = moe_patched.report.patches[PATCH_ID].fallbacks

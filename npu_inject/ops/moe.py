@@ -95,11 +95,11 @@ class _GroupedMatmulKernelBackward(torch.autograd.Function):
 
 
 @functools.lru_cache(maxsize=None)
-def _groups_along_k(provider_name: str, device_type: str) -> bool:
-    """Whether the kernel provider implements group_type=2 (checked once per provider/device)."""
+def _groups_along_k(provider_name: str, device_type: str, dtype: torch.dtype) -> bool:
+    """Whether the kernel provider implements group_type=2 (checked once per provider, device, dtype)."""
     device = torch.device(device_type)
-    x_IR = torch.ones(2, 3, device=device)
-    y_RO = torch.ones(3, 2, device=device)
+    x_IR = torch.ones(2, 3, device=device, dtype=dtype)
+    y_RO = torch.ones(3, 2, device=device, dtype=dtype)
     group_list_E = torch.tensor([1, 3], dtype=torch.int64, device=device)
     try:
         _grouped_matmul_along_k(x_IR, y_RO, group_list_E)
@@ -108,13 +108,13 @@ def _groups_along_k(provider_name: str, device_type: str) -> bool:
     return True
 
 
-def kernel_backward_available(device: torch.device) -> bool:
-    """True when gradients can be kernel calls (the provider groups along K).
+def kernel_backward_available(device: torch.device, dtype: torch.dtype) -> bool:
+    """True when gradients can be kernel calls (the provider groups along K for this dtype).
 
     False means the provider computes the weight gradient only through autograd
     of its own forward (the reference kernels are plain PyTorch and do).
     """
-    return _groups_along_k(kernels().__name__, device.type)
+    return _groups_along_k(kernels().__name__, device.type, dtype)
 
 
 def grouped_matmul_RO(
