@@ -104,3 +104,32 @@ def test_untyped_storage_and_module_helpers() -> None:
     assert tensor.untyped_storage().is_npu
     module = torch.nn.Linear(2, 2).npu()
     assert next(module.parameters()).device.type == "npu"
+
+
+def test_conjugate_and_negative_views_copy_without_recursion() -> None:
+    # copy_ of a conj/neg view used to recurse through the Conjugate fallback.
+    values = torch.randn(4, dtype=torch.complex64)
+    assert torch.equal(values.conj().to("npu").cpu(), values.conj().resolve_conj())
+    on_npu = values.to("npu").conj()
+    assert torch.equal(on_npu.clone().cpu(), values.conj().resolve_conj())
+    target = torch.empty(4, dtype=torch.complex64, device="npu")
+    target.copy_(on_npu)
+    assert torch.equal(target.cpu(), values.conj().resolve_conj())
+
+
+def test_complex_rotary_backward_matches_cpu() -> None:
+    # The shape of llama's RoPE: view_as_complex * freqs, backward through conj.
+    real = torch.randn(3, 2)
+    freqs = torch.polar(torch.ones(3), torch.arange(3.0))
+    grads = []
+    for device in ("cpu", "npu"):
+        leaf = real.to(device).requires_grad_()
+        torch.view_as_real(torch.view_as_complex(leaf) * freqs.to(device)).sum().backward()
+        grads.append(leaf.grad.cpu())
+    assert torch.equal(grads[0], grads[1])
+
+
+def test_efficient_zero_tensors_stay_zero_tensors() -> None:
+    zeros = torch._efficientzerotensor(3, device="npu")
+    assert zeros._is_zerotensor()
+    assert torch.equal((zeros + 1).cpu(), torch.ones(3))

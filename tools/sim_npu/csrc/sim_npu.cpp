@@ -918,6 +918,22 @@ struct AliasScope {
         "The simulated npu supports strided tensors only, got layout ",
         npu_tensor.layout(),
         ".");
+    if (npu_tensor.numel() > 0) {
+      // A kernel reading past the storage would crash the process; fail instead.
+      const size_t needed = at::detail::computeStorageNbytes(
+          npu_tensor.sizes(), npu_tensor.strides(), npu_tensor.dtype().itemsize(),
+          npu_tensor.storage_offset());
+      TORCH_CHECK(
+          npu_tensor.storage().nbytes() >= needed && npu_tensor.storage().data() != nullptr,
+          "npu tensor of shape ",
+          npu_tensor.sizes(),
+          " needs ",
+          needed,
+          " bytes but its storage holds ",
+          npu_tensor.storage().nbytes(),
+          npu_tensor._is_zerotensor() ? " (an unmaterialised zero tensor)" : "",
+          ".");
+    }
     auto impl = c10::make_intrusive<c10::TensorImpl>(
         host_storage_for(npu_tensor.storage()),
         c10::DispatchKeySet(c10::DispatchKey::CPU),
@@ -1158,6 +1174,35 @@ at::Scalar local_scalar_dense(const at::Tensor& self) {
   return at::native::_local_scalar_dense_cpu(scope.host_alias(self));
 }
 
+// Autograd's "efficient zero tensors": no memory, ZeroTensor key set, so the
+// ZeroTensor fallback materialises them before any kernel reads them.
+struct ZeroTensorAllocator final : public at::Allocator {
+  explicit ZeroTensorAllocator(c10::Device device) : device_(device) {}
+  c10::DataPtr allocate(size_t /*nbytes*/) override {
+    return c10::DataPtr(nullptr, device_);
+  }
+  c10::DeleterFnPtr raw_deleter() const override {
+    return nullptr;
+  }
+  void copy_data(void* /*dest*/, const void* /*src*/, std::size_t count) const override {
+    TORCH_CHECK(count == 0, "A zero tensor has no memory to copy.");
+  }
+  c10::Device device_;
+};
+
+at::Tensor efficient_zero_tensor(
+    c10::IntArrayRef size,
+    std::optional<c10::ScalarType> dtype,
+    std::optional<c10::Layout> /*layout*/,
+    std::optional<c10::Device> device,
+    std::optional<bool> /*pin_memory*/) {
+  ZeroTensorAllocator allocator(resolve_device(device));
+  const auto keys = c10::DispatchKeySet(c10::DispatchKey::PrivateUse1) |
+      c10::DispatchKeySet(c10::DispatchKey::ZeroTensor);
+  return at::detail::empty_generic(
+      size, &allocator, keys, c10::dtype_or_default(dtype), std::nullopt);
+}
+
 void record_stream(at::Tensor& /*self*/, c10::Stream /*stream*/) {
   // Work runs synchronously: nothing to order.
 }
@@ -1368,10 +1413,26 @@ TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
   m.impl("_copy_from_and_resize", copy_from_and_resize);
   m.impl("_local_scalar_dense", local_scalar_dense);
   m.impl("record_stream", record_stream);
+  m.impl("_efficientzerotensor", efficient_zero_tensor);
 }
 
 TORCH_LIBRARY_IMPL(_, PrivateUse1, m) {
   m.fallback(torch::CppFunction::makeFromBoxedFunction<&cpu_fallback>());
+}
+
+// copy_ reaches a PrivateUse1 backend through _copy_from. Without these, the
+// Conjugate/Negative fallbacks would materialise a conj/neg source with
+// clone(), which calls copy_ -> _copy_from on the same source again: an
+// endless recursion. Our _copy_from carries the bits over to the host alias,
+// where the CPU copy_ resolves them.
+TORCH_LIBRARY_IMPL(aten, Conjugate, m) {
+  m.impl("_copy_from", torch::CppFunction::makeFallthrough());
+  m.impl("_copy_from_and_resize", torch::CppFunction::makeFallthrough());
+}
+
+TORCH_LIBRARY_IMPL(aten, Negative, m) {
+  m.impl("_copy_from", torch::CppFunction::makeFallthrough());
+  m.impl("_copy_from_and_resize", torch::CppFunction::makeFallthrough());
 }
 
 // ---------------------------------------------------------------------------
