@@ -7,19 +7,24 @@ Adam's ``step`` stay where the optimizer keeps them (they are a few bytes and th
 fused kernels read them on the device).
 
 During ``step()`` the parameters are split into ``k`` contiguous slices of about
-equal bytes. Two device buffers ("slots") of one slice each are used in turn:
+equal bytes, and one device buffer (the "arena") holds the slices in flight: even
+slices at its start, odd slices at its end.
 
 * side stream:    P0 P1 [wait U0] C0 P2 [wait U1] C1 P3 ...
 * compute stream: [wait P0] U0 [wait P1] U1 [wait P2] U2 ...
 
-``P`` copies a slice's states host -> slot, ``U`` is the optimizer's own update
-restricted to that slice, ``C`` copies the updated states slot -> host. ``P(i+2)``
-reuses the slot of slice ``i`` and is queued on the side stream after ``C(i)``,
-so stream order alone keeps them apart: at most two slices of state are on the
-device, and the copies of one slice overlap the update of the next. The host
-never waits inside ``step()`` (except on a slice whose state the optimizer just
-created on the device, i.e. the first step); it waits for the last copy before
-anything reads host state (``state_dict``, ``load_state_dict``).
+``P`` copies a slice's states host -> arena, ``U`` is the optimizer's own update
+restricted to that slice, ``C`` copies the updated states arena -> host. ``P(i+2)``
+reuses the bytes of slice ``i`` and is queued on the side stream after ``C(i)``, so
+stream order alone keeps them apart, and the copies of one slice overlap the update
+of the next. The arena holds the largest pair of neighbouring slices, capped at
+``total/k`` plus the largest slice (the goal); a pair above the cap shares bytes, so
+its second slice is queued after the first one's copy-out (that one transfer is not
+overlapped).
+So the device holds at most about ``2/k`` of the state during ``step()`` and none
+between steps. The host never waits inside ``step()`` (except on a slice whose state
+the optimizer just created on the device, i.e. the first step); it waits for the
+last copy before anything reads host state (``state_dict``, ``load_state_dict``).
 
 The update of a slice is the optimizer's unmodified ``step`` (hooks excluded, they
 run once per step around the whole loop) with ``param_groups`` narrowed to the
@@ -33,8 +38,8 @@ work unchanged, and checkpoints are interchangeable with the unswapped optimizer
 DCP records no device, only tensor contents. DTensor states stay DTensors (same
 mesh and placements) with a host local tensor, as FSDP2's CPU offload does.
 
-On the CPU rehearsal host and device are the same memory: the slots are host
-buffers and copies are synchronous, so there is no memory saving, but the code
+On the CPU rehearsal host and device are the same memory: the arena is a host
+buffer and copies are synchronous, so there is no memory saving, but the code
 path (slicing, staging, state_dict/load) is the same one the NPU runs.
 """
 
@@ -51,7 +56,7 @@ from torch.distributed.tensor import DTensor
 # Optimizers whose update of one parameter reads only that parameter's grad and state
 # (so a per-slice update equals the whole-model update).
 PER_PARAMETER_OPTIMIZERS = (torch.optim.Adam, torch.optim.AdamW, torch.optim.SGD)
-SLOT_ALIGNMENT = 512  # bytes; the NPU allocator's alignment, a multiple of every dtype size
+ARENA_ALIGNMENT = 512  # bytes; the NPU allocator's alignment, a multiple of every dtype size
 
 
 def _local(tensor: torch.Tensor) -> torch.Tensor:
@@ -175,7 +180,7 @@ class _Entry:
 
 
 class SwapOptimizer:
-    """Keeps one optimizer's per-element state on the host and streams it through two slots.
+    """Keeps one optimizer's per-element state on the host and streams it through an arena.
 
     ``install`` replaces the optimizer instance's ``step`` (keeping torch's step hooks
     around the whole step) and registers state-dict hooks; ``uninstall`` undoes both
@@ -202,7 +207,7 @@ class SwapOptimizer:
         self._host_ready = None  # event after which host state may be read by the CPU
         self._handles: list = []
         self._stashed: list[tuple[torch.Tensor, dict[str, Any], list[str]]] = []
-        self.peak_slot_bytes = 0
+        self.peak_arena_bytes = 0
 
     # -- install -------------------------------------------------------------
     def install(self) -> "SwapOptimizer":
@@ -244,7 +249,7 @@ class SwapOptimizer:
 
     @staticmethod
     def _is_host(value: torch.Tensor) -> bool:
-        # On the CPU rehearsal everything is host memory and goes through the slots too.
+        # On the CPU rehearsal everything is host memory and goes through the arena too.
         return _local(value).device.type == "cpu"
 
     def _offload_resident_state(self) -> None:
@@ -280,7 +285,7 @@ class SwapOptimizer:
         return self.slices
 
     def _plan(self, slices) -> list[list[_Entry]]:
-        """Per slice, the host-resident state entries to bring to the device, with slot offsets."""
+        """Per slice, the host-resident state entries to bring to the device, with offsets in the slice."""
         state = self.optimizer.state
         plans = []
         for part in slices:
@@ -301,33 +306,40 @@ class SwapOptimizer:
         optimizer, streams = self.optimizer, self.streams
         slices = self._current_slices()
         plans = self._plan(slices)
-        slot_bytes = max((_aligned(plan[-1].offset + plan[-1].nbytes) for plan in plans if plan), default=0)
-        slot_count = min(2, len(plans))
+        sizes = [_aligned(plan[-1].offset + plan[-1].nbytes) if plan else 0 for plan in plans]
+        state_bytes = [sum(entry.nbytes for entry in plan) for plan in plans]
+        # The goal: 1/k of the state plus one (the largest) slice.
+        budget = max(state_bytes, default=0) + sum(state_bytes) // max(len(plans), 1)
+        capacity, bases, collides = arena_layout(sizes, budget)
         compute = streams.compute()
-        # Slots are allocated in compute-stream order; the side stream writes them only
+        # The arena is allocated in compute-stream order; the side stream writes it only
         # after the compute stream's pending work (which may have used that memory).
-        slots = [torch.empty(slot_bytes, dtype=torch.uint8, device=self.device) for _ in range(slot_count)]
-        self.peak_slot_bytes = max(self.peak_slot_bytes, slot_bytes * slot_count)
+        arena = torch.empty(capacity, dtype=torch.uint8, device=self.device)
+        self.peak_arena_bytes = max(self.peak_arena_bytes, capacity)
         streams.wait_stream(streams.side, compute)
         ready: list = [None] * len(plans)
         views: list[dict[tuple[int, str], torch.Tensor]] = [{} for _ in plans]
 
         def prefetch(index: int) -> None:
-            slot = slots[index % slot_count]
+            """Queue host -> arena copies of a slice on the side stream."""
             with streams.on(streams.side):
                 for entry in plans[index]:
                     local = _local(entry.host)
-                    view = slot[entry.offset:entry.offset + entry.nbytes].view(local.dtype).view(local.shape)
+                    start = bases[index] + entry.offset
+                    view = arena[start:start + entry.nbytes].view(local.dtype).view(local.shape)
                     view.copy_(local, non_blocking=streams.asynchronous)
                     views[index][(id(entry.param), entry.key)] = _like(entry.host, view)
                 ready[index] = streams.record(streams.side)
 
-        for index in range(slot_count):
-            prefetch(index)
         copied = None
         groups = optimizer.param_groups
         try:
-            for index, part in enumerate(slices):
+            for kind, index in side_stream_order(collides):
+                if kind == "prefetch":
+                    prefetch(index)
+                    continue
+                # "copy-out": the slice's update on the compute stream, then its copies back.
+                part = slices[index]
                 streams.wait(compute, ready[index])
                 for entry in plans[index]:
                     optimizer.state[entry.param][entry.key] = views[index][(id(entry.param), entry.key)]
@@ -345,20 +357,18 @@ class SwapOptimizer:
                     streams.host_wait(copied)
                     del fresh
                 views[index].clear()
-                if index + slot_count < len(plans):
-                    prefetch(index + slot_count)
         finally:
-            # Later compute-stream work (which may reuse the slots' memory) runs after the copies.
+            # Later compute-stream work (which may reuse the arena's memory) runs after the copies.
             if copied is not None:
                 streams.wait(compute, copied)
             self._host_ready = copied
-            del slots, views
+            del arena, views
 
     def _copy_out(self, part, entries: list[_Entry], views: dict, updated) -> list[torch.Tensor]:
-        """Queue device -> host copies of ``part``'s state; returns device tensors not in a slot."""
+        """Queue device -> host copies of ``part``'s state; returns device tensors not in the arena."""
         streams, state = self.streams, self.optimizer.state
         hosts = {(id(e.param), e.key): e.host for e in entries}
-        in_slot = {id(v) for v in views.values()}
+        in_arena = {id(v) for v in views.values()}
         fresh = []
         with streams.on(streams.side):
             streams.wait(streams.side, updated)
@@ -366,11 +376,11 @@ class SwapOptimizer:
                 if param not in state:
                     continue
                 for key, value in list(state[param].items()):
-                    if not is_swapped_state(value) or (self._is_host(value) and id(value) not in in_slot):
+                    if not is_swapped_state(value) or (self._is_host(value) and id(value) not in in_arena):
                         continue
                     local = _local(value)
                     host = hosts.get((id(param), key))
-                    if id(value) not in in_slot or host is None or _local(host).shape != local.shape \
+                    if id(value) not in in_arena or host is None or _local(host).shape != local.shape \
                             or _local(host).dtype != local.dtype:
                         # Created (or replaced) by the optimizer during this update.
                         fresh.append(value)
@@ -415,8 +425,56 @@ class SwapOptimizer:
         self._stashed = []
 
 
+def arena_layout(sizes: list[int], budget: int) -> tuple[int, list[int], list[bool]]:
+    """(capacity, base offset of each slice, whether slice j shares bytes with slice j-1).
+
+    Even slices start at 0, odd slices end at the capacity. The capacity is the largest
+    pair of neighbouring slices, but at most ``budget`` (never less than the largest
+    slice); a pair above it shares bytes, so its second slice waits for the first one's
+    copy-out.
+    """
+    if not sizes:
+        return 0, [], []
+    largest = max(sizes)
+    pairs = max((a + b for a, b in zip(sizes, sizes[1:])), default=largest)
+    # Slices' sizes are aligned; an aligned capacity keeps the odd slices' bases aligned too.
+    capacity = max(largest, min(pairs, budget // ARENA_ALIGNMENT * ARENA_ALIGNMENT))
+    bases = [0 if index % 2 == 0 else capacity - size for index, size in enumerate(sizes)]
+    collides = [index > 0 and sizes[index - 1] + size > capacity for index, size in enumerate(sizes)]
+    return capacity, bases, collides
+
+
+def side_stream_order(collides: list[bool]) -> list[tuple[str, int]]:
+    """The order in which slice copies are queued on the side stream.
+
+    ``("prefetch", j)`` copies slice j in; ``("copy-out", i)`` follows slice i's update on
+    the compute stream and copies it back. Slice j is prefetched after the copy-out of
+    slice j-2 (same end of the arena) and, when it collides with slice j-1, after that
+    slice's copy-out too; otherwise as early as that allows, to overlap the update before.
+    """
+    count = len(collides)
+    order: list[tuple[str, int]] = []
+    issued: set[int] = set()
+
+    def prefetch(index: int) -> None:
+        order.append(("prefetch", index))
+        issued.add(index)
+
+    if count:
+        prefetch(0)
+    if count > 1 and not collides[1]:
+        prefetch(1)
+    for index in range(count):
+        order.append(("copy-out", index))
+        if index + 1 < count and index + 1 not in issued:
+            prefetch(index + 1)
+        if index + 2 < count and not collides[index + 2]:
+            prefetch(index + 2)
+    return order
+
+
 def _aligned(nbytes: int) -> int:
-    return -(-nbytes // SLOT_ALIGNMENT) * SLOT_ALIGNMENT
+    return -(-nbytes // ARENA_ALIGNMENT) * ARENA_ALIGNMENT
 
 
 def _narrow_groups(groups: list[dict], part: list[torch.Tensor]) -> list[dict]:

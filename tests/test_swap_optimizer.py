@@ -72,6 +72,52 @@ def test_slices_are_contiguous_balanced_and_never_empty():
         swap.slice_parameters(params, 0)
 
 
+def _timeline(order, durations):
+    """When each slice occupies the arena, on a device that runs the side stream's copies
+    one after another and the compute stream's updates one after another; an update
+    starts once its slice's prefetch ended, a copy-out once its update ended.
+    Returns {slice: (prefetch start, copy-out end)}."""
+    side_free = compute_free = 0.0
+    prefetched, occupied = {}, {}
+    for kind, index in order:
+        if kind == "prefetch":
+            start = side_free
+            side_free = prefetched[index] = start + durations["prefetch"][index]
+            occupied[index] = [start, None]
+        else:
+            update_end = max(compute_free, prefetched[index]) + durations["update"][index]
+            compute_free = update_end
+            side_free = max(side_free, update_end) + durations["copy-out"][index]
+            occupied[index][1] = side_free
+    return occupied
+
+
+def test_arena_schedule_never_overlaps_live_slices_and_stays_within_the_goal():
+    """Random slice sizes and copy/update durations: slices that are in the arena at the same
+    time never share bytes, and the arena stays within its budget."""
+    generator = torch.Generator().manual_seed(0)
+    for trial in range(400):
+        count = int(torch.randint(1, 10, (1,), generator=generator))
+        sizes = [512 * int(n) for n in torch.randint(0, 40, (count,), generator=generator)]
+        budget = max(sizes) + sum(sizes) // count  # the swap's goal: 1/k of the state + one slice
+        capacity, bases, collides = swap.arena_layout(sizes, budget)
+        assert capacity <= budget, (sizes, capacity)
+        order = swap.side_stream_order(collides)
+        assert sorted(order) == sorted([("prefetch", i) for i in range(count)] + [("copy-out", i) for i in range(count)])
+        for index in range(count):
+            assert order.index(("prefetch", index)) < order.index(("copy-out", index))
+            assert 0 <= bases[index] and bases[index] + sizes[index] <= capacity
+            assert bases[index] % 512 == 0, "dtype views of the arena need aligned offsets"
+        durations = {kind: torch.rand(count, generator=generator).tolist() for kind in ("prefetch", "update", "copy-out")}
+        occupied = _timeline(order, durations)
+        for a in range(count):
+            for b in range(a + 1, count):
+                (a0, a1), (b0, b1) = occupied[a], occupied[b]
+                at_once = a0 < b1 and b0 < a1
+                share = bases[a] < bases[b] + sizes[b] and bases[b] < bases[a] + sizes[a]
+                assert not (at_once and share and sizes[a] and sizes[b]), (trial, sizes, a, b)
+
+
 @pytest.mark.parametrize("implementation", sorted(IMPLEMENTATIONS))
 @pytest.mark.parametrize("slices", [1, 2, 4, 8])
 def test_adamw_bit_identical(implementation, slices):
