@@ -204,3 +204,36 @@ def test_ranks_killed_mid_save_keep_last_good_checkpoint_and_resume_is_exact(uni
     assert "Training starts at step 3" in result.stdout
     assert resumed == {s: losses[s] for s in range(3, STEPS + 1)}
     assert sorted(os.listdir(folder)) == ["step-2", "step-4", "step-6"]
+
+
+def sim_npu_env(**overrides):
+    sys.path.insert(0, REPO)
+    try:
+        from tools.sim_npu import sim_env
+    finally:
+        sys.path.remove(REPO)
+    return sim_env(clean_env(TORCHTITAN_NPU="1", **overrides), devices=2)
+
+
+def test_simulated_npu_swapped_checkpoint_resumes_unswapped_exactly(tmp_path):
+    """On the simulated NPU (hccl, pinned staging): train with the Swap Optimizer, resume
+    from its checkpoint without it; same losses and same final checkpoint as going on."""
+    registry = tmp_path / "swap.json"
+    registry.write_text('{"schema": 1, "patches": {"swap_optimizer": {"options": {"slices": 2}}}}')
+    swapped_env = sim_npu_env(TORCHTITAN_NPU_PATCHES="+swap_optimizer", TORCHTITAN_NPU_REGISTRY=str(registry))
+    common = ["--checkpoint.async_mode", "async_with_pinned_mem", "--checkpoint.no-last_save_model_only"]
+    swapped, result = ckpt_train(tmp_path / "swapped", steps=4, env=swapped_env, extra=common)
+    assert sorted(swapped) == [1, 2, 3, 4]
+    report = (tmp_path / "swapped" / "npu_inject" / "report_rank0.json").read_text()
+    assert "pinned host memory, streamed to npu on a side stream" in report
+    assert "pinned host buffers from the npu allocator" in report
+
+    shutil.copytree(tmp_path / "swapped" / "checkpoint", tmp_path / "plain" / "checkpoint")
+    keep_only(tmp_path / "plain" / "checkpoint", 2)
+    resumed, result = ckpt_train(tmp_path / "plain", steps=4, env=sim_npu_env(), extra=common)
+    assert "Training starts at step 3" in result.stdout
+    assert resumed == {3: swapped[3], 4: swapped[4]}
+    with_swap, without = read_plain(tmp_path, tmp_path / "swapped" / "checkpoint" / "step-4",
+                                    tmp_path / "plain" / "checkpoint" / "step-4")
+    assert any(k.endswith(".exp_avg_sq") for k in with_swap)
+    assert_same_entries(with_swap, without)
