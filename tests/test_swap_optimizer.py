@@ -283,7 +283,6 @@ SIM_CHECK = """
     plain = torch.optim.AdamW(plain_model.parameters(), lr=1e-3, fused=True)
     swapped = torch.optim.AdamW(swapped_model.parameters(), lr=1e-3, fused=True)
     swapper = swap.install(swapped, 4, torch.device("npu", 0), torch.npu)
-    state_bytes = 2 * sum(p.numel() * p.element_size() for p in plain_model.parameters())
     peaks = []
     for step in range(3):
         x = torch.randn(4, 128, generator=torch.Generator().manual_seed(step)).to("npu")
@@ -298,7 +297,12 @@ SIM_CHECK = """
         plain.step()
     same = all(torch.equal(a, b) for a, b in zip(plain_model.parameters(), swapped_model.parameters()))
     placement = sorted({(k, str(v.device), v.is_pinned()) for s in swapped.state.values() for k, v in s.items()})
-    print(json.dumps({"same": same, "peaks": peaks, "after": after, "state_bytes": state_bytes,
+    # Independent of the swap: per-parameter state bytes of the plain optimizer.
+    state = {id(p): sum(v.numel() * v.element_size() for k, v in plain.state[p].items() if k != "step")
+             for p in plain_model.parameters()}
+    order = {id(p): id(q) for p, q in zip(swapped_model.parameters(), plain_model.parameters())}
+    slices = [sum(state[order[id(p)]] for p in part) for part in swapper.slices]
+    print(json.dumps({"same": same, "peaks": peaks, "after": after, "slices": slices,
                       "placement": placement}))
 """
 
@@ -315,7 +319,7 @@ def _sim_env():
     return env
 
 
-def test_on_simulated_npu_states_are_pinned_and_at_most_two_slices_are_on_device():
+def test_on_simulated_npu_states_are_pinned_and_device_memory_meets_the_goal():
     env = _sim_env()
     if env is None:
         pytest.skip("tools/sim_npu is not in this checkout")
@@ -326,8 +330,8 @@ def test_on_simulated_npu_states_are_pinned_and_at_most_two_slices_are_on_device
     assert result["same"] is True
     assert result["placement"] == [["exp_avg", "cpu", True], ["exp_avg_sq", "cpu", True],
                                    ["step", "npu:0", False]]
-    # Steps 2 and 3 stream existing state: two slots of about a quarter of it each
-    # (slices are balanced to within one 128x128 weight).
-    slice_bound = result["state_bytes"] / 4 + 2 * 128 * 128 * 4
-    assert max(result["peaks"][1:]) <= 2 * slice_bound, result
+    # Steps 2 and 3 stream existing state: at most 1/k of it plus the largest slice.
+    slices = result["slices"]
+    assert len(slices) == 4
+    assert max(result["peaks"][1:]) <= sum(slices) / 4 + max(slices), result
     assert result["after"] <= 0, "nothing of the state stays on the device between steps"
