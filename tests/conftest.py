@@ -167,9 +167,23 @@ def sim_npu_env(**overrides: str) -> dict[str, str]:
 
 
 @pytest.fixture(scope="session")
-def llama_runs(tmp_path_factory):
-    """Each (config, variant) trains once per session: 'cpu' (rehearsal), 'reference'
-    (rehearsal with the independent SDPA attention), 'sim' (2 simulated NPUs, device audit on)."""
+def seed_checkpoint(tmp_path_factory) -> str:
+    """One rank writes step-0 weights: every parity run starts from the same parameters, whatever
+    its device and sharding (random init differs across device types and shardings)."""
+    dump = str(tmp_path_factory.mktemp("seed"))
+    train_llama("llama3_debugmodel", dump, clean_env(TORCHTITAN_NPU="cpu"), steps=1, nproc=1, extra=[
+        "--checkpoint.enable", "--checkpoint.create_seed_checkpoint", "--parallelism.data_parallel_shard_degree", "1"])
+    return os.path.join(dump, "checkpoint", "step-0")
+
+
+def from_seed(seed: str) -> list[str]:
+    return ["--checkpoint.enable", "--checkpoint.interval", "1000", "--checkpoint.initial_load_path", seed]
+
+
+@pytest.fixture(scope="session")
+def llama_runs(tmp_path_factory, seed_checkpoint):
+    """Each (config, variant) trains once per session from the seed checkpoint: 'cpu' (rehearsal),
+    'reference' (rehearsal with the independent SDPA attention), 'sim' (2 simulated NPUs, device audit on)."""
     cache = {}
 
     def get(config: str, variant: str):
@@ -181,7 +195,7 @@ def llama_runs(tmp_path_factory):
                 "sim": lambda: sim_npu_env(
                     TORCHTITAN_NPU_REGISTRY=os.path.join(PLUGINS, "device_audit_registry.json")),
             }[variant]()
-            losses, log = train_llama(config, dump, env)
+            losses, log = train_llama(config, dump, env, extra=from_seed(seed_checkpoint))
             cache[config, variant] = losses, log, dump
         return cache[config, variant]
 

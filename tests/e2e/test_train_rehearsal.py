@@ -14,7 +14,7 @@ import os
 
 import pytest
 
-from conftest import LLAMA_STEPS, REPO, clean_env, train_llama
+from conftest import LLAMA_STEPS, REPO, clean_env, from_seed, train_llama
 
 pytestmark = pytest.mark.e2e
 
@@ -46,19 +46,13 @@ def test_loss_parity_with_independent_attention(llama_runs, config):
     assert worst <= 1e-4, (patched, reference)
 
 
-def test_one_and_two_ranks_agree_from_a_seed_checkpoint(tmp_path):
+def test_one_and_two_ranks_agree_from_a_seed_checkpoint(tmp_path, seed_checkpoint):
     # Data duplicated so that each of 2 ranks reads the same documents as 1 rank does.
     data = open(os.path.join(REPO, "tests", "assets", "c4_test", "data.json")).read()
     (tmp_path / "dup").mkdir()
     (tmp_path / "dup" / "data.json").write_text(data + data)
     env = clean_env(TORCHTITAN_NPU="cpu")
-    data_flag = ["--dataloader.dataset_path", str(tmp_path / "dup")]
-    seed_dump = str(tmp_path / "seed")
-    train_llama("llama3_debugmodel", seed_dump, env, steps=1, nproc=1, extra=[
-        *data_flag, "--checkpoint.enable", "--checkpoint.create_seed_checkpoint",
-        "--parallelism.data_parallel_shard_degree", "1"])
-    load = [*data_flag, "--checkpoint.enable", "--checkpoint.interval", "1000",
-            "--checkpoint.initial_load_path", os.path.join(seed_dump, "checkpoint", "step-0")]
+    load = ["--dataloader.dataset_path", str(tmp_path / "dup"), *from_seed(seed_checkpoint)]
     one, _ = train_llama("llama3_debugmodel", str(tmp_path / "one"), env, steps=2, nproc=1, extra=load)
     two, _ = train_llama("llama3_debugmodel", str(tmp_path / "two"), env, steps=2, nproc=2, extra=load)
     print(f"1 rank: {one}, 2 ranks: {two}")
