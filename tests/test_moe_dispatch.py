@@ -43,7 +43,8 @@ def kernel_calls(monkeypatch):
     provider = types.ModuleType(reference.__name__)
     for name in reference.__all__:
         def counted(*args, _name=name, **kwargs):
-            calls.append(_name)
+            if kwargs.get("group_type") != 2:  # the K-grouping capability probe is not a data-path call
+                calls.append(_name)
             return getattr(reference, _name)(*args, **kwargs)
 
         setattr(provider, name, counted)
@@ -126,6 +127,7 @@ GROUPED_CASES = [
     (torch.bfloat16, [4, 0, 5, 0, 1, 3, 0]),
     (torch.float32, [0, 0, 9]),
     (torch.bfloat16, [1]),
+    (torch.bfloat16, [0, 0, 0]),  # no rows routed here (possible on an expert-parallel rank)
 ]
 
 
@@ -139,7 +141,7 @@ def test_grouped_mm_matches_expert_loop_forward_and_grads(moe_patched, titan_moe
 
     y_RO = experts._grouped_mm(A=x_RI, B_t=w_EOI.transpose(-2, -1), offs=_offsets(counts))
     y_RO.backward(grad_RO)
-    assert "npu_grouped_matmul" in kernel_calls
+    assert ("npu_grouped_matmul" in kernel_calls) == (rows > 0)  # no rows: no kernel call, zero gradients
 
     x_ref = x_RI.detach().clone().requires_grad_()
     w_ref = w_EOI.detach().clone().requires_grad_()
