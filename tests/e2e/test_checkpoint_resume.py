@@ -215,25 +215,27 @@ def sim_npu_env(**overrides):
     return sim_env(clean_env(TORCHTITAN_NPU="1", **overrides), devices=2)
 
 
-def test_simulated_npu_swapped_checkpoint_resumes_unswapped_exactly(tmp_path):
-    """On the simulated NPU (hccl, pinned staging): train with the Swap Optimizer, resume
-    from its checkpoint without it; same losses and same final checkpoint as going on."""
+def test_simulated_npu_swap_optimizer_resumes_a_plain_checkpoint_exactly(tmp_path):
+    """On the simulated NPU (hccl, pinned staging, FSDP DTensors): an unswapped run's
+    checkpoint is resumed with the Swap Optimizer (DCP loads into host-resident DTensor
+    states); losses and the swapped run's final checkpoint equal the unswapped run's."""
+    common = ["--checkpoint.async_mode", "async_with_pinned_mem", "--checkpoint.no-last_save_model_only"]
+    plain, _ = ckpt_train(tmp_path / "plain", steps=4, env=sim_npu_env(), extra=common)
+    assert sorted(plain) == [1, 2, 3, 4]
+    report = (tmp_path / "plain" / "npu_inject" / "report_rank0.json").read_text()
+    assert "pinned host buffers from the npu allocator" in report
+
     registry = tmp_path / "swap.json"
     registry.write_text('{"schema": 1, "patches": {"swap_optimizer": {"options": {"slices": 2}}}}')
     swapped_env = sim_npu_env(TORCHTITAN_NPU_PATCHES="+swap_optimizer", TORCHTITAN_NPU_REGISTRY=str(registry))
-    common = ["--checkpoint.async_mode", "async_with_pinned_mem", "--checkpoint.no-last_save_model_only"]
-    swapped, result = ckpt_train(tmp_path / "swapped", steps=4, env=swapped_env, extra=common)
-    assert sorted(swapped) == [1, 2, 3, 4]
+    shutil.copytree(tmp_path / "plain" / "checkpoint", tmp_path / "swapped" / "checkpoint")
+    keep_only(tmp_path / "swapped" / "checkpoint", 2)
+    resumed, result = ckpt_train(tmp_path / "swapped", steps=4, env=swapped_env, extra=common)
+    assert "Training starts at step 3" in result.stdout
+    assert resumed == {3: plain[3], 4: plain[4]}
     report = (tmp_path / "swapped" / "npu_inject" / "report_rank0.json").read_text()
     assert "pinned host memory, streamed to npu on a side stream" in report
-    assert "pinned host buffers from the npu allocator" in report
-
-    shutil.copytree(tmp_path / "swapped" / "checkpoint", tmp_path / "plain" / "checkpoint")
-    keep_only(tmp_path / "plain" / "checkpoint", 2)
-    resumed, result = ckpt_train(tmp_path / "plain", steps=4, env=sim_npu_env(), extra=common)
-    assert "Training starts at step 3" in result.stdout
-    assert resumed == {3: swapped[3], 4: swapped[4]}
-    with_swap, without = read_plain(tmp_path, tmp_path / "swapped" / "checkpoint" / "step-4",
-                                    tmp_path / "plain" / "checkpoint" / "step-4")
+    without, with_swap = read_plain(tmp_path, tmp_path / "plain" / "checkpoint" / "step-4",
+                                    tmp_path / "swapped" / "checkpoint" / "step-4")
     assert any(k.endswith(".exp_avg_sq") for k in with_swap)
-    assert_same_entries(with_swap, without)
+    assert_same_entries(without, with_swap)
