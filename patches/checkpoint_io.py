@@ -24,13 +24,14 @@ What breaks upstream, and what this patch does about it (module
   match) and, when the save has finished (synchronously, or when the async upload
   future completes), rank 0 moves it to ``step-N`` with one atomic rename (an atomic
   exchange when ``step-N`` exists). An interrupted save therefore never touches the
-  last good checkpoint.
+  last good checkpoint. (``keep_latest_k`` now counts complete checkpoints only: the
+  save in flight is not one of them, so one more folder may exist while it runs.)
 
 * ``CheckpointManager._find_load_step`` accepted any ``step-N`` with a ``.metadata``
   file. It is replaced (local folders) by a scan that also checks every file the
   metadata references exists with all its bytes, so a checkpoint written without
-  the runtime and cut short (or truncated on disk) is skipped with a report note
-  and the newest complete one is loaded. Rank 0 removes ``.saving-*`` leftovers.
+  the runtime and cut short (or truncated on disk) is skipped with a report
+  fallback entry and the newest complete one is loaded. Rank 0 removes ``.saving-*`` leftovers.
   ``CheckpointManager.dcp_load`` checks the same before loading an explicit step or
   initial path, and names what is missing instead of failing inside DCP.
 
