@@ -145,14 +145,11 @@ class ImplementationChooser:
             return None
         rejected: list[tuple[str, str]] = []
         for implementation in candidates(config.implementation):
-            if implementation == "fused_opt_states_bf16" and not all(
-                issubclass(factory, (torch.optim.Adam, torch.optim.AdamW)) for factory, _ in setups
-            ):
-                continue  # torchtitan applies bf16 states to Adam/AdamW only; upstream keeps fused for the rest
             reasons = [
                 f"{factory.__name__}: {reason}"
                 for factory, kwargs in setups
-                if (reason := self.works(factory, kwargs, param.device, param.dtype, implementation))
+                if (reason := self.works(factory, kwargs, param.device, param.dtype,
+                                         _effective(implementation, factory)))
             ]
             if not reasons:
                 return Choice(implementation, param.device.type, rejected)
@@ -169,6 +166,15 @@ IMPLEMENTATION_FLAGS = ("fused", "foreach")
 def implementation_flags(optimizer) -> list[dict]:
     """Each group's ``fused``/``foreach`` flags as built (including per-group overrides)."""
     return [{k: group[k] for k in IMPLEMENTATION_FLAGS if k in group} for group in optimizer.param_groups]
+
+
+def _effective(implementation: str, factory) -> str:
+    """torchtitan gives bf16 states to Adam/AdamW only; other optimizers run plain fused."""
+    import torch
+
+    if implementation == "fused_opt_states_bf16" and not issubclass(factory, (torch.optim.Adam, torch.optim.AdamW)):
+        return "fused"
+    return implementation
 
 
 def conform_to_implementation(optimizer, group_flags: list[dict]) -> list[str]:
