@@ -58,14 +58,22 @@ def sim_child_env() -> dict[str, str]:
 
 @pytest.fixture
 def run_ranks():
-    """run_ranks(worker_name, *args, world_size=2, timeout=240) runs tests/sim/workers/<name>.py per rank."""
+    """run_ranks(worker_name, *args, world_size=2, timeout=240, env=None) runs
+    tests/sim/workers/<name>.py once per rank (env: extra variables)."""
 
-    def run(worker: str, *args: str, world_size: int = 2, timeout: float = 240) -> list[str]:
+    def run(
+        worker: str,
+        *args: str,
+        world_size: int = 2,
+        timeout: float = 240,
+        env: dict[str, str] | None = None,
+    ) -> list[str]:
         script = WORKERS_DIR / f"{worker}.py"
         port = str(_free_port())
         processes = []
         for rank in range(world_size):
-            env = child_env(
+            rank_env = child_env(
+                **(env or {}),
                 RANK=str(rank),
                 LOCAL_RANK=str(rank),
                 WORLD_SIZE=str(world_size),
@@ -77,7 +85,7 @@ def run_ranks():
             processes.append(
                 subprocess.Popen(
                     [sys.executable, str(script), *args],
-                    env=env,
+                    env=rank_env,
                     cwd=REPO_ROOT,
                     stdout=subprocess.PIPE,
                     stderr=subprocess.STDOUT,

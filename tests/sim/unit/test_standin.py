@@ -55,3 +55,11 @@ def test_autocast_on_npu() -> None:
     a = torch.randn(4, 4, device="npu")
     with torch.autocast(device_type="npu", dtype=torch.bfloat16):
         assert torch.mm(a, a).dtype == torch.bfloat16
+
+
+def test_dtensor_random_ops_default_to_rehearsal_semantics() -> None:
+    from torch.distributed.tensor import _random as dtensor_random
+
+    assert os.environ.get("TORCHTITAN_NPU_SIM_DTENSOR_RNG", "local") == "local"
+    assert dtensor_random._rng_tracker is not None
+    assert dtensor_random._rng_tracker.distribute_region_enabled is False

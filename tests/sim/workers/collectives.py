@@ -128,11 +128,15 @@ def check_dtensor(rank: int, world: int, device: torch.device) -> None:
     column = sharded.redistribute(mesh, [Shard(1)])
     check(torch.equal(column.to_local().cpu(), full[:, 2 * rank : 2 * rank + 2]), "Shard(0) -> Shard(1)")
 
-    # DTensor's RNG tracker reads and writes the npu generator's 16-byte
-    # Philox-shaped state; random ops on DTensors must work and agree on
-    # replicated placements across ranks.
+    # With TORCHTITAN_NPU_SIM_DTENSOR_RNG=philox, DTensor's RNG tracker reads and
+    # writes the npu generator's 16-byte Philox-shaped state; random ops on
+    # DTensors must work and agree on replicated placements across ranks.
+    check(os.environ.get("TORCHTITAN_NPU_SIM_DTENSOR_RNG") == "philox", "run this worker in philox mode")
     dtensor_random.manual_seed(7, mesh)
-    check(dtensor_random._rng_tracker is not None, "DTensor RNG tracker was not created for npu")
+    check(
+        isinstance(dtensor_random._rng_tracker, dtensor_random.OffsetBasedRNGTracker),
+        f"DTensor RNG tracker is {dtensor_random._rng_tracker!r}",
+    )
     noise = distribute_tensor(torch.empty(8, 4, device=device), mesh, [Replicate()])
     torch.nn.init.normal_(noise)
     gathered = [torch.empty(8, 4, device=device) for _ in range(world)]

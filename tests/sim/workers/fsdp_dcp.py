@@ -138,8 +138,26 @@ def main() -> None:
         _, _, ref_next = reference_run(data)
         check(abs(original_next.item() - ref_next) <= TOLERANCE, "step after DCP differs from CPU")
 
+    check_dtensor_random_like_rehearsal(world, device)
+
     dist.destroy_process_group()
     print(f"rank {rank}: fsdp2+dcp ok, losses {losses}")
+
+
+def check_dtensor_random_like_rehearsal(world: int, device: torch.device) -> None:
+    """Default "local" mode: a random op on a sharded DTensor draws each rank's
+    shard from the seeded default stream, as DTensor does on a CPU mesh."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import Shard, distribute_tensor
+    from torch.distributed.tensor import _random as dtensor_random
+
+    mesh = init_device_mesh("npu", (world,))
+    dtensor_random.manual_seed(5, mesh)
+    sharded = distribute_tensor(torch.empty(8, 3, device=device), mesh, [Shard(0)])
+    torch.nn.init.normal_(sharded)
+    torch.manual_seed(5)
+    expected = torch.empty(8 // world, 3).normal_()
+    check(torch.equal(sharded.to_local().cpu(), expected), "DTensor shard differs from the CPU draw")
 
 
 if __name__ == "__main__":

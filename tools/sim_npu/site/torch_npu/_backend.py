@@ -70,7 +70,8 @@ def install() -> None:
     torch._register_device_module("npu", device_module)
     torch.utils.generate_methods_for_privateuse1_backend(for_storage=True)
 
-    from torch_npu import _hccl
+    from torch_npu import _dtensor_rng, _hccl
 
     _hccl.register()
+    _dtensor_rng.install()
     _installed = True

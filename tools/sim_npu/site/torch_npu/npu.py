@@ -76,6 +76,8 @@ def current_device() -> int:
 
 
 def set_device(device: _device_t) -> None:
+    if isinstance(device, int) and device < 0:
+        return  # like torch.cuda.set_device: a negative index is a no-op
     torch.ops.npu_sim.set_device(_device_index(device, optional=False))
 
 
@@ -83,7 +85,8 @@ class device:
     """Context manager that makes ``device`` the current npu device."""
 
     def __init__(self, device: _device_t) -> None:
-        self.index = -1 if device is None else _device_index(device)
+        negative = isinstance(device, int) and device < 0
+        self.index = -1 if device is None or negative else _device_index(device)
         self._previous = -1
 
     def __enter__(self) -> None:
