@@ -835,6 +835,9 @@ struct NpuHooks final : public at::PrivateUse1HooksInterface {
   }
 
   DeviceIndex maybeExchangeDevice(DeviceIndex device) const override {
+    if (device < 0) {
+      return current_device();  // "no device": leave the current one alone
+    }
     return exchangeDevice(device);
   }
 

@@ -121,10 +121,9 @@ class HcclSimBackend(_C10dBackend):
 
     def reduce(self, tensors: list[torch.Tensor], opts: _c10d.ReduceOptions) -> dist.Work:
         # Every rank computes the reduction; only the root keeps it.
-        all_opts = _c10d.AllreduceOptions()
-        all_opts.reduceOp = opts.reduceOp
-        hosts = [_to_host(t) for t in tensors]
         op, average = self._reduce_op_for_gloo(opts.reduceOp, "reduce")
+        hosts = [_to_host(t) for t in tensors]
+        all_opts = _c10d.AllreduceOptions()
         all_opts.reduceOp = op
         self._run(self._gloo.allreduce(hosts, all_opts))
         if average:
