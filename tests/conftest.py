@@ -161,7 +161,8 @@ def sim_npu_env(**overrides: str) -> dict[str, str]:
     sys.path.insert(0, REPO)
     from tools.sim_npu import sim_env
 
-    base = clean_env(TORCHTITAN_NPU="1", **overrides)
+    # DTensor's offset-based RNG tracker, as on a real NPU (parity runs start from a seed checkpoint).
+    base = clean_env(TORCHTITAN_NPU="1", TORCHTITAN_NPU_SIM_DTENSOR_RNG="philox", **overrides)
     base["PYTHONPATH"] = os.pathsep.join(filter(None, [PLUGINS, base.get("PYTHONPATH")]))
     return sim_env(base, devices=2)
 
