@@ -5,7 +5,8 @@
 * a checkpoint written through the runtime is read by plain torch.distributed.checkpoint
   in a process that never loaded the runtime, re-written there, and the runtime resumes
   from that plain-written checkpoint to the same losses and tensors;
-* seed checkpoints and ``last_save_model_only`` (with an export dtype);
+* a seed checkpoint starts the run and reads back without the runtime;
+  ``last_save_model_only`` in fp32 and with a bf16 export dtype;
 * ranks SIGKILLed in the middle of writing a checkpoint leave the last good one in
   place, and the resumed run continues from it exactly.
 """
@@ -21,7 +22,7 @@ import textwrap
 import pytest
 import torch
 
-from conftest import REPO, clean_env, parse_losses, torchrun
+from testkit import REPO, clean_env, parse_losses, torchrun
 
 pytestmark = pytest.mark.e2e
 
@@ -92,21 +93,39 @@ def keep_only(folder, step):
             shutil.rmtree(os.path.join(folder, name))
 
 
+NON_MODEL = ("optimizer.", "lr_scheduler.", "dataloader.", "train_state.")
+
+
 @pytest.fixture(scope="module")
 def uninterrupted(tmp_path_factory):
-    """6 steps, checkpoints at 2 and 4 through async_with_pinned_mem, full final checkpoint at 6."""
+    """A seed checkpoint (1 rank), then 6 steps from it: checkpoints at 2 and 4 through
+    async_with_pinned_mem, a full final checkpoint at 6."""
     dump = tmp_path_factory.mktemp("uninterrupted")
-    losses, _ = ckpt_train(dump, extra=["--checkpoint.async_mode", "async_with_pinned_mem",
-                                        "--checkpoint.no-last_save_model_only"])
+    ckpt_train(dump / "seed", steps=1, nproc=1, extra=[
+        "--checkpoint.create_seed_checkpoint", "--parallelism.data_parallel_shard_degree", "1"])
+    losses, result = ckpt_train(dump, extra=[
+        "--checkpoint.async_mode", "async_with_pinned_mem", "--checkpoint.no-last_save_model_only",
+        "--checkpoint.initial_load_path", str(dump / "seed" / "checkpoint" / "step-0")])
+    assert f"Loading the checkpoint from {dump / 'seed' / 'checkpoint' / 'step-0'}" in result.stdout
     assert sorted(losses) == list(range(1, STEPS + 1))
     folder = dump / "checkpoint"
     assert sorted(os.listdir(folder)) == ["step-2", "step-4", "step-6"]
-    final, = read_plain(dump, folder / "step-6")
-    return losses, dump, final
+    seed, final = read_plain(dump, dump / "seed" / "checkpoint" / "step-0", folder / "step-6")
+    return losses, dump, final, seed
+
+
+def test_seed_checkpoint_reads_back_without_the_runtime(uninterrupted):
+    _, _, final, seed = uninterrupted
+    # llama3_debugmodel sets last_save_model_only=False, so the seed holds the full initial state.
+    assert seed["train_state.step"] == 0
+    model = {k: v for k, v in seed.items() if not k.startswith(NON_MODEL)}
+    assert sorted(model) == sorted(k for k in final if not k.startswith(NON_MODEL))
+    assert all(isinstance(v, torch.Tensor) and v.dtype == torch.float32 for v in model.values())
+    assert any(not torch.equal(v, final[k]) for k, v in model.items()), "training moved the weights"
 
 
 def test_resume_in_async_mode_reproduces_losses_and_final_checkpoint(uninterrupted, tmp_path):
-    losses, dump, final = uninterrupted
+    losses, dump, final, _ = uninterrupted
     shutil.copytree(dump / "checkpoint", tmp_path / "checkpoint")
     keep_only(tmp_path / "checkpoint", 2)
     resumed, result = ckpt_train(tmp_path, extra=["--checkpoint.async_mode", "async",
@@ -125,7 +144,7 @@ def test_resume_in_async_mode_reproduces_losses_and_final_checkpoint(uninterrupt
 
 def test_plain_written_checkpoint_resumes_through_the_runtime(uninterrupted, tmp_path):
     """runtime -> plain DCP read + re-write (no runtime) -> runtime resume, sync mode, model-only last save."""
-    losses, dump, final = uninterrupted
+    losses, dump, final, _ = uninterrupted
     (tmp_path / "checkpoint").mkdir()
     plain_dcp("""
         dcp_to_torch_save(sys.argv[1], sys.argv[2])
@@ -136,29 +155,7 @@ def test_plain_written_checkpoint_resumes_through_the_runtime(uninterrupted, tmp
     assert "Training starts at step 5" in result.stdout
     assert resumed == {5: losses[5], 6: losses[6]}
     model_only, = read_plain(tmp_path, tmp_path / "checkpoint" / "step-6")
-    non_model = ("optimizer.", "lr_scheduler.", "dataloader.", "train_state.")
-    assert_same_entries({k: v for k, v in final.items() if not k.startswith(non_model)}, model_only)
-
-
-def test_seed_checkpoint_and_bf16_model_only_export(tmp_path):
-    env = clean_env(TORCHTITAN_NPU="cpu")
-    ckpt_train(tmp_path / "seed", steps=1, nproc=1, env=env, extra=[
-        "--checkpoint.create_seed_checkpoint", "--parallelism.data_parallel_shard_degree", "1"])
-    seed, = read_plain(tmp_path, tmp_path / "seed" / "checkpoint" / "step-0")
-    # llama3_debugmodel sets last_save_model_only=False, so the seed holds the full (initial) state.
-    assert seed["train_state.step"] == 0
-    seed = {k: v for k, v in seed.items() if not k.startswith(("optimizer.", "lr_scheduler.", "dataloader.", "train_state."))}
-    assert seed and all(isinstance(v, torch.Tensor) and v.dtype == torch.float32 for v in seed.values())
-
-    losses, result = ckpt_train(tmp_path / "run", steps=2, env=env, extra=[
-        "--checkpoint.initial_load_path", str(tmp_path / "seed" / "checkpoint" / "step-0"),
-        "--checkpoint.last_save_model_only", "--checkpoint.export_dtype", "bfloat16"])
-    assert "Loading the checkpoint from" in result.stdout and sorted(losses) == [1, 2]
-    exported, = read_plain(tmp_path, tmp_path / "run" / "checkpoint" / "step-2")
-    assert sorted(exported) == sorted(seed)
-    assert all(v.dtype == torch.bfloat16 for v in exported.values())
-    assert any(not torch.equal(exported[k].float(), seed[k].to(torch.bfloat16).float()) for k in seed), \
-        "the export holds the trained weights, not the seed"
+    assert_same_entries({k: v for k, v in final.items() if not k.startswith(NON_MODEL)}, model_only)
 
 
 SITECUSTOMIZE = '''
@@ -186,13 +183,14 @@ if os.environ.get("CKPT_TEST_KILL_RANKS", "").split(",").count(os.environ.get("R
 
 
 def test_ranks_killed_mid_save_keep_last_good_checkpoint_and_resume_is_exact(uninterrupted, tmp_path):
-    losses, _, _ = uninterrupted
+    losses, dump, final, _ = uninterrupted
+    from_seed = ["--checkpoint.initial_load_path", str(dump / "seed" / "checkpoint" / "step-0")]
     hooks = tmp_path / "hooks"
     hooks.mkdir()
     (hooks / "sitecustomize.py").write_text(SITECUSTOMIZE)
     env = clean_env(TORCHTITAN_NPU="cpu", CKPT_TEST_KILL_RANKS="0,1", CKPT_TEST_KILL_IN="step_4",
                     PYTHONPATH=os.pathsep.join(filter(None, [str(hooks), os.environ.get("PYTHONPATH")])))
-    _, result = ckpt_train(tmp_path, env=env, expect_ok=False)
+    _, result = ckpt_train(tmp_path, env=env, expect_ok=False, extra=from_seed)
     assert result.returncode != 0
     folder = tmp_path / "checkpoint"
     assert sorted(os.listdir(folder)) == [".saving-step_4", "step-2"], os.listdir(folder)
@@ -200,10 +198,14 @@ def test_ranks_killed_mid_save_keep_last_good_checkpoint_and_resume_is_exact(uni
     # be reaped by torchrun's timeout).
     assert "Signal 9" in result.stdout or "SIGKILL" in result.stdout, result.stdout[-3000:]
 
-    resumed, result = ckpt_train(tmp_path)
+    resumed, result = ckpt_train(tmp_path, extra=[*from_seed, "--checkpoint.last_save_model_only",
+                                                  "--checkpoint.export_dtype", "bfloat16"])
     assert "Training starts at step 3" in result.stdout
     assert resumed == {s: losses[s] for s in range(3, STEPS + 1)}
     assert sorted(os.listdir(folder)) == ["step-2", "step-4", "step-6"]
+    exported, = read_plain(tmp_path, folder / "step-6")
+    assert_same_entries({k: v.to(torch.bfloat16) for k, v in final.items() if not k.startswith(NON_MODEL)},
+                        exported)
 
 
 def sim_npu_env(**overrides):
