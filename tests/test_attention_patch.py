@@ -13,7 +13,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from conftest import clean_env
+from testkit import clean_env
 from npu_inject import runtime
 
 B, L, N, N_KV, H = 2, 24, 4, 2, 8

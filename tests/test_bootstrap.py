@@ -9,7 +9,7 @@ import sysconfig
 
 import pytest
 
-from conftest import REPO, clean_env, run_python
+from testkit import REPO, clean_env, run_python
 
 HEAVY = ("torch", "wrapt", "importlib.metadata", "packaging", "npu_inject.runtime", "torchtitan")
 PROBE = f"import sys; print(sorted(m for m in {HEAVY!r} + ('npu_inject',) if m in sys.modules))"

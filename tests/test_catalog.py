@@ -11,7 +11,7 @@ import inspect
 
 import pytest
 
-from conftest import clean_env, run_python
+from testkit import clean_env, run_python
 from npu_inject import patching, registry, runtime
 
 CATALOG = registry.load(None, entry_points=False)

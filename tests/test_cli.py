@@ -76,7 +76,7 @@ def test_doctor_finds_missing_targets(env, capsys, tmp_path):
 
 
 def test_target_status_reads_sources_without_importing():
-    from conftest import clean_env, run_python
+    from testkit import clean_env, run_python
 
     code = """
         import sys

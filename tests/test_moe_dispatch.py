@@ -17,7 +17,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from conftest import REPO, clean_env
+from testkit import REPO, clean_env
 from npu_inject import runtime
 
 PATCH_ID = "moe_dispatch"

@@ -6,7 +6,7 @@ import subprocess
 import sys
 import zipfile
 
-from conftest import REPO
+from testkit import REPO
 
 
 def test_wheel_layout(tmp_path):

@@ -7,7 +7,7 @@ import os
 
 import pytest
 
-from conftest import PLUGINS, clean_env, fake_entry, parse_losses, torchrun
+from testkit import PLUGINS, clean_env, fake_entry, parse_losses, torchrun
 from npu_inject.patches.rank_sync import mismatch_message
 
 

@@ -3,12 +3,11 @@
 from __future__ import annotations
 
 import json
-import os
 import sys
 
 import pytest
 
-from conftest import fake_entry
+from testkit import fake_entry
 from npu_inject import registry, settings
 from npu_inject.errors import ConfigError
 

@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from conftest import clean_env, fake_entry
+from testkit import clean_env, fake_entry
 from npu_inject import runtime
 from npu_inject.errors import ConfigError, PatchError
 

@@ -27,7 +27,7 @@ import os
 
 import pytest
 
-from conftest import REPO, clean_env, parse_losses, torchrun
+from testkit import REPO, clean_env, parse_losses, torchrun
 
 pytestmark = pytest.mark.e2e
 

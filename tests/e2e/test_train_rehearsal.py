@@ -14,7 +14,7 @@ import os
 
 import pytest
 
-from conftest import LLAMA_STEPS, REPO, clean_env, from_seed, train_llama
+from testkit import LLAMA_STEPS, REPO, clean_env, from_seed, train_llama
 
 pytestmark = pytest.mark.e2e
 

@@ -14,7 +14,7 @@ import re
 
 import pytest
 
-from conftest import LLAMA_STEPS
+from testkit import LLAMA_STEPS
 
 pytestmark = pytest.mark.e2e
 

@@ -1,0 +1,116 @@
+"""Helpers shared by the tests: environments, fresh interpreters, torchrun runs, loss parsing.
+
+A module of its own (not conftest.py): several conftest.py files live under tests/, and
+``from conftest import`` would pick whichever was imported last.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+import textwrap
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+PLUGINS = os.path.join(REPO, "tests", "plugins")
+
+
+def clean_env(**overrides: str) -> dict[str, str]:
+    """The current environment without TORCHTITAN_NPU*, plus overrides."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TORCHTITAN_NPU")}
+    env.update(overrides)
+    return env
+
+
+def run_python(code: str, env: dict[str, str], cwd: str | None = None, timeout: int = 300):
+    """A fresh interpreter (site-packages .pth files processed as in real use)."""
+    return subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(code)],
+        env=env, cwd=cwd, capture_output=True, text=True, timeout=timeout,
+    )
+
+
+def fake_entry(module: str, triggers=("faketitan.core",),
+               targets=("faketitan.core:DEVICE", "faketitan.core:compute"), **extra) -> dict:
+    entry = {
+        "module": module,
+        "triggers": list(triggers),
+        "targets": list(targets),
+        "supports": {},
+        "requires": [],
+        "default": True,
+        "options": {},
+        "description": f"test patch {module}",
+    }
+    entry.update(extra)
+    return entry
+
+
+# -- torchrun end-to-end helpers ------------------------------------------------
+
+LOSS_LINE = re.compile(r"step:\s*(\d+)\s+(?:\x1b\[[0-9;]*m)?loss:\s*([-+0-9.naif]+)")
+
+
+def parse_losses(log: str) -> dict[int, float]:
+    """step -> loss from torchtitan's metric lines (every rank logs the same global loss)."""
+    return {int(m.group(1)): float(m.group(2)) for m in LOSS_LINE.finditer(log)}
+
+
+def torchrun(args: list[str], env: dict[str, str], nproc: int = 2, timeout: int = 600):
+    """Run ``torchrun -m torchtitan.train`` from the repo root (where the debug configs find
+    tests/assets). Returns the CompletedProcess; stdout holds both streams."""
+    command = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(nproc),
+               "--master_port", str(_free_port()), "-m", "torchtitan.train", *args]
+    return subprocess.run(command, env={"HF_HUB_OFFLINE": "1", **env}, cwd=REPO, timeout=timeout,
+                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def reference_attention_env(**overrides: str) -> dict[str, str]:
+    """Environment selecting the test-only SDPA attention instead of the attention patch."""
+    return clean_env(
+        TORCHTITAN_NPU="cpu",
+        TORCHTITAN_NPU_REGISTRY=os.path.join(PLUGINS, "reference_registry.json"),
+        TORCHTITAN_NPU_PATCHES="-attention,+sdpa_reference_attention",
+        PYTHONPATH=os.pathsep.join(filter(None, [PLUGINS, os.environ.get("PYTHONPATH")])),
+        **overrides,
+    )
+
+
+LLAMA_STEPS = 10
+DETERMINISTIC = ["--debug.seed", "42", "--debug.deterministic", "--training.mixed_precision_param", "float32"]
+SHORT_RUN = ["--training.seq_len", "256", "--training.local_batch_size", "2", "--validator.no-enable"]
+
+
+def train_llama(config: str, dump: str, env: dict, steps: int = LLAMA_STEPS, extra=(), nproc: int = 2):
+    """A deterministic fp32 llama3 debug run; returns (step -> loss, log)."""
+    args = ["--module", "llama3", "--config", config, "--training.steps", str(steps), *SHORT_RUN,
+            *DETERMINISTIC, "--dump_folder", dump, *extra]
+    if "--checkpoint.enable" not in extra:
+        args.append("--checkpoint.no-enable")
+    result = torchrun(args, env, nproc=nproc)
+    assert result.returncode == 0, result.stdout[-4000:]
+    return parse_losses(result.stdout), result.stdout
+
+
+def sim_npu_env(**overrides: str) -> dict[str, str]:
+    """TORCHTITAN_NPU=1 on 2 simulated NPUs (tools/sim_npu), plus test plugins on PYTHONPATH."""
+    sys.path.insert(0, REPO)
+    from tools.sim_npu import sim_env
+
+    # DTensor's offset-based RNG tracker, as on a real NPU (parity runs start from a seed checkpoint).
+    base = clean_env(TORCHTITAN_NPU="1", TORCHTITAN_NPU_SIM_DTENSOR_RNG="philox", **overrides)
+    base["PYTHONPATH"] = os.pathsep.join(filter(None, [PLUGINS, base.get("PYTHONPATH")]))
+    return sim_env(base, devices=2)
+
+
+def from_seed(seed: str) -> list[str]:
+    return ["--checkpoint.enable", "--checkpoint.interval", "1000", "--checkpoint.initial_load_path", seed]
