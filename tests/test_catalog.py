@@ -88,3 +88,18 @@ def test_triton_guard_lets_torchtitan_import_without_triton():
     unguarded = run_python(code, clean_env())
     assert unguarded.returncode != 0
     assert "import of triton halted" in unguarded.stderr
+
+
+def test_cuda_graphs_patch_lets_expert_parallel_configs_validate():
+    code = """
+        from torchtitan.config import ConfigManager
+        config = ConfigManager().parse_args(["--module", "deepseek_v3", "--config", "deepseek_v3_debugmodel",
+                                             "--parallelism.expert_parallel_degree", "2"])
+        print("disable_cuda_graphs", config.training.disable_cuda_graphs)
+    """
+    patched = run_python(code, clean_env(TORCHTITAN_NPU="cpu"))
+    assert patched.returncode == 0, patched.stderr[-2000:]
+    assert "disable_cuda_graphs True" in patched.stdout
+    upstream = run_python(code, clean_env())
+    assert upstream.returncode != 0
+    assert "CUDA graphs support only expert parallel token" in upstream.stderr  # tyro wraps the message

@@ -1,0 +1,33 @@
+"""cuda_graphs: CUDA graphs are off on NPU and CPU targets, so their config checks are too.
+
+torchtitan 0.3.0 enables CUDA graph capture by default and validates the config for
+it (``Trainer.Config._validate_cuda_graphs``): expert parallelism with the
+all-to-all token dispatcher is rejected unless ``--training.disable_cuda_graphs``
+is given, although capture itself only ever runs on NVIDIA CUDA. On the NPU and
+in the rehearsal this patch sets ``training.disable_cuda_graphs`` before that
+check, which also gives the eager ``zero_grad(set_to_none=True)`` path and drops
+upstream's "only supported on NVIDIA CUDA" warning at every start.
+"""
+
+from __future__ import annotations
+
+from npu_inject.patching import PatchContext
+
+TRIGGERS = ("torchtitan.trainer",)
+TARGETS = ("torchtitan.trainer:Trainer.Config._validate_cuda_graphs",)
+SUPPORTS = {"torchtitan": ">=0.3.0,<0.4"}
+REQUIRES = ()
+
+
+def apply(ctx: PatchContext) -> None:
+    def validate_cuda_graphs(wrapped, instance, args, kwargs):
+        if not instance.training.disable_cuda_graphs:
+            instance.training.disable_cuda_graphs = True
+            ctx.note(f"training.disable_cuda_graphs set: no CUDA graphs on target {ctx.target}")
+        return wrapped(*args, **kwargs)
+
+    ctx.wrap("torchtitan.trainer:Trainer.Config._validate_cuda_graphs", validate_cuda_graphs)
+
+
+def revert(ctx: PatchContext) -> None:
+    """The recorded wrapper is all there is to undo; configs built meanwhile keep the flag."""
