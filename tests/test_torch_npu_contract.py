@@ -1,0 +1,155 @@
+"""A contract with the real torch_npu 2.14.0: what we call exists there, with the names we pass.
+
+The wheel is downloaded once with ``pip download --no-deps`` (cached in
+``$NPU_INJECT_WHEEL_CACHE`` or ``~/.cache/npu_inject/wheels``) and read as a zip:
+never installed, never imported (that needs Ascend's CANN libraries). Op schemas
+come from ``torch_npu/csrc/aten/npu_native_functions_by_codegen.yaml``; Python
+APIs from the package's own sources, parsed with :mod:`ast`.
+
+Our side is read from source too: every ``<anything>.npu_*(...)`` call in the
+runtime, the patches and the simulated NPU's stand-in, every ``npu_*`` the
+stand-in defines, and the reference kernels' parameter lists.
+"""
+
+from __future__ import annotations
+
+import ast
+import glob
+import os
+import platform
+import re
+import subprocess
+import sys
+import zipfile
+
+import pytest
+
+from testkit import REPO
+
+TORCH_NPU_VERSION = "2.14.0"
+OUR_SOURCES = [
+    *glob.glob(os.path.join(REPO, "npu_inject", "**", "*.py"), recursive=True),
+    *glob.glob(os.path.join(REPO, "patches", "*.py")),
+]
+STAND_IN_SOURCES = glob.glob(os.path.join(REPO, "tools", "sim_npu", "site", "torch_npu", "**", "*.py"), recursive=True)
+# torch.npu calls made by torchtitan 0.3.0 (tools/utils.py, components/metrics.py,
+# distributed/utils.py, trainer.py) and by the patches, through the device module.
+DEVICE_MODULE_CALLS = {
+    "is_available", "device_count", "current_device", "set_device", "synchronize", "get_device_name",
+    "get_device_properties", "memory_stats", "reset_peak_memory_stats", "empty_cache", "manual_seed",
+    "Stream", "Event", "current_stream", "stream", "memory_allocated", "max_memory_allocated",
+}
+
+
+@pytest.fixture(scope="module")
+def wheel() -> zipfile.ZipFile:
+    cache = os.environ.get("NPU_INJECT_WHEEL_CACHE") or os.path.expanduser("~/.cache/npu_inject/wheels")
+    pattern = os.path.join(cache, f"torch_npu-{TORCH_NPU_VERSION}-*.whl")
+    if not glob.glob(pattern):
+        python = f"{sys.version_info.major}{sys.version_info.minor}"
+        download = subprocess.run(
+            [sys.executable, "-m", "pip", "download", "-q", "--no-deps", "--only-binary=:all:",
+             "--python-version", python, "--implementation", "cp", "--abi", f"cp{python}",
+             "--platform", f"manylinux_2_28_{platform.machine()}", "-d", cache,
+             f"torch-npu=={TORCH_NPU_VERSION}"],
+            capture_output=True, text=True,
+        )
+        assert download.returncode == 0, f"cannot download torch-npu=={TORCH_NPU_VERSION}: {download.stderr[-2000:]}"
+    return zipfile.ZipFile(sorted(glob.glob(pattern))[0])
+
+
+@pytest.fixture(scope="module")
+def schemas(wheel) -> dict[str, list[list[str]]]:
+    """op name -> parameter-name lists, one per overload."""
+    text = wheel.read("torch_npu/csrc/aten/npu_native_functions_by_codegen.yaml").decode()
+    overloads: dict[str, list[list[str]]] = {}
+    for match in re.finditer(r"func:\s*(\w+)(?:\.\w+)?\((.*?)\)\s*->", text):
+        parameters = []
+        for argument in match.group(2).split(","):
+            argument = argument.split("=")[0].strip()
+            if argument and argument != "*":
+                parameters.append(argument.split()[-1])
+        overloads.setdefault(match.group(1), []).append(parameters)
+    assert "npu_fusion_attention" in overloads, "schema file format changed"
+    return overloads
+
+
+def _calls(paths):
+    """(file:line, op name, positional count or None if starred, keyword names) of every .npu_*() call."""
+    for path in paths:
+        tree = ast.parse(open(path, encoding="utf-8").read(), filename=path)
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr.startswith("npu_"):
+                starred = any(isinstance(a, ast.Starred) for a in node.args)
+                keywords = [k.arg for k in node.keywords if k.arg is not None]
+                yield f"{os.path.relpath(path, REPO)}:{node.lineno}", node.func.attr, None if starred else len(node.args), keywords
+
+
+def test_every_npu_op_we_call_exists_with_the_names_we_pass(schemas):
+    calls = list(_calls(OUR_SOURCES + STAND_IN_SOURCES))
+    called = {name for _, name, _, _ in calls}
+    assert {"npu_fusion_attention", "npu_grouped_matmul", "npu_moe_token_permute", "npu_moe_token_unpermute"} <= called
+    problems = []
+    for where, name, positional, keywords in calls:
+        if name not in schemas:
+            problems.append(f"{where}: torch_npu has no op {name}")
+            continue
+        fits = [params for params in schemas[name]
+                if set(keywords) <= set(params) and (positional is None or positional <= len(params))]
+        if not fits:
+            problems.append(f"{where}: {name} has no overload taking keywords {sorted(keywords)}"
+                            f" after {positional} positional arguments; overloads: {schemas[name]}")
+    assert not problems, "\n".join(problems)
+
+
+def test_stand_in_ops_exist_in_torch_npu(schemas):
+    defined = set()
+    for path in STAND_IN_SOURCES:
+        tree = ast.parse(open(path, encoding="utf-8").read())
+        for node in tree.body:
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.name.startswith("npu_"):
+                defined.add(node.name)
+            elif isinstance(node, ast.Assign):
+                defined |= {t.id for t in node.targets if isinstance(t, ast.Name) and t.id.startswith("npu_")}
+    missing = sorted(name for name in defined if name not in schemas)
+    assert not missing, f"the stand-in defines ops the real torch_npu lacks: {missing}"
+
+
+def test_reference_kernels_accept_only_real_parameter_names(schemas):
+    path = os.path.join(REPO, "npu_inject", "ops", "reference.py")
+    tree = ast.parse(open(path, encoding="utf-8").read())
+    functions = [n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name.startswith("npu_")]
+    assert functions
+    for function in functions:
+        arguments = function.args
+        names = [a.arg for a in arguments.posonlyargs + arguments.args + arguments.kwonlyargs]
+        assert function.name in schemas, function.name
+        assert any(set(names) <= set(params) for params in schemas[function.name]), (
+            f"reference {function.name}{names} is not a subset of torch_npu's {schemas[function.name]}"
+        )
+
+
+def _module_names(wheel, member: str) -> set[str]:
+    """Names a wheel module defines, imports or lists in __all__ (read, not imported)."""
+    tree = ast.parse(wheel.read(member).decode())
+    names = set()
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.FunctionDef, ast.ClassDef)):
+            names.add(node.name)
+        elif isinstance(node, (ast.Import, ast.ImportFrom)):
+            names |= {(alias.asname or alias.name).split(".")[0] for alias in node.names}
+        elif isinstance(node, ast.Assign):
+            for target in node.targets:
+                if isinstance(target, ast.Name):
+                    names.add(target.id)
+                    if target.id == "__all__" and isinstance(node.value, (ast.List, ast.Tuple)):
+                        names |= {e.value for e in node.value.elts if isinstance(e, ast.Constant)}
+    return names
+
+
+def test_python_apis_we_use_exist(wheel):
+    npu_module = _module_names(wheel, "torch_npu/npu/__init__.py")
+    missing = sorted(DEVICE_MODULE_CALLS - npu_module)
+    assert not missing, f"torch.npu (torch_npu/npu/__init__.py) lacks {missing}"
+    assert "NpuFusedAdamW" in _module_names(wheel, "torch_npu/optim/__init__.py")
+    assert "is_hccl_available" in _module_names(wheel, "torch_npu/distributed/__init__.py")
