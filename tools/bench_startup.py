@@ -4,7 +4,8 @@ Builds this project's wheel, installs it (regular, non-editable) into a scratch
 virtual environment whose dependencies come from the current environment, and
 prints medians for:
 
-1. interpreter start-up without the .pth (baseline) vs. with it, runtime disabled;
+1. interpreter start-up without the .pth (baseline) vs. with it, runtime disabled, and the
+   .pth's own processing time measured in-process (free of process-start noise);
 2. start-up with the runtime enabled, before torchtitan is imported, plus which
    heavy modules (torch, wrapt, importlib.metadata) that imported (goal: none);
 3. ``import torchtitan`` with the runtime enabled vs. disabled, and the runtime's
@@ -105,6 +106,18 @@ def main() -> None:
         print(f"   .pth, disabled          {describe(with_pth + paired_with)}")
         extra = statistics.median(with_pth + paired_with) - statistics.median(without + paired_without)
         print(f"   extra                   {extra:+8.3f} ms   (goal <= 0.1 ms; noise is the MAD above)")
+        # The same cost without process-start noise: site.py processing the .pth, timed in-process.
+        in_process = (
+            "import site, statistics, time\n"
+            "samples = []\n"
+            "for _ in range(2000):\n"
+            "    started = time.perf_counter_ns(); site.addpackage(%r, %r, set())\n"
+            "    samples.append(time.perf_counter_ns() - started)\n"
+            "print(statistics.median(samples) / 1e6)" % (site, PTH)
+        )
+        pth_ms = float(subprocess.run([python, "-c", in_process], env=base_env, capture_output=True,
+                                      text=True, check=True).stdout)
+        print(f"   .pth processing alone   {pth_ms:8.4f} ms   (site.addpackage in-process, median of 2000)")
 
         print("\n2. start-up, runtime enabled (TORCHTITAN_NPU=cpu), before torchtitan is imported:")
         enabled = interleaved(python, {"enabled": ("pass", enabled_env), "disabled": ("pass", base_env)}, args.runs)
