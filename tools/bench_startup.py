@@ -46,7 +46,8 @@ def make_venv(workdir: str) -> tuple[str, str]:
     wheels = os.path.join(workdir, "wheels")
     subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "-w", wheels, REPO], check=True)
     wheel = glob.glob(os.path.join(wheels, "npu_inject-*.whl"))[0]
-    subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--prefix", venv, wheel], check=True)
+    # --target, not --prefix: with --prefix pip also uninstalls npu-inject from the *current* env.
+    subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--target", site, wheel], check=True)
     if not os.path.exists(os.path.join(site, PTH)):
         raise SystemExit(f"bench: the wheel did not install {PTH} into {site}")
     return python, site
