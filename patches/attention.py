@@ -63,15 +63,6 @@ def plan_for_mask_mods(mask_mods, positions_BL, codes):
     return AttentionPlan(causal=True, window=window, document_ends=document_ends)
 
 
-def _compute_dtype(ctx: PatchContext, dtype):
-    import torch
-
-    if ctx.target == "npu" and dtype == torch.float32:
-        ctx.note("fp32 attention inputs run in bf16 (the NPU fused kernel takes fp16/bf16)")
-        return torch.bfloat16
-    return None
-
-
 def apply(ctx: PatchContext) -> None:
     from torch.nn.attention.flex_attention import create_mask
 
@@ -97,9 +88,7 @@ def apply(ctx: PatchContext) -> None:
         score_mod, scale = kwargs.get("score_mod"), kwargs.get("scale")
         out_transform = kwargs.get("out_transform")
         if isinstance(mask, AttentionPlan) and score_mod is None and out_transform is None:
-            out_BLNH, _ = fusion_attention_BLNH(
-                q_BLNH, k_BLNH, v_BLNH, mask, scale, _compute_dtype(ctx, q_BLNH.dtype)
-            )
+            out_BLNH, _ = fusion_attention_BLNH(q_BLNH, k_BLNH, v_BLNH, mask, scale)
             return out_BLNH
         if score_mod is not None:
             what = "a score_mod"
@@ -144,9 +133,7 @@ def apply(ctx: PatchContext) -> None:
             keep_BNLL = plan_keep_mask(plan, B, L, L, q_BLNH.device)
             out_BLNH, lse_BLN = reference_attention_BLNH(q_BLNH, k_BLNH, v_BLNH, keep_BNLL, scale)
             return out_transform(out_BLNH, lse_BLN)
-        out_BLNH, _ = fusion_attention_BLNH(
-            q_BLNH, k_BLNH, v_BLNH, plan, scale, _compute_dtype(ctx, q_BLNH.dtype)
-        )
+        out_BLNH, _ = fusion_attention_BLNH(q_BLNH, k_BLNH, v_BLNH, plan, scale)
         return out_BLNH
 
     ctx.wrap("torchtitan.models.common.decoder:Decoder._create_flex_attention_mask", create_flex_attention_mask)

@@ -78,21 +78,17 @@ def fusion_attention_BLNH(
     v_BLNH: torch.Tensor,
     plan: AttentionPlan,
     scale: float | None,
-    compute_dtype: torch.dtype | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Attention output (B, L, N, H) and log-sum-exp (B, L, N) through npu_fusion_attention.
 
     The log-sum-exp comes from the kernel's softmax statistics, which carry no
     gradient (torch_npu returns them for its own backward): use it for values, not
     for anything that must be differentiated. Key/value may carry fewer heads than the query (GQA): the kernel takes them as
-    they are. ``compute_dtype`` casts q/k/v for kernels that need half precision.
+    they are. Inputs keep their dtype: the kernel takes fp16, bf16 and fp32.
     """
     B, L, N, H = q_BLNH.shape
     value_head_dim = v_BLNH.shape[-1]
     scale = 1.0 / math.sqrt(H) if scale is None else scale
-    out_dtype = q_BLNH.dtype
-    if compute_dtype is not None and compute_dtype != q_BLNH.dtype:
-        q_BLNH, k_BLNH, v_BLNH = (t.to(compute_dtype) for t in (q_BLNH, k_BLNH, v_BLNH))
     arguments = {"scale": scale, "atten_mask": compressed_causal_mask(q_BLNH.device)}
     arguments.update(_sparse_arguments(plan))
     ops = kernels()
@@ -118,7 +114,7 @@ def fusion_attention_BLNH(
         )
         out_BLNH = out_TNH.view(B, L, N, value_head_dim)
         lse_BLN = (softmax_max_TN8[..., 0] + softmax_sum_TN8[..., 0].log()).view(B, L, N)
-    return out_BLNH.to(out_dtype), lse_BLN
+    return out_BLNH, lse_BLN
 
 
 def reference_attention_BLNH(
