@@ -11,6 +11,7 @@ NotImplemented) is digested, with the doc entries it came from, in
 from __future__ import annotations
 
 import functools
+import os
 from types import ModuleType
 
 from npu_inject import settings
@@ -28,5 +29,9 @@ def _kernels_for(target: str | None) -> ModuleType:
 
 
 def kernels() -> ModuleType:
-    """torch_npu on an NPU target, the reference implementations otherwise."""
-    return _kernels_for(settings.load().target)
+    """torch_npu on an NPU target, the reference implementations otherwise.
+
+    Called for every kernel launch: reads the target variable alone (the runtime
+    validated the whole environment at activation).
+    """
+    return _kernels_for(settings.parse_target(os.environ.get(settings.ENV_TARGET)))
