@@ -18,6 +18,7 @@ from typing import Any
 from npu_inject import registry as registry_mod
 from npu_inject import settings as settings_mod
 from npu_inject.errors import ConfigError
+from npu_inject.runtime import installed_version
 
 EXIT_OK, EXIT_ERROR = 0, 2
 DOCTOR_DISTRIBUTIONS = ("torch", "torchtitan", "torch_npu", "triton", "triton-ascend", "wrapt")
@@ -82,15 +83,6 @@ def cmd_check(args) -> int:
 
 # -- doctor ------------------------------------------------------------------
 
-def _installed(distribution: str) -> str | None:
-    from importlib.metadata import PackageNotFoundError, version
-
-    try:
-        return version(distribution)
-    except PackageNotFoundError:
-        return None
-
-
 def _module_source(module_name: str) -> str | None:
     """Path of an installed module's source, found without importing any package."""
     top, *rest = module_name.split(".")
@@ -148,7 +140,7 @@ def cmd_doctor(args) -> int:
     from packaging.specifiers import SpecifierSet
 
     settings, registry, enabled = _load(args)
-    versions = {dist: _installed(dist) for dist in DOCTOR_DISTRIBUTIONS}
+    versions = {dist: installed_version(dist) for dist in DOCTOR_DISTRIBUTIONS}
     print("installed:")
     for dist, version in versions.items():
         print(f"  {dist:14} {version or '-'}")
@@ -163,7 +155,7 @@ def cmd_doctor(args) -> int:
         for dist, specifier in spec.supports.items():
             if dist == "torch_npu" and settings.target != "npu":
                 continue
-            version = versions.get(dist) or _installed(dist)
+            version = versions.get(dist) or installed_version(dist)
             if version is None:
                 issues.append(f"{dist} not installed (needs {specifier})")
             elif not SpecifierSet(specifier).contains(version, prereleases=True):

@@ -13,7 +13,6 @@ import importlib
 import inspect
 import logging
 from dataclasses import dataclass, field
-from types import ModuleType
 from typing import Any, Callable, Mapping
 
 import wrapt
@@ -58,11 +57,6 @@ def resolve_owner(target: str) -> tuple[Any, str]:
     return owner, attribute
 
 
-def target_exists(target: str) -> bool:
-    owner, attribute = resolve_owner(target)
-    return _raw_get(owner, attribute) is not _MISSING
-
-
 def _raw_get(owner: Any, attribute: str) -> Any:
     if inspect.isclass(owner):
         for klass in owner.__mro__:
@@ -96,16 +90,6 @@ class PatchContext:
     @property
     def rehearsal(self) -> bool:
         return self.target == "cpu"
-
-    def module(self, name: str) -> ModuleType:
-        return importlib.import_module(name)
-
-    def original(self, target: str) -> Any:
-        """The current value of a target (resolved as attribute access would)."""
-        owner, attribute = resolve_owner(target)
-        if _raw_get(owner, attribute) is _MISSING:
-            raise TargetMissing(f"{target}: attribute {attribute!r} not found")
-        return getattr(owner, attribute)
 
     def replace(self, target: str, value: Any) -> Any:
         """Set ``target`` to ``value``; returns the previous (raw) value."""
