@@ -82,16 +82,21 @@ def test_torch_npu_range_is_ignored_in_the_rehearsal(fake_target):
     assert rt.report.patches["fake_device"].state == "applied"
 
 
+def device_and_engine_patches() -> dict:
+    """fake_engine (triggered by faketitan.other) requires fake_device (triggered by faketitan.core)."""
+    return {
+        "fake_device": fake_entry("fake_patch_device"),
+        "fake_engine": fake_entry("fake_patch_engine", triggers=["faketitan.other"], requires=["fake_device"],
+                                  targets=["faketitan.core:Engine.run", "faketitan.core:Engine.build",
+                                           "faketitan.core:Engine.create", "faketitan.core:Engine.name"]),
+    }
+
+
 def test_requirements_apply_first_even_from_another_trigger(fake_target):
     import fake_patch_device
 
     fake_patch_device.APPLY_COUNT = 0
-    path = fake_target({
-        "fake_device": fake_entry("fake_patch_device", targets=["faketitan.core:DEVICE", "faketitan.core:compute"]),
-        "fake_engine": fake_entry("fake_patch_engine", triggers=["faketitan.other"], requires=["fake_device"],
-                                  targets=["faketitan.core:Engine.run", "faketitan.core:Engine.build",
-                                           "faketitan.core:Engine.create", "faketitan.core:Engine.name"]),
-    })
+    path = fake_target(device_and_engine_patches())
     rt = activate(path, "fake_device,fake_engine")
     importlib.import_module("faketitan.other")  # fake_engine's trigger: pulls in fake_device's first
     assert [rt.report.patches[i].state for i in ("fake_device", "fake_engine")] == ["applied", "applied"]
@@ -104,12 +109,7 @@ def test_revert_restores_exact_originals_for_every_descriptor_kind(fake_target):
     import faketitan.core as core
 
     before = dict(vars(core.Engine)), core.DEVICE, core.compute
-    path = fake_target({
-        "fake_device": fake_entry("fake_patch_device", targets=["faketitan.core:DEVICE", "faketitan.core:compute"]),
-        "fake_engine": fake_entry("fake_patch_engine", triggers=["faketitan.other"], requires=["fake_device"],
-                                  targets=["faketitan.core:Engine.run", "faketitan.core:Engine.build",
-                                           "faketitan.core:Engine.create", "faketitan.core:Engine.name"]),
-    })
+    path = fake_target(device_and_engine_patches())
     rt = activate(path, "fake_device,fake_engine")
     importlib.import_module("faketitan.other")
     assert core.Engine().name == "patched"
