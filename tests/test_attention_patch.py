@@ -155,3 +155,143 @@ def test_compressed_mask_is_built_once_per_device(patched):
     assert ops_attention.compressed_causal_mask(torch.device("cpu")) is first
     assert first.shape == (2048, 2048) and first.dtype == torch.bool
     assert torch.equal(first, torch.triu(torch.ones(2048, 2048, dtype=torch.bool), diagonal=1))
+
+
+# ---- fallbacks to reference attention: score_mod, out_transform ---------------------
+
+
+def explicit_keep(B_, L_, causal=True, window=None, document_ends=None):
+    """(B, L, L) keep mask (True = attend) from explicit loops over batch, query and key."""
+    def document(t):  # index of the packed document holding flat token t
+        return next(number for number, end in enumerate(document_ends) if t < end)
+
+    keep = torch.zeros(B_, L_, L_, dtype=torch.bool)
+    for b in range(B_):
+        for i in range(L_):
+            for j in range(L_):
+                keep[b, i, j] = (
+                    (not causal or j <= i)
+                    and (window is None or i - j < window)
+                    and (document_ends is None or document(b * L_ + i) == document(b * L_ + j))
+                )
+    return keep
+
+
+def expected_scores_BNLL(q_BLNH, k_BLNH, keep_BLL, scale, bias_BNLL=None):
+    """scale * q k^T (+ bias), masked to -inf, with K repeated per query-head group."""
+    groups = N // k_BLNH.shape[2]
+    q = q_BLNH.transpose(1, 2)
+    k = k_BLNH.transpose(1, 2).repeat_interleave(groups, dim=1)
+    scores = (q @ k.transpose(-1, -2)) * scale
+    if bias_BNLL is not None:
+        scores = scores + bias_BNLL
+    return scores.masked_fill(~keep_BLL.unsqueeze(1), float("-inf"))
+
+
+def causal_plan(decoder, attention, positions, mask_mods):
+    from npu_inject.ops.attention import AttentionPlan
+
+    config = attention.FlexAttention.Config()
+    attn_config = type("AttnConfig", (), {"inner_attention": config})()
+    create_mask = decoder.Decoder._create_flex_attention_mask
+    plan = create_mask(object.__new__(decoder.Decoder), positions, attn_config, mask_mods)
+    assert isinstance(plan, AttentionPlan)
+    return attention.FlexAttention(config), plan
+
+
+def test_flex_score_mod_falls_back_to_reference(patched):
+    rt, attention, decoder = patched
+    module, plan = causal_plan(decoder, attention, positions_with_documents(), [attention.get_causal_mask_mod()])
+    slopes_N = torch.tensor([0.5, 0.25, 0.125, 0.0625])
+
+    def alibi(score, b, h, q_idx, kv_idx):
+        return score + slopes_N[h] * (kv_idx - q_idx)
+
+    # The same bias, element by element.
+    bias_BNLL = torch.zeros(B, N, L, L)
+    for h in range(N):
+        for i in range(L):
+            for j in range(L):
+                bias_BNLL[:, h, i, j] = slopes_N[h] * (j - i)
+    keep_BLL = explicit_keep(B, L)
+    for _ in range(2):
+        q, k, v = qkv(3)
+        out = module(q, k, v, attention_masks=plan, score_mod=alibi, scale=0.3, enable_gqa=True)
+        float_mask_BNLL = bias_BNLL.masked_fill(~keep_BLL.unsqueeze(1), float("-inf"))
+        groups = N // N_KV
+        expected = F.scaled_dot_product_attention(
+            q.transpose(1, 2), k.transpose(1, 2).repeat_interleave(groups, dim=1),
+            v.transpose(1, 2).repeat_interleave(groups, dim=1), attn_mask=float_mask_BNLL, scale=0.3,
+        ).transpose(1, 2)
+        assert_same_with_grads(out, expected, (q, k, v))
+    fallbacks = rt.report.patches["attention"].fallbacks
+    assert len(fallbacks) == 1 and "score_mod" in fallbacks[0]
+
+
+def test_flex_out_transform_gets_logsumexp(patched):
+    rt, attention, decoder = patched
+    positions = positions_with_documents()
+    mods = [attention.get_causal_mask_mod(), attention.get_efficient_causal_mask_mod_for_packed_document(positions)]
+    module, plan = causal_plan(decoder, attention, positions, mods)
+    keep_BLL = explicit_keep(B, L, document_ends=(10, 24, 29, 41, 48))
+    seen = []
+
+    def sink(out_BLNH, lse_BLN):  # gpt-oss's attention sink: rescale by sigmoid(lse - sink)
+        seen.append(lse_BLN)
+        return out_BLNH * torch.sigmoid(lse_BLN - 0.5).unsqueeze(-1)
+
+    for _ in range(2):
+        q, k, v = qkv(4)
+        out = module(q, k, v, attention_masks=plan, out_transform=sink, enable_gqa=True)
+        lse_BLN = torch.logsumexp(expected_scores_BNLL(q, k, keep_BLL, H**-0.5), dim=-1).transpose(1, 2)
+        torch.testing.assert_close(seen[-1], lse_BLN, atol=2e-6, rtol=1e-5)
+        expected = sdpa_expected(q, k, v, keep_BLL) * torch.sigmoid(lse_BLN - 0.5).unsqueeze(-1)
+        assert_same_with_grads(out, expected, (q, k, v))
+    fallbacks = rt.report.patches["attention"].fallbacks
+    assert len(fallbacks) == 1 and "out_transform" in fallbacks[0]
+
+
+def test_varlen_out_transform_gets_logsumexp(patched):
+    rt, attention, _ = patched
+    positions = positions_with_documents()
+    metadata = attention.create_varlen_metadata_for_document(positions)
+    module = attention.VarlenAttention(attention.VarlenAttention.Config(window_size=(3, 0)))
+    keep_BLL = explicit_keep(B, L, window=4, document_ends=(10, 24, 29, 41, 48))
+    seen = []
+
+    def sink(out_BLNH, lse_BLN):
+        seen.append(lse_BLN)
+        return out_BLNH * torch.sigmoid(lse_BLN + 0.25).unsqueeze(-1)
+
+    for _ in range(2):
+        q, k, v = qkv(5)
+        out = module(q, k, v, attention_masks=metadata, scale=0.2, out_transform=sink, enable_gqa=True)
+        lse_BLN = torch.logsumexp(expected_scores_BNLL(q, k, keep_BLL, 0.2), dim=-1).transpose(1, 2)
+        torch.testing.assert_close(seen[-1], lse_BLN, atol=2e-6, rtol=1e-5)
+        expected = sdpa_expected(q, k, v, keep_BLL, scale=0.2) * torch.sigmoid(lse_BLN + 0.25).unsqueeze(-1)
+        assert_same_with_grads(out, expected, (q, k, v))
+    fallbacks = rt.report.patches["attention"].fallbacks
+    assert len(fallbacks) == 1 and "VarlenAttention with an out_transform" in fallbacks[0]
+
+
+# ---- plan_keep_mask: the dense mask of a plan, for the fallbacks ---------------------
+
+
+@pytest.mark.parametrize(
+    "causal,window,document_ends",
+    [
+        (True, None, None),  # causal
+        (True, 5, None),  # sliding window
+        (True, None, (10, 24, 29, 41, 48)),  # packed documents
+        (True, 3, (10, 24, 29, 41, 48)),  # sliding window inside documents
+        (False, None, None),  # full
+        (False, None, (10, 24, 29, 41, 48)),  # full inside documents (varlen (-1, -1))
+    ],
+)
+def test_plan_keep_mask_matches_explicit_loops(causal, window, document_ends):
+    from npu_inject.ops.attention import AttentionPlan, plan_keep_mask
+
+    plan = AttentionPlan(causal=causal, window=window, document_ends=document_ends)
+    keep_B1LL = plan_keep_mask(plan, B, L, L, torch.device("cpu"))
+    assert keep_B1LL.shape == (B, 1, L, L) and keep_B1LL.dtype == torch.bool
+    assert torch.equal(keep_B1LL[:, 0], explicit_keep(B, L, causal, window, document_ends))

@@ -16,9 +16,7 @@ from __future__ import annotations
 import ast
 import glob
 import os
-import platform
 import re
-import subprocess
 import sys
 import zipfile
 
@@ -26,7 +24,9 @@ import pytest
 
 from testkit import REPO
 
-TORCH_NPU_VERSION = "2.14.0"
+sys.path.insert(0, REPO)
+from tools.sim_npu import torch_npu_wheel  # noqa: E402
+
 OUR_SOURCES = [
     *glob.glob(os.path.join(REPO, "npu_inject", "**", "*.py"), recursive=True),
     *glob.glob(os.path.join(REPO, "patches", "*.py")),
@@ -43,19 +43,7 @@ DEVICE_MODULE_CALLS = {
 
 @pytest.fixture(scope="module")
 def wheel() -> zipfile.ZipFile:
-    cache = os.environ.get("NPU_INJECT_WHEEL_CACHE") or os.path.expanduser("~/.cache/npu_inject/wheels")
-    pattern = os.path.join(cache, f"torch_npu-{TORCH_NPU_VERSION}-*.whl")
-    if not glob.glob(pattern):
-        python = f"{sys.version_info.major}{sys.version_info.minor}"
-        download = subprocess.run(
-            [sys.executable, "-m", "pip", "download", "-q", "--no-deps", "--only-binary=:all:",
-             "--python-version", python, "--implementation", "cp", "--abi", f"cp{python}",
-             "--platform", f"manylinux_2_28_{platform.machine()}", "-d", cache,
-             f"torch-npu=={TORCH_NPU_VERSION}"],
-            capture_output=True, text=True,
-        )
-        assert download.returncode == 0, f"cannot download torch-npu=={TORCH_NPU_VERSION}: {download.stderr[-2000:]}"
-    return zipfile.ZipFile(sorted(glob.glob(pattern))[0])
+    return torch_npu_wheel.wheel()
 
 
 @pytest.fixture(scope="module")
@@ -116,10 +104,12 @@ def test_stand_in_ops_exist_in_torch_npu(schemas):
 
 
 def test_reference_kernels_accept_only_real_parameter_names(schemas):
-    path = os.path.join(REPO, "npu_inject", "ops", "reference.py")
-    tree = ast.parse(open(path, encoding="utf-8").read())
-    functions = [n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name.startswith("npu_")]
-    assert functions
+    functions = []
+    for path in glob.glob(os.path.join(REPO, "npu_inject", "ops", "reference", "*.py")):
+        tree = ast.parse(open(path, encoding="utf-8").read())
+        functions += [n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name.startswith("npu_")]
+    assert {f.name for f in functions} >= {"npu_fusion_attention", "npu_grouped_matmul", "npu_moe_token_permute",
+                                          "npu_moe_token_unpermute"}
     for function in functions:
         arguments = function.args
         names = [a.arg for a in arguments.posonlyargs + arguments.args + arguments.kwonlyargs]

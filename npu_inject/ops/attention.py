@@ -19,8 +19,7 @@ import torch
 from npu_inject.ops import kernels
 
 COMPRESSED_MASK_SIZE = 2048
-UNBOUNDED_TOCKENS = 2147483647
-SPARSE_ALL_MASK, SPARSE_LEFT_UP_CAUSAL, SPARSE_RIGHT_DOWN_CAUSAL, SPARSE_BAND = 1, 2, 3, 4
+SPARSE_LEFT_UP_CAUSAL, SPARSE_RIGHT_DOWN_CAUSAL, SPARSE_BAND = 2, 3, 4
 
 _compressed_masks: dict[torch.device, torch.Tensor] = {}
 

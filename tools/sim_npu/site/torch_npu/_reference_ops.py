@@ -2,8 +2,9 @@
 
 ``npu_inject.ops.reference`` holds plain-PyTorch implementations named like
 torch_npu's kernels; on the simulated npu they run through the CPU fallback.
-The import happens on first call so that the stand-in imports even while that
-module is incomplete (or when npu_inject is not on sys.path).
+The import happens on the first kernel call, not when torch_npu is imported, so
+that importing torch_npu (which the runtime does while activating) stays cheap and
+the stand-in imports without npu_inject on sys.path.
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ def _reference(name: str) -> Callable[..., Any]:
     if function is None:
         raise NotImplementedError(
             f"torch_npu.{name} (simulated) forwards to {_REFERENCE_MODULE}.{name}, "
-            "which does not exist yet."
+            f"which {_REFERENCE_MODULE} does not define."
         )
     return function
 

@@ -1,0 +1,27 @@
+"""Plain-PyTorch reference implementations of the torch_npu kernels npu_inject calls.
+
+One module per torch_npu kernel family; this package re-exports the kernels under
+torch_npu's names, so :func:`npu_inject.ops.kernels` can return it in place of
+``torch_npu``. Each function carries torch_npu 2.14.0's name, parameter names,
+defaults and return structure; semantics follow the wheel's ``_op_plugin_docs.py``
+and ``op_plugin/meta/_meta_registrations.py``, digested in ``tools/torch_npu_docs.md``.
+
+Forward and backward go through ordinary torch autograd. Half-precision inputs are
+computed in float32 and cast back. Documented arguments and modes that npu_inject
+never passes are either implemented and tested against independent math or raise
+``NotImplementedError`` naming the argument: the reference never computes something
+different from the kernel.
+"""
+
+from __future__ import annotations
+
+from npu_inject.ops.reference.fusion_attention import npu_fusion_attention
+from npu_inject.ops.reference.grouped_matmul import npu_grouped_matmul
+from npu_inject.ops.reference.moe_token_permute import npu_moe_token_permute, npu_moe_token_unpermute
+
+__all__ = [
+    "npu_fusion_attention",
+    "npu_grouped_matmul",
+    "npu_moe_token_permute",
+    "npu_moe_token_unpermute",
+]

@@ -1,0 +1,413 @@
+"""Reference ``torch_npu.npu_fusion_attention``: the layouts and sparse modes npu_inject uses.
+
+:mod:`npu_inject.ops.attention` calls the kernel with BSND (one sequence per row) or
+TND (packed documents) and sparse_mode 0 without a mask (full attention), 2/3
+(causal) or 4 (sliding-window band). The reference implements those, BNSD (BSND's
+transpose), and the explicit masks of modes 0/1, which are the kernel's base
+semantics; every mode is tested against SDPA or explicit loops
+(tests/test_ops_fusion_attention.py). Documented arguments nothing here calls
+(BSH/SBH layouts, pse, prefix and sparse_mode 5-8, dropout) raise
+NotImplementedError naming the argument. ``tools/torch_npu_docs.md`` digests the
+documented semantics.
+"""
+
+from __future__ import annotations
+
+import functools
+import warnings
+from typing import Optional, Sequence
+
+import torch
+
+from npu_inject.ops.reference._dtypes import FLOAT_DTYPES, compute_dtype
+
+_LAYOUTS = ("BSH", "SBH", "BSND", "BNSD", "TND")
+_IMPLEMENTED_LAYOUTS = ("BSND", "BNSD", "TND")
+_IMPLEMENTED_SPARSE_MODES = (0, 1, 2, 3, 4)
+# Modes 2/3/4 take one compressed 2048x2048 mask and derive the real one from the lengths.
+_COMPRESSED_SIDE = 2048
+
+
+@functools.lru_cache(maxsize=4)
+def _expected_compressed_mask(device: str) -> torch.Tensor:
+    ones = torch.ones(_COMPRESSED_SIDE, _COMPRESSED_SIDE, dtype=torch.bool, device=device)
+    return torch.triu(ones, diagonal=1)
+
+
+def _check_compressed_mask(atten_mask: torch.Tensor, sparse_mode: int) -> None:
+    side = _COMPRESSED_SIDE
+    shape = tuple(atten_mask.shape)
+    if len(shape) < 2 or shape[-2:] != (side, side) or atten_mask.numel() != side * side:
+        raise ValueError(
+            f"npu_fusion_attention: sparse_mode={sparse_mode} takes the compressed atten_mask of shape "
+            f"({side}, {side}), got {shape}; the kernel derives the mask for any sequence length from "
+            "sparse_mode, so pass the compressed mask, not one sized to the sequence"
+        )
+    if not torch.equal(atten_mask.reshape(side, side).bool(), _expected_compressed_mask(str(atten_mask.device))):
+        raise ValueError(
+            f"npu_fusion_attention: sparse_mode={sparse_mode} expects the compressed atten_mask "
+            "torch.triu(torch.ones(2048, 2048), diagonal=1).bool() (True = masked out); the given mask has "
+            "the right shape but different contents"
+        )
+
+
+def _region_mask(sparse_mode: int, sq: int, skv: int, pre: int, nxt: int, device) -> Optional[torch.Tensor]:
+    """The (sq, skv) part sparse_mode leaves uncomputed (True = masked); None: nothing.
+
+    "Left-up" counts the diagonal from (0, 0), "right-down" from the bottom-right
+    corner (docs, sparse_mode table).
+    """
+    i_S1 = torch.arange(sq, device=device).unsqueeze(1)
+    j_1S = torch.arange(skv, device=device).unsqueeze(0)
+    if sparse_mode == 0:
+        if pre >= sq and nxt >= skv:
+            return None
+        diagonal_SS = j_1S - i_S1
+        return (diagonal_SS > nxt) | (diagonal_SS < -pre)
+    if sparse_mode == 1:
+        return None
+    if sparse_mode == 2:
+        return j_1S > i_S1
+    diagonal_SS = j_1S - i_S1 - (skv - sq)
+    if sparse_mode == 3:
+        return diagonal_SS > 0
+    return (diagonal_SS > nxt) | (diagonal_SS < -pre)  # 4
+
+
+def _attention_core(q_BNSD, k_BKSD, v_BKSD, masked: Optional[torch.Tensor], scale: float):
+    """softmax(scale * q k^T, masked) v, with GQA by grouping query heads.
+
+    Returns (out_BNSD in the compute dtype, softmax_max_BNS, softmax_sum_BNS).
+    ``masked`` is 4-D and broadcastable to (B, N, Sq, Skv).
+    """
+    b, n, sq, d = q_BNSD.shape
+    nkv, skv = k_BKSD.shape[1], k_BKSD.shape[2]
+    g = n // nkv
+    cdt = compute_dtype(q_BNSD.dtype)
+    if skv == 0:
+        # No keys at all: every row is a fully masked row (output 0, still in the graph).
+        zeros_BNS = q_BNSD.new_zeros(b, n, sq, dtype=cdt)
+        out_BNSD = (q_BNSD.to(cdt).sum(-1, keepdim=True) * 0).expand(b, n, sq, v_BKSD.shape[-1])
+        return out_BNSD, zeros_BNS, zeros_BNS
+    # Query heads h = kv_head * g + j share kv_head (torch_npu / repeat_interleave order),
+    # so grouping the query avoids materialising repeated K and V.
+    q_BKGSD = q_BNSD.to(cdt).reshape(b, nkv, g, sq, d)
+    s_BKGSS = torch.matmul(q_BKGSD, k_BKSD.to(cdt).unsqueeze(2).transpose(-1, -2)) * scale
+    dead_BKG11 = None
+    if masked is not None:
+        # (B|1, N|1, Sq, Skv) -> (B|1, Nkv|1, G|1, Sq, Skv), matching the grouped scores.
+        if masked.shape[1] == n:
+            masked_BKGSS = masked.reshape(masked.shape[0], nkv, g, *masked.shape[2:])
+        else:
+            masked_BKGSS = masked.unsqueeze(2)
+        # Rows with nothing left to attend to get output 0, not NaN: keep their scores
+        # finite through the softmax and zero the probabilities afterwards.
+        dead_BKG11 = masked_BKGSS.all(dim=-1, keepdim=True)
+        s_BKGSS = s_BKGSS.masked_fill(masked_BKGSS & ~dead_BKG11, float("-inf"))
+    p_BKGSS = torch.softmax(s_BKGSS, dim=-1)
+    if dead_BKG11 is not None:
+        p_BKGSS = p_BKGSS.masked_fill(dead_BKG11, 0.0)
+    out_BNSD = torch.matmul(p_BKGSS, v_BKSD.to(cdt).unsqueeze(2)).reshape(b, n, sq, v_BKSD.shape[-1])
+
+    # softmax_max / softmax_sum are backward-only buffers on the NPU; no gradient flows
+    # through them there, so they are detached here too.
+    with torch.no_grad():
+        smax = s_BKGSS.amax(dim=-1, keepdim=True)
+        ssum = torch.exp(s_BKGSS - smax).sum(dim=-1, keepdim=True)
+        if dead_BKG11 is not None:
+            dead = dead_BKG11.expand_as(smax)
+            smax, ssum = smax.masked_fill(dead, 0.0), ssum.masked_fill(dead, 0.0)
+    return out_BNSD, smax.reshape(b, n, sq), ssum.reshape(b, n, sq)
+
+
+def _check_heads(fn: str, n: int, nkv: int, q, k, v) -> None:
+    if nkv == 0 or n % nkv:
+        raise ValueError(
+            f"{fn}: query has {n} heads and key {nkv}; the query head count must be a positive multiple of the "
+            "key/value head count (GQA)"
+        )
+    if v.shape[1] != nkv or v.shape[-2] != k.shape[-2] or k.shape[0] != q.shape[0] or v.shape[0] != q.shape[0]:
+        raise ValueError(
+            f"{fn}: key and value must share batch, sequence and head counts with each other (and batch with query)"
+        )
+    if q.shape[-1] != k.shape[-1] or k.shape[-1] < v.shape[-1]:
+        raise ValueError(
+            f"{fn}: head dims must satisfy Dq == Dk >= Dv, got Dq={q.shape[-1]}, Dk={k.shape[-1]}, Dv={v.shape[-1]}"
+        )
+
+
+def _full_mask_4d(atten_mask: torch.Tensor, b: int, n: int, sq: int, skv: int, sparse_mode: int) -> torch.Tensor:
+    """A BNSS / B1SS / 11SS / SS mask as a 4-D bool tensor broadcastable to (B, N, Sq, Skv)."""
+    mask = atten_mask.bool()
+    if mask.dim() == 2:
+        mask = mask.reshape(1, 1, *mask.shape)
+    fits = mask.dim() == 4 and mask.shape[0] in (1, b) and mask.shape[1] in (1, n)
+    if not fits or tuple(mask.shape[2:]) != (sq, skv):
+        raise ValueError(
+            f"npu_fusion_attention: atten_mask shape {tuple(atten_mask.shape)} does not fit sparse_mode="
+            f"{sparse_mode} with B={b}, N={n}, Sq={sq}, Skv={skv}; use one of BNSS, B1SS, 11SS or SS"
+        )
+    return mask
+
+
+def _varlen_bounds(cumulative: Sequence[int], name: str, total: int) -> list[tuple[int, int]]:
+    """Cumulative end offsets -> [(start, end)] of the participating sequences.
+
+    A run of trailing zeros after a positive offset marks batches that do not take part
+    (docs: "[2, 5, 9, 0, 0]").
+    """
+    values = [int(v) for v in cumulative]
+    if not values:
+        raise ValueError(f"npu_fusion_attention: {name} must be a non-empty list of cumulative lengths")
+    active = len(values)
+    while active > 0 and values[active - 1] == 0 and any(v > 0 for v in values[: active - 1]):
+        active -= 1
+    bounds, previous = [], 0
+    for v in values[:active]:
+        if v < previous:
+            raise ValueError(
+                f"npu_fusion_attention: {name}={list(cumulative)} must hold non-decreasing cumulative end offsets "
+                "(lengths 2, 2, 2 -> [2, 4, 6]), optionally followed by zeros for skipped batches"
+            )
+        bounds.append((previous, v))
+        previous = v
+    if previous > total:
+        raise ValueError(f"npu_fusion_attention: {name} ends at {previous}, beyond the {total} tokens of the TND input")
+    return bounds
+
+
+def npu_fusion_attention(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    head_num: int,
+    input_layout: str,
+    pse: Optional[torch.Tensor] = None,
+    padding_mask: Optional[torch.Tensor] = None,
+    atten_mask: Optional[torch.Tensor] = None,
+    scale: float = 1.0,
+    keep_prob: float = 1.0,
+    pre_tockens: int = 2147483647,
+    next_tockens: int = 2147483647,
+    inner_precise: int = 0,
+    prefix: Optional[Sequence[int]] = None,
+    actual_seq_qlen: Optional[Sequence[int]] = None,
+    actual_seq_kvlen: Optional[Sequence[int]] = None,
+    sparse_mode: int = 0,
+    gen_mask_parallel: bool = True,
+    sync: bool = False,
+    softmax_layout: str = "",
+):
+    """Reference for ``torch_npu.npu_fusion_attention``.
+
+    Computes ``softmax(mask(scale * query @ key^T, atten_mask)) @ value`` and returns
+    ``(attention_out, softmax_max, softmax_sum, softmax_out, seed, offset, numels)``:
+
+    - ``attention_out``: query's layout and dtype, head dim of value.
+    - ``softmax_max`` / ``softmax_sum``: float32, (B, N, Sq, 8), or (T, N, 8) for TND, the
+      row max of the scaled, masked scores and the sum of ``exp(score - max)``, repeated
+      over the last axis of 8. For TND the default ``softmax_layout=""`` fills the (T, N, 8)
+      buffer in N-major (NTD) order, ``softmax_layout="TND"`` in token-major order.
+      Detached: torch_npu's backward takes no gradient through them.
+    - ``softmax_out``: empty tensor of query's dtype (reserved).
+    - ``seed``, ``offset``, ``numels``: ints, 0 since no dropout mask is generated.
+
+    Layouts: BSND, BNSD, TND (TND needs ``actual_seq_qlen``/``actual_seq_kvlen`` as
+    cumulative end offsets). GQA: key/value may carry fewer heads than ``head_num``.
+
+    Masking (True = masked out). With ``atten_mask=None`` nothing is masked whatever
+    ``sparse_mode`` and the tockens say (the docs: "fixed to full computation"); a warning
+    flags ``sparse_mode != 0`` without a mask. Otherwise, per sequence:
+
+    - 0: ``atten_mask`` (BNSS/B1SS/11SS/SS; SS for TND) plus the band
+      ``-pre_tockens <= j - i <= next_tockens``;
+    - 1: ``atten_mask`` alone;
+    - 2: left-up causal ``j <= i``; 3: right-down causal ``j - i <= Skv - Sq``;
+    - 4: the band counted from the bottom-right corner.
+
+    Modes 2, 3, 4 take the compressed mask ``torch.triu(torch.ones(2048, 2048), 1).bool()``;
+    its shape and contents are checked, and the effective mask is derived from the mode and
+    sequence lengths, never sliced from it.
+
+    A query row left with no key (e.g. sparse_mode 3 with Sq > Skv) outputs 0, its
+    softmax_max and softmax_sum are 0, and its gradients are 0. TND tokens past the last
+    participating sequence also output 0.
+
+    Not implemented (NotImplementedError): ``keep_prob < 1`` (dropout draws from the NPU's
+    Philox stream, which a CPU cannot reproduce), the BSH/SBH layouts, ``pse``, ``prefix``
+    and sparse_mode 5-8: npu_inject calls none of them.
+    """
+    fn = "npu_fusion_attention"
+    if input_layout not in _LAYOUTS:
+        raise ValueError(f"{fn}: input_layout={input_layout!r} is not supported; use one of {', '.join(_LAYOUTS)}")
+    if input_layout not in _IMPLEMENTED_LAYOUTS:
+        raise NotImplementedError(
+            f"{fn}: input_layout={input_layout!r} is not implemented in the reference; use one of "
+            f"{', '.join(_IMPLEMENTED_LAYOUTS)}"
+        )
+    if not (0.0 < keep_prob <= 1.0):
+        raise ValueError(f"{fn}: keep_prob={keep_prob} is out of range; use a value in (0, 1]")
+    if keep_prob < 1.0:
+        raise NotImplementedError(
+            f"{fn}: keep_prob={keep_prob} < 1 (dropout) is not implemented in the reference: the dropout mask "
+            "comes from the NPU's Philox RNG stream (seed/offset), which cannot be reproduced on CPU; use keep_prob=1"
+        )
+    if padding_mask is not None:
+        raise ValueError(f"{fn}: padding_mask is reserved and not supported by torch_npu; pass None")
+    if inner_precise not in (0, 1, 2):
+        raise ValueError(f"{fn}: inner_precise={inner_precise} is not supported; use 0, 1 (reserved) or 2")
+    if sparse_mode not in range(9):
+        raise ValueError(f"{fn}: sparse_mode={sparse_mode} is not supported; use 0-8")
+    if sparse_mode not in _IMPLEMENTED_SPARSE_MODES:
+        raise NotImplementedError(
+            f"{fn}: sparse_mode={sparse_mode} (prefix / varlen split across cards) is not implemented in the "
+            "reference; use 0-4"
+        )
+    for name, argument in (("pse", pse), ("prefix", prefix)):
+        if argument is not None:
+            raise NotImplementedError(f"{fn}: {name} is not implemented in the reference; pass None")
+    if softmax_layout not in ("", "TND") or (softmax_layout == "TND" and input_layout != "TND"):
+        raise ValueError(
+            f"{fn}: softmax_layout={softmax_layout!r} is not supported with input_layout={input_layout!r}; "
+            "use '' (or 'TND' when input_layout='TND')"
+        )
+    if query.dtype not in FLOAT_DTYPES or key.dtype != query.dtype or value.dtype != query.dtype:
+        raise ValueError(
+            f"{fn}: query/key/value dtypes ({query.dtype}, {key.dtype}, {value.dtype}) must be equal and one of "
+            "float16, bfloat16, float32"
+        )
+    head_num = int(head_num)
+    if head_num <= 0:
+        raise ValueError(f"{fn}: head_num={head_num} must be positive (the query head count)")
+    varlen = input_layout == "TND"
+    if not varlen and (actual_seq_qlen is not None or actual_seq_kvlen is not None):
+        raise ValueError(
+            f"{fn}: actual_seq_qlen/actual_seq_kvlen only apply to input_layout='TND', got {input_layout!r}"
+        )
+    if atten_mask is None and sparse_mode != 0:
+        warnings.warn(
+            f"{fn}: sparse_mode={sparse_mode} with atten_mask=None computes full (unmasked) attention, as on "
+            "the NPU; pass the compressed mask torch.triu(torch.ones(2048, 2048), diagonal=1).bool()",
+            stacklevel=2,
+        )
+    if atten_mask is not None:
+        if atten_mask.dtype not in (torch.bool, torch.uint8):
+            raise ValueError(
+                f"{fn}: atten_mask dtype {atten_mask.dtype} is not supported; use torch.bool or torch.uint8 "
+                "(True/1 = masked out)"
+            )
+        if sparse_mode in (2, 3, 4):
+            _check_compressed_mask(atten_mask, sparse_mode)
+        if sparse_mode in (0, 4) and pre_tockens + next_tockens < 0:
+            raise ValueError(
+                f"{fn}: pre_tockens={pre_tockens} and next_tockens={next_tockens} leave an empty band; "
+                "they must satisfy pre_tockens + next_tockens >= 0"
+            )
+
+    if varlen:
+        attention_out, softmax_max, softmax_sum = _varlen_attention(
+            fn, query, key, value, head_num, atten_mask, scale, pre_tockens, next_tockens,
+            actual_seq_qlen, actual_seq_kvlen, sparse_mode, softmax_layout,
+        )
+    else:
+        for name, t in (("query", query), ("key", key), ("value", value)):
+            if t.dim() != 4:
+                raise ValueError(
+                    f"{fn}: input_layout={input_layout!r} takes 4-D {name}, got shape {tuple(t.shape)}"
+                )
+        q_BNSD, k_BKSD, v_BKSD = (t.transpose(1, 2) if input_layout == "BSND" else t for t in (query, key, value))
+        b, n, sq, _ = q_BNSD.shape
+        nkv, skv = k_BKSD.shape[1], k_BKSD.shape[2]
+        if n != head_num:
+            raise ValueError(f"{fn}: head_num={head_num} but query has {n} heads in layout {input_layout}")
+        _check_heads(fn, n, nkv, q_BNSD, k_BKSD, v_BKSD)
+        masked = None
+        if atten_mask is not None:
+            if sparse_mode in (0, 1):
+                masked = _full_mask_4d(atten_mask, b, n, sq, skv, sparse_mode)
+            region = _region_mask(sparse_mode, sq, skv, pre_tockens, next_tockens, query.device)
+            if region is not None:
+                region = region.reshape(1, 1, sq, skv)
+                masked = region if masked is None else (masked | region)
+        out_BNSD, smax_BNS, ssum_BNS = _attention_core(q_BNSD, k_BKSD, v_BKSD, masked, scale)
+        out_BNSD = out_BNSD.to(query.dtype)
+        attention_out = out_BNSD.transpose(1, 2) if input_layout == "BSND" else out_BNSD
+        softmax_max = smax_BNS.float().unsqueeze(-1).expand(b, n, sq, 8).contiguous()
+        softmax_sum = ssum_BNS.float().unsqueeze(-1).expand(b, n, sq, 8).contiguous()
+    softmax_out = torch.empty(0, dtype=query.dtype, device=query.device)
+    return attention_out, softmax_max, softmax_sum, softmax_out, 0, 0, 0
+
+
+def _varlen_attention(
+    fn, query, key, value, head_num, atten_mask, scale, pre_tockens, next_tockens,
+    actual_seq_qlen, actual_seq_kvlen, sparse_mode, softmax_layout,
+):
+    """TND: every packed sequence attends on its own, with its own Sq and Skv."""
+    if actual_seq_qlen is None or actual_seq_kvlen is None:
+        raise ValueError(
+            f"{fn}: input_layout='TND' needs actual_seq_qlen and actual_seq_kvlen (cumulative end offsets)"
+        )
+    for name, t in (("query", query), ("key", key), ("value", value)):
+        if t.dim() != 3:
+            raise ValueError(f"{fn}: input_layout='TND' takes 3-D {name}, got shape {tuple(t.shape)}")
+    t_q, n, _ = query.shape
+    t_kv, nkv, _ = key.shape
+    if n != head_num:
+        raise ValueError(f"{fn}: head_num={head_num} but query has {n} heads in layout TND")
+    if value.shape[0] != t_kv:
+        raise ValueError(f"{fn}: key and value must have the same token count, got {t_kv} and {value.shape[0]}")
+    # (1, N, T, D) views reuse the BNSD checks.
+    _check_heads(fn, n, nkv, *(t.transpose(0, 1).unsqueeze(0) for t in (query, key, value)))
+    q_bounds = _varlen_bounds(actual_seq_qlen, "actual_seq_qlen", t_q)
+    kv_bounds = _varlen_bounds(actual_seq_kvlen, "actual_seq_kvlen", t_kv)
+    if len(q_bounds) != len(kv_bounds):
+        raise ValueError(
+            f"{fn}: actual_seq_qlen and actual_seq_kvlen describe {len(q_bounds)} and {len(kv_bounds)} sequences; "
+            "they must describe the same batches"
+        )
+    if atten_mask is not None and sparse_mode in (0, 1):
+        max_q = max(e - s for s, e in q_bounds)
+        max_kv = max(e - s for s, e in kv_bounds)
+        if atten_mask.dim() != 2 or atten_mask.shape[0] < max_q or atten_mask.shape[1] < max_kv:
+            raise ValueError(
+                f"{fn}: with input_layout='TND' atten_mask must be 2-D and at least (maxSq, maxSkv) = "
+                f"({max_q}, {max_kv}), got {tuple(atten_mask.shape)}"
+            )
+
+    dv = value.shape[-1]
+    cdt = compute_dtype(query.dtype)
+    pieces = []
+    smax_NT = torch.zeros(n, t_q, dtype=torch.float32, device=query.device)
+    ssum_NT = torch.zeros(n, t_q, dtype=torch.float32, device=query.device)
+    covered = 0
+    for (qs, qe), (ks, ke) in zip(q_bounds, kv_bounds):
+        sq, skv = qe - qs, ke - ks
+        if sq == 0:
+            continue
+        masked = None
+        if atten_mask is not None:
+            if sparse_mode in (0, 1):
+                masked = atten_mask[:sq, :skv].bool()
+            region = _region_mask(sparse_mode, sq, skv, pre_tockens, next_tockens, query.device)
+            if region is not None:
+                masked = region if masked is None else (masked | region)
+            if masked is not None:
+                masked = masked.reshape(1, 1, sq, skv)
+        q_1NSD = query[qs:qe].transpose(0, 1).unsqueeze(0)
+        k_1KSD, v_1KSD = (t[ks:ke].transpose(0, 1).unsqueeze(0) for t in (key, value))
+        out_1NSD, smax_1NS, ssum_1NS = _attention_core(q_1NSD, k_1KSD, v_1KSD, masked, scale)
+        pieces.append(out_1NSD[0].transpose(0, 1))
+        smax_NT[:, qs:qe] = smax_1NS[0].float()
+        ssum_NT[:, qs:qe] = ssum_1NS[0].float()
+        covered = qe
+    if covered < t_q:
+        pieces.append(query.new_zeros(t_q - covered, n, dv, dtype=cdt))
+    attention_out = torch.cat(pieces, dim=0).to(query.dtype) if pieces else query.new_zeros(t_q, n, dv)
+    if softmax_layout == "TND":
+        smax, ssum = smax_NT.t(), ssum_NT.t()
+    else:
+        # Default NTD order written into the documented (T, N, 8) buffer.
+        smax, ssum = smax_NT.reshape(t_q, n), ssum_NT.reshape(t_q, n)
+    softmax_max = smax.unsqueeze(-1).expand(t_q, n, 8).contiguous()
+    softmax_sum = ssum.unsqueeze(-1).expand(t_q, n, 8).contiguous()
+    return attention_out, softmax_max, softmax_sum

@@ -1,0 +1,159 @@
+"""npu_inject.ops.reference.npu_grouped_matmul against per-group torch.matmul loops.
+
+The reference implements the scenario npu_inject.ops.moe calls (one 2-D x, one 3-D
+weight, an int64 group_list tensor, group_type=0, one output); every other documented
+scenario must raise NotImplementedError rather than compute something else.
+"""
+
+from __future__ import annotations
+
+import inspect
+import itertools
+
+import pytest
+import torch
+
+from npu_inject.ops import reference as ref
+
+
+def _gen(seed: int = 0) -> torch.Generator:
+    return torch.Generator().manual_seed(seed)
+
+
+def _randn(*shape, seed=0, dtype=torch.float32, requires_grad=False):
+    t = torch.randn(*shape, generator=_gen(seed), dtype=torch.float32).to(dtype)
+    return t.requires_grad_(requires_grad)
+
+
+def cumsum(lens):
+    return list(itertools.accumulate(lens))
+
+
+P = inspect.Parameter
+POS, KW, NODEF = P.POSITIONAL_OR_KEYWORD, P.KEYWORD_ONLY, P.empty
+# _op_plugin_docs.py, "npu_grouped_matmul", 接口原型 (tuning_config has no default there;
+# the schema in csrc/aten/npu_native_functions_by_codegen.yaml gives None).
+DOCUMENTED_SIGNATURE = [
+    ("x", POS, NODEF), ("weight", POS, NODEF), ("bias", KW, None), ("scale", KW, None), ("offset", KW, None),
+    ("antiquant_scale", KW, None), ("antiquant_offset", KW, None), ("per_token_scale", KW, None),
+    ("group_list", KW, None), ("activation_input", KW, None), ("activation_quant_scale", KW, None),
+    ("activation_quant_offset", KW, None), ("split_item", KW, 0), ("group_type", KW, None),
+    ("group_list_type", KW, 0), ("act_type", KW, 0), ("output_dtype", KW, None), ("tuning_config", KW, None),
+]
+
+
+def test_signature_matches_docs():
+    parameters = inspect.signature(ref.npu_grouped_matmul).parameters.values()
+    assert [(p.name, p.kind, p.default) for p in parameters] == DOCUMENTED_SIGNATURE
+
+
+def loop_gmm(x_MK, w_EKN, counts):
+    rows, start = [], 0
+    for e, c in enumerate(counts):
+        rows.append(x_MK[start : start + c].double() @ w_EKN[e].double())
+        start += c
+    return torch.cat(rows)
+
+
+@pytest.mark.parametrize("counts", [[3, 0, 5, 0, 2], [0, 0, 4], [7], [1, 2, 3, 4, 5, 6, 7]])
+@pytest.mark.parametrize("group_list_type", [0, 1])
+@pytest.mark.parametrize("split_item", [2, 3])
+def test_gmm_moe_path(counts, group_list_type, split_item):
+    m, k, n = sum(counts), 6, 5
+    x, w = _randn(m, k, seed=70), _randn(len(counts), k, n, seed=71)
+    group_list = torch.tensor(cumsum(counts) if group_list_type == 0 else counts, dtype=torch.int64)
+    (y,) = ref.npu_grouped_matmul([x], [w], group_list=group_list, split_item=split_item, group_type=0,
+                                  group_list_type=group_list_type)
+    assert y.shape == (m, n) and y.dtype == x.dtype
+    torch.testing.assert_close(y.double(), loop_gmm(x, w, counts), atol=1e-5, rtol=1e-5)
+
+
+def test_gmm_gradients_match_loop():
+    counts = [4, 0, 3, 5, 1]
+    m, k, n = sum(counts), 6, 4
+    x0, w0, g = _randn(m, k, seed=72), _randn(5, k, n, seed=73), _randn(m, n, seed=74)
+    x, w = x0.clone().requires_grad_(True), w0.clone().requires_grad_(True)
+    (y,) = ref.npu_grouped_matmul(
+        [x], [w], group_list=torch.tensor(counts), split_item=3, group_type=0, group_list_type=1
+    )
+    (y * g).sum().backward()
+    xr, wr = x0.double().requires_grad_(True), w0.double().requires_grad_(True)
+    (loop_gmm(xr, wr, counts) * g.double()).sum().backward()
+    torch.testing.assert_close(x.grad.double(), xr.grad, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(w.grad.double(), wr.grad, atol=1e-5, rtol=1e-5)
+    assert torch.all(w.grad[1] == 0)  # the empty group gets no gradient
+
+
+def test_gmm_bf16_accumulates_in_fp32():
+    counts = [5, 3]
+    x, w = _randn(8, 64, seed=75, dtype=torch.bfloat16), _randn(2, 64, 16, seed=76, dtype=torch.bfloat16)
+    (y,) = ref.npu_grouped_matmul([x], [w], group_list=torch.tensor(cumsum(counts)), split_item=3, group_type=0)
+    assert y.dtype == torch.bfloat16
+    # Exact fp32 accumulation rounded once to bf16.
+    torch.testing.assert_close(y, loop_gmm(x, w, counts).float().bfloat16(), atol=0, rtol=0)
+
+
+@pytest.mark.parametrize(
+    "scenario",
+    ["list_group_list", "weight_list", "bias", "several_x", "no_grouping", "group_along_n", "group_along_k"],
+)
+def test_gmm_unimplemented_scenarios_raise(scenario):
+    # Documented scenarios npu_inject never calls: refused by name, never approximated.
+    x, w = _randn(6, 4, seed=77), _randn(2, 4, 3, seed=78)
+    group_list = torch.tensor([2, 6])
+    call = {
+        "list_group_list": lambda: ref.npu_grouped_matmul([x], list(w), group_list=[2, 6], split_item=2),
+        "weight_list": lambda: ref.npu_grouped_matmul([x], list(w), group_list=group_list, split_item=3, group_type=0),
+        "bias": lambda: ref.npu_grouped_matmul([x], [w], bias=[_randn(2, 3)], group_list=group_list, split_item=3,
+                                               group_type=0),
+        "several_x": lambda: ref.npu_grouped_matmul([x[:2], x[2:]], [w], group_list=group_list, split_item=3,
+                                                    group_type=0),
+        "no_grouping": lambda: ref.npu_grouped_matmul([x[:2], x[2:]], list(w), group_type=-1),
+        "group_along_n": lambda: ref.npu_grouped_matmul([x], [w], group_list=group_list, split_item=3, group_type=1),
+        # npu_inject.ops.moe probes group_type=2 and relies on this NotImplementedError.
+        "group_along_k": lambda: ref.npu_grouped_matmul([x.t()], [_randn(6, 3)], group_list=group_list,
+                                                        split_item=3, group_type=2),
+    }[scenario]
+    with pytest.raises(NotImplementedError, match="not implemented in the reference"):
+        call()
+
+
+def test_gmm_uncovered_tail_rows_are_zero():
+    x, w = _randn(10, 4, seed=93), _randn(2, 4, 3, seed=94)
+    (y,) = ref.npu_grouped_matmul(
+        [x], [w], group_list=torch.tensor([3, 4]), split_item=3, group_type=0, group_list_type=1
+    )
+    torch.testing.assert_close(y[:7].double(), loop_gmm(x, w, [3, 4]), atol=1e-5, rtol=1e-5)
+    assert torch.all(y[7:] == 0)
+
+
+@pytest.mark.parametrize(
+    "kwarg", ["scale", "offset", "antiquant_scale", "antiquant_offset", "per_token_scale", "activation_input",
+              "activation_quant_scale", "activation_quant_offset"],
+)
+def test_gmm_quant_args_not_implemented(kwarg):
+    x, w = _randn(4, 4), _randn(1, 4, 4)
+    with pytest.raises(NotImplementedError, match=kwarg):
+        ref.npu_grouped_matmul([x], [w], group_list=torch.tensor([4]), split_item=3, group_type=0, **{kwarg: [x]})
+
+
+def test_gmm_errors():
+    x, w = _randn(6, 4), _randn(2, 4, 3)
+    gl = torch.tensor([2, 6])
+    with pytest.raises(ValueError, match="group_type=0"):
+        ref.npu_grouped_matmul([x], [w], group_list=gl, split_item=3)
+    with pytest.raises(ValueError, match="split_item=2 or 3"):
+        ref.npu_grouped_matmul([x], [w], group_list=gl, split_item=0, group_type=0)
+    with pytest.raises(ValueError, match="covers 9 rows"):
+        ref.npu_grouped_matmul([x], [w], group_list=torch.tensor([4, 5]), split_item=3, group_type=0, group_list_type=1)
+    with pytest.raises(ValueError, match="non-decreasing"):
+        ref.npu_grouped_matmul([x], [w], group_list=torch.tensor([4, 2]), split_item=3, group_type=0)
+    with pytest.raises(ValueError, match="output_dtype"):
+        ref.npu_grouped_matmul([x], [w], group_list=gl, split_item=3, group_type=0, output_dtype=torch.bfloat16)
+    with pytest.raises(TypeError, match="list of tensors"):
+        ref.npu_grouped_matmul(x, [w], group_list=gl, split_item=3, group_type=0)
+    with pytest.raises(NotImplementedError, match="act_type"):
+        ref.npu_grouped_matmul([x], [w], group_list=gl, split_item=3, group_type=0, act_type=1)
+    # output_dtype restating x's dtype is fine, as a torch.dtype or an at::ScalarType code.
+    for od in (torch.float32, 6):
+        ref.npu_grouped_matmul([x], [w], group_list=gl, split_item=3, group_type=0, output_dtype=od)
