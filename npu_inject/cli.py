@@ -1,8 +1,9 @@
 """``npu-inject`` / ``python -m npu_inject``: list, show, check, doctor.
 
-Nothing here imports torch or torchtitan: targets are checked by reading the
-installed torchtitan's source with :mod:`ast`, so ``doctor`` works even where
-importing torchtitan would fail (no triton, no NPU).
+Nothing here imports torch, torchtitan or wrapt, nor activates the runtime:
+targets are checked by reading the installed torchtitan's source with :mod:`ast`,
+and torch_npu is probed in a child process, so ``doctor`` works even where
+importing torchtitan would fail (no triton, no NPU, no CANN).
 """
 
 from __future__ import annotations
@@ -18,25 +19,25 @@ from typing import Any
 from npu_inject import registry as registry_mod
 from npu_inject import settings as settings_mod
 from npu_inject.errors import ConfigError
-from npu_inject.runtime import installed_version
+from npu_inject.registry import installed_version, split_target
 
 EXIT_OK, EXIT_ERROR = 0, 2
 DOCTOR_DISTRIBUTIONS = ("torch", "torchtitan", "torch_npu", "triton", "triton-ascend", "wrapt")
 
 
-def _load(args) -> tuple[settings_mod.Settings, registry_mod.Registry, dict[str, bool]]:
-    settings = settings_mod.load()
+def _load() -> tuple[settings_mod.Settings, registry_mod.Registry, dict[str, bool]]:
+    settings = settings_mod.establish()  # what this environment would make a run do
     registry = registry_mod.load(settings.registry_path)
     enabled = registry_mod.select(registry, settings.patches)
     return settings, registry, enabled
 
 
 def _state(spec: registry_mod.PatchSpec, settings: settings_mod.Settings, enabled: dict[str, bool]) -> str:
-    if not enabled[spec.id]:
-        return "off"
-    if settings.target is not None and settings.target not in spec.runs_on:
-        return f"off ({'/'.join(spec.runs_on)} only)"
-    return "on"
+    """'on' (would apply at its trigger), 'off', or 'off (why)' when not by selection."""
+    state, reason = registry_mod.initial_state(spec, enabled[spec.id], settings.target)
+    if state == "pending":
+        return "on"
+    return "off" if not enabled[spec.id] else f"off ({reason})"
 
 
 def _supports_text(spec: registry_mod.PatchSpec) -> str:
@@ -44,7 +45,7 @@ def _supports_text(spec: registry_mod.PatchSpec) -> str:
 
 
 def cmd_list(args) -> int:
-    settings, registry, enabled = _load(args)
+    settings, registry, enabled = _load()
     rows = [
         {**spec.to_json(), "state": _state(spec, settings, enabled)}
         for spec in registry.patches.values()
@@ -66,14 +67,14 @@ def cmd_list(args) -> int:
 
 
 def cmd_show(args) -> int:
-    settings, registry, enabled = _load(args)
+    settings, registry, enabled = _load()
     spec = registry.get(args.patch_id)
     print(json.dumps({**spec.to_json(), "state": _state(spec, settings, enabled)}, indent=2))
     return EXIT_OK
 
 
 def cmd_check(args) -> int:
-    settings, registry, enabled = _load(args)
+    settings, registry, enabled = _load()
     on = [i for i, spec in registry.patches.items() if _state(spec, settings, enabled) == "on"]
     print(f"OK: target={settings.target or 'off'}, strict={int(settings.strict)}, "
           f"registries: {', '.join(registry.sources)}")
@@ -84,7 +85,11 @@ def cmd_check(args) -> int:
 # -- doctor ------------------------------------------------------------------
 
 def _module_source(module_name: str) -> str | None:
-    """Path of an installed module's source, found without importing any package."""
+    """Path of an installed module's source, found without importing any package.
+
+    ``find_spec`` of a top-level name imports nothing; with the runtime enabled it
+    does not activate it either (the bootstrap activates on execution only).
+    """
     top, *rest = module_name.split(".")
     spec = importlib.util.find_spec(top)
     if spec is None or spec.origin is None:
@@ -119,7 +124,7 @@ def _defined_names(body: list[ast.stmt]) -> dict[str, ast.AST]:
 
 def target_status(target: str) -> str:
     """'ok' or why a 'module:qualname' target is missing from the installed sources."""
-    module_name, _, qualname = target.partition(":")
+    module_name, qualname = split_target(target)
     path = _module_source(module_name)
     if path is None:
         return f"module {module_name} not found"
@@ -137,39 +142,37 @@ def target_status(target: str) -> str:
 
 
 def cmd_doctor(args) -> int:
-    from packaging.specifiers import SpecifierSet
-
-    settings, registry, enabled = _load(args)
+    settings, registry, enabled = _load()
     versions = {dist: installed_version(dist) for dist in DOCTOR_DISTRIBUTIONS}
     print("installed:")
     for dist, version in versions.items():
         print(f"  {dist:14} {version or '-'}")
-    if settings.target == "npu":
-        print(f"  torch_npu import: {_probe_torch_npu()}")
     problems = 0
+    if settings.target == "npu":
+        probe_ok, probe = _probe_torch_npu()
+        problems += not probe_ok
+        print(f"  torch_npu import: {probe if probe_ok else 'PROBLEM: ' + probe}")
     print(f"patches enabled for target {settings.target or 'off'}:")
     for spec in registry.patches.values():
         if _state(spec, settings, enabled) != "on":
             continue
         issues = []
-        for dist, specifier in spec.supports.items():
-            if dist == "torch_npu" and settings.target != "npu":
-                continue
-            version = versions.get(dist) or installed_version(dist)
-            if version is None:
-                issues.append(f"{dist} not installed (needs {specifier})")
-            elif not SpecifierSet(specifier).contains(version, prereleases=True):
-                issues.append(f"{dist} {version} outside {specifier}")
+        version_issue = registry_mod.version_problem(
+            spec, settings.target, lambda dist: versions.get(dist) or installed_version(dist))
+        if version_issue:
+            issues.append(version_issue)
         for target in spec.targets:
             status = target_status(target)
             if status != "ok":
                 issues.append(f"target {target}: {status}")
         problems += bool(issues)
-        print(f"  {spec.id:16} {'ok' if not issues else 'PROBLEM: ' + '; '.join(issues)}")
+        print(f"  {spec.id:18} {'ok' if not issues else 'PROBLEM: ' + '; '.join(issues)}")
+    if problems:
+        print(f"{problems} problem(s): a run with this environment would not apply every enabled patch")
     return EXIT_OK if problems == 0 else EXIT_ERROR
 
 
-def _probe_torch_npu() -> str:
+def _probe_torch_npu() -> tuple[bool, str]:
     # A subprocess: importing torch_npu loads CANN and must not leak into this CLI.
     import subprocess
 
@@ -178,8 +181,10 @@ def _probe_torch_npu() -> str:
         capture_output=True, text=True, env={**os.environ, settings_mod.ENV_TARGET: "0"},
     )
     if probe.returncode == 0:
-        return f"ok, {probe.stdout.strip()} device(s)"
-    return "FAILED: " + (probe.stderr.strip().splitlines() or ["(no output)"])[-1]
+        return True, f"ok, {probe.stdout.strip()} device(s)"
+    last_line = (probe.stderr.strip().splitlines() or ["(no output)"])[-1]
+    return False, (f"import torch_npu failed ({last_line}); TORCHTITAN_NPU=1 needs torch_npu with "
+                   "Ascend's CANN, or rehearse with TORCHTITAN_NPU=cpu")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -197,6 +202,12 @@ def build_parser() -> argparse.ArgumentParser:
     show.set_defaults(run=cmd_show)
     commands.add_parser("check", help="validate environment and registries; exit 0 or 2").set_defaults(run=cmd_check)
     commands.add_parser("doctor", help="installed versions; do the enabled patches fit them?").set_defaults(run=cmd_doctor)
+    from npu_inject import compare  # stdlib-only at import, like this module
+
+    compare.add_parser(commands)
+    from npu_inject import audit  # stdlib only, like compare
+
+    audit.add_parser(commands)
     return parser
 
 

@@ -5,17 +5,24 @@ the exact original (the raw class ``__dict__`` entry for class attributes, so
 staticmethods, classmethods and properties come back unchanged). Reverting
 restores the originals in reverse order; the runtime reverts automatically when
 ``apply`` raises, which makes applying all or nothing.
+
+What a patch installs is a plain Python function (``functools.wraps`` of the
+original), not a proxy object: torch.compile's dynamo traces plain functions and
+closures without a graph break, while it cannot trace through wrapt's
+``FunctionWrapper``. wrapt stays where it is the right tool: the import hooks.
 """
 
 from __future__ import annotations
 
+import functools
 import importlib
 import inspect
 import logging
+import types
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping
 
-import wrapt
+from npu_inject.registry import split_target
 
 logger = logging.getLogger("npu_inject")
 
@@ -32,13 +39,6 @@ class _Change:
 
 class TargetMissing(LookupError):
     """A ``module:qualname`` target does not exist in the installed torchtitan."""
-
-
-def split_target(target: str) -> tuple[str, str]:
-    module_name, sep, qualname = target.partition(":")
-    if not sep or not module_name or not qualname:
-        raise ValueError(f"target {target!r} must look like 'package.module:Qual.name'")
-    return module_name, qualname
 
 
 def resolve_owner(target: str) -> tuple[Any, str]:
@@ -73,15 +73,22 @@ class _Inherited:
         self.value = value
 
 
+def _forwarding(original: Callable[..., Any], wrapper: Callable[..., Any]) -> Callable[..., Any]:
+    @functools.wraps(original)
+    def patched(*args: Any, **kwargs: Any) -> Any:
+        return wrapper(original, *args, **kwargs)
+
+    return patched
+
+
 @dataclass
 class PatchContext:
-    """Handed to a patch's ``apply``/``revert``; records every change it makes."""
+    """Handed to a patch's ``apply`` (and optional ``revert``); records every change it makes."""
 
     patch_id: str
     target: str  # "npu" or "cpu"
     options: Mapping[str, Any]
     declared_targets: tuple[str, ...] = ()
-    on_fallback: Callable[[str, str], None] | None = None
     changes: list[_Change] = field(default_factory=list)
     cleanups: list[Callable[[], None]] = field(default_factory=list)
     fallbacks: list[str] = field(default_factory=list)
@@ -104,15 +111,28 @@ class PatchContext:
         return raw.value if isinstance(raw, _Inherited) else raw
 
     def wrap(self, target: str, wrapper: Callable[..., Any]) -> Any:
-        """Wrap a function or method with a wrapt wrapper ``(wrapped, instance, args, kwargs)``."""
+        """Install a function that calls ``wrapper(original, *args, **kwargs)`` in place of ``target``.
+
+        For a method, ``args[0]`` is the instance (or the class for a classmethod), so a
+        wrapper declares the original's parameters after ``original`` and Python binds them.
+        Returns what was installed.
+        """
         owner, attribute = resolve_owner(target)
         raw = _raw_get(owner, attribute)
         if raw is _MISSING:
             raise TargetMissing(f"{target}: attribute {attribute!r} not found")
-        function = raw.value if isinstance(raw, _Inherited) else raw
-        wrapped = wrapt.FunctionWrapper(function, wrapper)
-        self.replace(target, wrapped)
-        return wrapped
+        value = raw.value if isinstance(raw, _Inherited) else raw
+        if isinstance(value, (staticmethod, classmethod)):
+            installed = type(value)(_forwarding(value.__func__, wrapper))
+        elif isinstance(value, (types.FunctionType, types.BuiltinFunctionType)):
+            installed = _forwarding(value, wrapper)
+        else:
+            raise TypeError(
+                f"{target} is a {type(value).__name__}, not a function or method; "
+                "use PatchContext.replace for other attributes"
+            )
+        self.replace(target, installed)
+        return installed
 
     def add_cleanup(self, cleanup: Callable[[], None]) -> None:
         """Run on revert, for state that is not an attribute (registries, env vars)."""
@@ -124,8 +144,6 @@ class PatchContext:
             return
         self.fallbacks.append(reason)
         logger.warning("npu_inject: patch %s falls back: %s", self.patch_id, reason)
-        if self.on_fallback is not None:
-            self.on_fallback(self.patch_id, reason)
 
     def note(self, message: str) -> None:
         """A fact for the report (e.g. which optimizer implementation was picked)."""
@@ -153,7 +171,7 @@ class PatchContext:
 
     def _check_declared(self, target: str) -> None:
         # Keeps registry.json honest: a patch may only touch what it declares.
-        if self.declared_targets and target not in self.declared_targets:
+        if target not in self.declared_targets:
             raise ValueError(
                 f"patch {self.patch_id} changes {target!r}, which registry.json does not list "
                 f"in its 'targets' ({', '.join(self.declared_targets)})"

@@ -31,12 +31,37 @@ _ENTRY_FIELDS: dict[str, tuple[type | tuple[type, ...], bool, str]] = {
     "requires": (list, False, "list of patch ids applied first"),
     "default": (bool, True, "true or false: enabled unless the selection says otherwise"),
     "options": (dict, False, "mapping of option name -> default value"),
+    "option_rules": (dict, False, "mapping of option name -> {'min': n, 'max': n, 'choices': [...]}"),
     "runs_on": (list, False, "list of runtime targets, 'npu' and/or 'cpu', the patch applies to"),
     "description": (str, True, "one-line description"),
 }
 # What a user registry may change in an existing entry (toggles and options).
 _OVERRIDABLE = ("default", "options", "supports", "description")
 _TARGET_KINDS = ("npu", "cpu")
+_RULE_KEYS = ("min", "max", "choices")
+# Ids that were patches once: selecting them names what replaced them instead of "unknown".
+RETIRED_IDS = {
+    "rank_sync": "cross-rank agreement and per-rank reports are runtime services now, always on",
+    "checkpoint_io": "it was split into checkpoint_staging (pinned staging) and checkpoint_publish "
+                     "(atomic publish, completeness checks); select those",
+}
+
+
+def split_target(target: str) -> tuple[str, str]:
+    """``'package.module:Qual.name'`` -> (module, qualname); the one parser of target strings."""
+    module_name, sep, qualname = target.partition(":")
+    if not sep or not module_name or not qualname:
+        raise ValueError(f"target {target!r} must look like 'package.module:Qual.name'")
+    return module_name, qualname
+
+
+def installed_version(distribution: str) -> str | None:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version(distribution)
+    except PackageNotFoundError:
+        return None
 
 
 @dataclass(frozen=True)
@@ -51,6 +76,7 @@ class PatchSpec:
     requires: tuple[str, ...]
     default: bool
     options: Mapping[str, Any]
+    option_rules: Mapping[str, Mapping[str, Any]]
     runs_on: tuple[str, ...]
     description: str
     source: str  # file or entry point the entry came from
@@ -65,6 +91,7 @@ class PatchSpec:
             "requires": list(self.requires),
             "default": self.default,
             "options": dict(self.options),
+            "option_rules": {name: dict(rule) for name, rule in self.option_rules.items()},
             "runs_on": list(self.runs_on),
             "description": self.description,
             "source": self.source,
@@ -114,15 +141,43 @@ def _check_type(where: str, key: str, value: Any) -> None:
                 raise ConfigError(f"{where}: every item of {key!r} must be a non-empty string, got {item!r}")
     if key == "targets":
         for item in value:
-            module, sep, qualname = item.partition(":")
-            if not sep or not module or not qualname:
-                raise ConfigError(f"{where}: target {item!r} must look like 'package.module:Qual.name'")
+            try:
+                split_target(item)
+            except ValueError as exc:
+                raise ConfigError(f"{where}: {exc}") from None
     if key == "runs_on":
         for item in value:
             if item not in _TARGET_KINDS:
                 raise ConfigError(f"{where}: 'runs_on' item {item!r} must be one of {', '.join(_TARGET_KINDS)}")
     if key == "supports":
         _check_supports(where, value)
+    if key == "option_rules":
+        for name, rule in value.items():
+            if not isinstance(rule, dict) or not rule or set(rule) - set(_RULE_KEYS):
+                raise ConfigError(
+                    f"{where}: option_rules[{name!r}] must be an object with one or more of "
+                    f"{', '.join(map(repr, _RULE_KEYS))}, got {rule!r}"
+                )
+
+
+def check_options(where: str, options: Mapping[str, Any], rules: Mapping[str, Mapping[str, Any]]) -> None:
+    """Every option value within its rule (min/max for numbers, choices for anything)."""
+    for name, rule in rules.items():
+        if name not in options:
+            raise ConfigError(f"{where}: option_rules names {name!r}, which is not an option "
+                              f"(options: {', '.join(sorted(options)) or '(none)'})")
+        value = options[name]
+        choices = rule.get("choices")
+        if choices is not None and value not in choices:
+            raise ConfigError(f"{where}: option {name!r}={value!r} must be one of "
+                              f"{', '.join(map(repr, choices))}")
+        bounded = "min" in rule or "max" in rule
+        if bounded and (isinstance(value, bool) or not isinstance(value, (int, float))):
+            raise ConfigError(f"{where}: option {name!r} must be a number, got {value!r}")
+        if "min" in rule and value < rule["min"]:
+            raise ConfigError(f"{where}: option {name!r}={value!r} must be >= {rule['min']}")
+        if "max" in rule and value > rule["max"]:
+            raise ConfigError(f"{where}: option {name!r}={value!r} must be <= {rule['max']}")
 
 
 def _check_supports(where: str, supports: Mapping[str, Any]) -> None:
@@ -154,6 +209,7 @@ def _full_entry(where: str, patch_id: str, raw: Any, source: str) -> PatchSpec:
         raise ConfigError(f"{where}: missing key(s) {', '.join(map(repr, missing))}")
     for key, value in raw.items():
         _check_type(where, key, value)
+    check_options(where, raw.get("options", {}), raw.get("option_rules", {}))
     return PatchSpec(
         id=patch_id,
         module=raw["module"],
@@ -163,6 +219,7 @@ def _full_entry(where: str, patch_id: str, raw: Any, source: str) -> PatchSpec:
         requires=tuple(raw.get("requires", ())),
         default=raw["default"],
         options=MappingProxyType(dict(raw.get("options", {}))),
+        option_rules=MappingProxyType(dict(raw.get("option_rules", {}))),
         runs_on=tuple(raw.get("runs_on", _TARGET_KINDS)),
         description=raw["description"],
         source=source,
@@ -193,6 +250,7 @@ def _override(where: str, base: PatchSpec, raw: Any, source: str) -> PatchSpec:
                 f"like its default {options[name]!r}, got {value!r}"
             )
         options[name] = value
+    check_options(where, options, base.option_rules)
     return PatchSpec(
         id=base.id,
         module=base.module,
@@ -202,6 +260,7 @@ def _override(where: str, base: PatchSpec, raw: Any, source: str) -> PatchSpec:
         requires=base.requires,
         default=raw.get("default", base.default),
         options=MappingProxyType(options),
+        option_rules=base.option_rules,
         runs_on=base.runs_on,
         description=raw.get("description", base.description),
         source=f"{base.source} + {source}",
@@ -293,11 +352,17 @@ def load(user_path: str | None = None, *, entry_points: bool = True) -> Registry
 def select(registry: Registry, selection: str, variable: str = "TORCHTITAN_NPU_PATCHES") -> dict[str, bool]:
     """Apply a selection string over the registry defaults.
 
-    Comma-separated tokens, left to right: ``all`` / ``none`` reset the set;
-    ``+ID`` / ``-ID`` add or remove; bare ``ID`` tokens name exactly the
+    Comma-separated entries, left to right: ``all`` / ``none`` reset the set;
+    ``+ID`` / ``-ID`` add or remove; bare ``ID`` entries name exactly the
     patches to enable (the defaults are ignored when any bare id is given).
     """
-    tokens = [token.strip() for token in selection.split(",") if token.strip()]
+    tokens = [token.strip() for token in selection.split(",")] if selection.strip() else []
+    for position, token in enumerate(tokens, start=1):
+        if token in ("", "+", "-"):
+            raise ConfigError(
+                f"{variable}={selection!r}: entry {position} ({token!r}) names no patch; "
+                "each comma-separated entry is all, none, ID, +ID or -ID"
+            )
     enabled = {patch_id: spec.default for patch_id, spec in registry.patches.items()}
     if any(token not in ("all", "none") and token[0] not in "+-" for token in tokens):
         enabled = dict.fromkeys(enabled, False)
@@ -307,6 +372,8 @@ def select(registry: Registry, selection: str, variable: str = "TORCHTITAN_NPU_P
             continue
         sign, name = (token[0], token[1:]) if token[0] in "+-" else ("", token)
         if name not in registry.patches:
+            if name in RETIRED_IDS:
+                raise ConfigError(f"{variable}: {name!r} is no longer a patch: {RETIRED_IDS[name]}")
             raise ConfigError(f"{variable}: {unknown_id_message(name, registry.patches, 'patch id')}")
         enabled[name] = sign != "-"
     for patch_id, on in enabled.items():
@@ -319,6 +386,33 @@ def select(registry: Registry, selection: str, variable: str = "TORCHTITAN_NPU_P
                     f"enable it (+{required}) or disable {patch_id!r} (-{patch_id})"
                 )
     return enabled
+
+
+def initial_state(spec: PatchSpec, enabled: bool, target: str | None) -> tuple[str, str]:
+    """(state, reason) of a patch before its trigger is imported: 'disabled' or 'pending'."""
+    if not enabled:
+        return "disabled", "off by selection"
+    if target is not None and target not in spec.runs_on:
+        return "disabled", f"runs only on {', '.join(spec.runs_on)}"
+    return "pending", f"waiting for import of {' or '.join(spec.triggers)}"
+
+
+def version_problem(spec: PatchSpec, target: str | None, version_of=installed_version) -> str:
+    """Why the installed versions do not fit ``spec.supports`` ('' when they do).
+
+    torch_npu is only checked on the NPU target: the rehearsal runs reference kernels.
+    """
+    from packaging.specifiers import SpecifierSet
+
+    for distribution, specifier in spec.supports.items():
+        if distribution == "torch_npu" and target != "npu":
+            continue
+        version = version_of(distribution)
+        if version is None:
+            return f"{distribution} is not installed (needs {specifier})"
+        if not SpecifierSet(specifier).contains(version, prereleases=True):
+            return f"{distribution} {version} is outside the supported range {specifier}"
+    return ""
 
 
 def apply_order(registry: Registry, patch_ids: list[str]) -> list[str]:

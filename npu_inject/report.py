@@ -1,4 +1,8 @@
-"""Per-process record of what was patched, skipped or failed, and why."""
+"""Per-process record of what was patched, skipped or failed, and why.
+
+A view: the runtime builds it from its patch states whenever it is asked for
+(``Runtime.report``); changing a Report changes nothing in the runtime.
+"""
 
 from __future__ import annotations
 
@@ -10,8 +14,9 @@ from typing import Any
 
 # applied: in effect; skipped: enabled but not applied (version, requirement);
 # failed: apply raised or a target is missing (everything it changed was restored);
-# disabled: off by selection or not meant for this target; pending: trigger not imported yet.
-STATES = ("applied", "skipped", "failed", "disabled", "pending")
+# disabled: off by selection or not meant for this target; pending: trigger not imported yet;
+# reverted: was applied, then undone (applies again at the next import of its trigger).
+STATES = ("applied", "skipped", "failed", "disabled", "pending", "reverted")
 
 
 @dataclass
@@ -35,16 +40,6 @@ class Report:
     registry_sources: list[str] = field(default_factory=list)
     created: float = field(default_factory=time.time)
 
-    def set(self, patch_id: str, state: str, reason: str = "", **extra: Any) -> PatchRecord:
-        if state not in STATES:
-            raise ValueError(f"report state {state!r} must be one of {', '.join(STATES)}")
-        record = self.patches.get(patch_id) or PatchRecord(state=state)
-        record.state, record.reason = state, reason
-        for key, value in extra.items():
-            setattr(record, key, value)
-        self.patches[patch_id] = record
-        return record
-
     def ids(self, state: str) -> list[str]:
         return [patch_id for patch_id, record in self.patches.items() if record.state == state]
 
@@ -53,7 +48,7 @@ class Report:
         torch_npu = self.versions.get("torch_npu")
         if torch_npu:
             parts.append(f"torch_npu={torch_npu}")
-        for state in ("applied", "failed", "skipped", "pending", "disabled"):
+        for state in ("applied", "failed", "skipped", "pending", "reverted", "disabled"):
             ids = self.ids(state)
             if not ids:
                 continue

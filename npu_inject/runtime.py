@@ -1,10 +1,15 @@
 """The runtime: validates configuration, hooks trigger modules, applies patches.
 
-Activated by the bootstrap at the first ``import torchtitan`` (or directly by
+Activated by the bootstrap when ``torchtitan`` is first executed (or directly by
 tests). Activation does all validation first -- environment, registries,
 selection, requirement graph -- so a configuration error stops the process
 before any patch is applied. Patches then apply lazily: a patch module is
 imported only when one of its trigger modules is imported.
+
+The runtime holds each patch's state (:class:`PatchState`); the per-process
+:class:`~npu_inject.report.Report` is a view built from it on demand. Two
+services are the runtime's own, not switchable patches: cross-rank agreement on
+the applied patches and writing each rank's report (:mod:`npu_inject.rank_agreement`).
 """
 
 from __future__ import annotations
@@ -14,26 +19,31 @@ import importlib
 import logging
 import os
 import time
+from dataclasses import dataclass
 from typing import Any, Callable
 
 from npu_inject import registry as registry_mod
 from npu_inject import settings as settings_mod
 from npu_inject.errors import ConfigError, PatchError
-from npu_inject.report import Report
+from npu_inject.report import PatchRecord, Report
 
 logger = logging.getLogger("npu_inject")
 
 # The import that provides the device for each target (None: plain torch).
 TARGET_BACKEND_MODULE = {"npu": "torch_npu", "cpu": None}
+# Where the runtime's own services hook in (see npu_inject.rank_agreement).
+SERVICES_TRIGGER = "torchtitan.trainer"
 
 
-def installed_version(distribution: str) -> str | None:
-    from importlib.metadata import PackageNotFoundError, version
+@dataclass
+class PatchState:
+    """Where one patch stands. ``context`` holds its changes, notes and fallbacks once it ran."""
 
-    try:
-        return version(distribution)
-    except PackageNotFoundError:
-        return None
+    state: str  # one of report.STATES
+    reason: str = ""
+    trigger: str = ""
+    apply_ms: float = 0.0
+    context: Any = None  # PatchContext, once apply was attempted
 
 
 class Runtime:
@@ -43,90 +53,101 @@ class Runtime:
         self.registry = registry
         self.enabled = enabled
         self.active = True
-        self.contexts: dict[str, Any] = {}
+        self.rank = int(os.environ.get("RANK", "0"))
+        self.states: dict[str, PatchState] = {}
         self.modules: dict[str, Any] = {}
-        self.report = Report(
-            target=settings.target or "off",
-            strict=settings.strict,
-            rank=int(os.environ.get("RANK", "0")),
-            registry_sources=list(registry.sources),
-        )
+        self.versions: dict[str, str | None] = {}
+        self.timings_ms: dict[str, float] = {}
         self.dump_dir: str | None = None
+        self.services: Any = None  # PatchContext of the runtime's own hooks
         self._applying: list[str] = []
         self._hooked: set[str] = set()
         for patch_id, spec in registry.patches.items():
-            if not enabled[patch_id]:
-                self.report.set(patch_id, "disabled", "off by selection")
-            elif settings.target not in spec.runs_on:
-                self.report.set(patch_id, "disabled", f"runs only on {', '.join(spec.runs_on)}")
-            else:
-                self.report.set(patch_id, "pending", f"waiting for import of {' or '.join(spec.triggers)}")
+            state, reason = registry_mod.initial_state(spec, enabled[patch_id], settings.target)
+            self.states[patch_id] = PatchState(state, reason)
+
+    # -- the report: a view of the state -----------------------------------------
+    @property
+    def report(self) -> Report:
+        patches = {}
+        for patch_id, state in self.states.items():
+            context = state.context
+            patches[patch_id] = PatchRecord(
+                state=state.state, reason=state.reason, trigger=state.trigger, apply_ms=state.apply_ms,
+                fallbacks=list(context.fallbacks) if context is not None else [],
+                notes=list(context.notes) if context is not None else [],
+            )
+        return Report(
+            target=self.settings.target or "off", strict=self.settings.strict, rank=self.rank,
+            versions=dict(self.versions), patches=patches, timings_ms=dict(self.timings_ms),
+            registry_sources=list(self.registry.sources),
+        )
+
+    def ids(self, state: str) -> list[str]:
+        return [patch_id for patch_id, record in self.states.items() if record.state == state]
 
     # -- hooks -------------------------------------------------------------
-    def wanted(self) -> list[str]:
-        return [i for i, record in self.report.patches.items() if record.state == "pending"]
-
     def install_hooks(self) -> None:
+        """Go live: hook the trigger modules, write the report at exit."""
         started = time.perf_counter()
         import wrapt
 
-        self.report.timings_ms["wrapt_import"] = _ms(started)
-        for patch_id in registry_mod.apply_order(self.registry, self.wanted()):
-            for trigger in self.registry.patches[patch_id].triggers:
-                if trigger not in self._hooked:
-                    self._hooked.add(trigger)
-                    wrapt.register_post_import_hook(self._on_import, trigger)
+        atexit.register(_write_report_at_exit, self)
+        self.timings_ms["wrapt_import"] = _ms(started)
+        triggers = [SERVICES_TRIGGER]
+        for patch_id in registry_mod.apply_order(self.registry, self.ids("pending")):
+            triggers.extend(self.registry.patches[patch_id].triggers)
+        for trigger in dict.fromkeys(triggers):
+            if trigger not in self._hooked:
+                self._hooked.add(trigger)
+                wrapt.register_post_import_hook(self._on_import, trigger)
+        # Includes what already-imported triggers applied right away (wrapt fires those at once).
+        self.timings_ms["install_hooks"] = _ms(started)
 
     def _on_import(self, module: Any) -> None:
         if not self.active:
             return
         name = module.__name__
-        ordered = registry_mod.apply_order(self.registry, self.wanted())
-        for patch_id in ordered:
+        for patch_id in registry_mod.apply_order(self.registry, self.ids("pending")):
             if name in self.registry.patches[patch_id].triggers:
                 self.apply(patch_id, trigger=name)
+        if name == SERVICES_TRIGGER and self.services is None:
+            from npu_inject import rank_agreement
+
+            self.services = rank_agreement.install(self)
 
     # -- applying ----------------------------------------------------------
     def apply(self, patch_id: str, trigger: str = "") -> bool:
         """Apply one patch, all or nothing. True when it is in effect afterwards."""
-        record = self.report.patches[patch_id]
-        if record.state == "applied":
+        state = self.states[patch_id]
+        if state.state == "applied":
             return True
-        if record.state != "pending" or patch_id in self._applying:
+        if state.state not in ("pending", "reverted") or patch_id in self._applying:
             return False
         spec = self.registry.patches[patch_id]
         self._applying.append(patch_id)
         try:
-            reason = self._requirements_met(spec) or self._versions_supported(spec)
+            reason = self._requirements_met(spec) or registry_mod.version_problem(
+                spec, self.settings.target, self._version_of)
             if reason:
                 return self._not_applied(patch_id, "skipped", reason)
             return self._run_apply(patch_id, spec, trigger)
         finally:
             self._applying.remove(patch_id)
 
+    def _version_of(self, distribution: str) -> str | None:
+        if distribution not in self.versions:
+            self.versions[distribution] = registry_mod.installed_version(distribution)
+        return self.versions[distribution]
+
     def _requirements_met(self, spec: registry_mod.PatchSpec) -> str:
         for required in spec.requires:
-            required_record = self.report.patches[required]
-            if required_record.state == "pending":
+            if self.states[required].state in ("pending", "reverted"):
                 # Apply the requirement first: importing its trigger fires its hook.
                 importlib.import_module(self.registry.patches[required].triggers[0])
                 self.apply(required)
-            if self.report.patches[required].state != "applied":
-                return f"requires {required}, which is {self.report.patches[required].state}"
-        return ""
-
-    def _versions_supported(self, spec: registry_mod.PatchSpec) -> str:
-        from packaging.specifiers import SpecifierSet
-
-        for distribution, specifier in spec.supports.items():
-            if distribution == "torch_npu" and self.settings.target != "npu":
-                continue  # the rehearsal runs reference kernels, not torch_npu
-            version = self.report.versions.get(distribution) or installed_version(distribution)
-            self.report.versions[distribution] = version
-            if version is None:
-                return f"{distribution} is not installed (needs {specifier})"
-            if not SpecifierSet(specifier).contains(version, prereleases=True):
-                return f"{distribution} {version} is outside the supported range {specifier}"
+            if self.states[required].state != "applied":
+                return f"requires {required}, which is {self.states[required].state}"
         return ""
 
     def _run_apply(self, patch_id: str, spec: registry_mod.PatchSpec, trigger: str) -> bool:
@@ -138,9 +159,8 @@ class Runtime:
             target=self.settings.target,
             options=dict(spec.options),
             declared_targets=spec.targets,
-            on_fallback=self._on_fallback,
         )
-        self.contexts[patch_id] = context
+        self.states[patch_id].context = context
         try:
             module = importlib.import_module(spec.module)
             self.modules[patch_id] = module
@@ -151,15 +171,13 @@ class Runtime:
         except Exception as exc:  # any failure: restore what the patch changed, record why
             context.restore()
             return self._not_applied(patch_id, "failed", f"{type(exc).__name__}: {exc}", exc)
-        self.report.set(
-            patch_id, "applied", "", trigger=trigger, apply_ms=_ms(started),
-            notes=context.notes, fallbacks=context.fallbacks,
-        )
+        self.states[patch_id] = PatchState("applied", "", trigger, _ms(started), context)
         return True
 
     def _not_applied(self, patch_id: str, state: str, reason: str,
                      cause: BaseException | None = None) -> bool:
-        self.report.set(patch_id, state, reason)
+        record = self.states[patch_id]
+        record.state, record.reason = state, reason
         logger.warning("npu_inject: patch %s %s: %s", patch_id, state, reason)
         if self.settings.strict:
             raise PatchError(
@@ -168,33 +186,32 @@ class Runtime:
             ) from cause
         return False
 
-    def _on_fallback(self, patch_id: str, reason: str) -> None:
-        record = self.report.patches[patch_id]
-        if reason not in record.fallbacks:
-            record.fallbacks.append(reason)
-
     # -- reverting ---------------------------------------------------------
     def revert(self, patch_id: str) -> None:
         """Restore everything a patch changed; patches requiring it are reverted first."""
-        if self.report.patches[patch_id].state != "applied":
+        state = self.states[patch_id]
+        if state.state != "applied":
             return
         for other_id, other in self.registry.patches.items():
             if patch_id in other.requires:
                 self.revert(other_id)
         module = self.modules.get(patch_id)
-        context = self.contexts[patch_id]
-        if module is not None and hasattr(module, "revert"):
-            module.revert(context)
-        context.restore()
-        self.report.set(patch_id, "pending", "reverted")
+        revert = getattr(module, "revert", None)  # optional: extra clean-up beyond the context
+        if revert is not None:
+            revert(state.context)
+        state.context.restore()
+        state.state, state.reason = "reverted", "reverted; applies again at the next import of its trigger"
 
     def revert_all(self) -> None:
-        for patch_id in reversed(list(self.report.patches)):
+        for patch_id in reversed(list(self.states)):
             self.revert(patch_id)
 
     def deactivate(self) -> None:
-        """Revert every patch and make the import hooks inert (tests)."""
+        """Revert every patch and the runtime's own hooks; make the import hooks inert (tests)."""
         self.revert_all()
+        if self.services is not None:
+            self.services.restore()
+            self.services = None
         self.active = False
 
     # -- report ------------------------------------------------------------
@@ -219,8 +236,8 @@ def _ms(started: float) -> float:
     return round((time.perf_counter() - started) * 1000.0, 3)
 
 
-def _import_backend(settings: settings_mod.Settings, report: Report) -> None:
-    backend = TARGET_BACKEND_MODULE[settings.target]
+def _import_backend(runtime: Runtime) -> None:
+    backend = TARGET_BACKEND_MODULE[runtime.settings.target]
     if backend is None:
         return
     started = time.perf_counter()
@@ -232,35 +249,35 @@ def _import_backend(settings: settings_mod.Settings, report: Report) -> None:
             f"which failed to import: {exc}. To rehearse this run on a machine without an NPU, "
             f"set {settings_mod.ENV_TARGET}=cpu."
         ) from exc
-    report.timings_ms[f"{backend}_import"] = _ms(started)
-    report.versions[backend] = getattr(module, "__version__", None) or installed_version(backend)
+    runtime.timings_ms[f"{backend}_import"] = _ms(started)
+    runtime.versions[backend] = getattr(module, "__version__", None) or registry_mod.installed_version(backend)
     if getattr(module, "__simulated__", False):
-        report.versions[f"{backend}_simulated"] = "yes"
+        runtime.versions[f"{backend}_simulated"] = "yes"
 
 
 def activate(environ: dict | None = None, *, install_hooks: bool = True) -> Runtime | None:
     """Validate everything, then hook the enabled patches' trigger modules.
 
-    Raises ConfigError before touching anything when the configuration is bad.
+    ``environ`` (tests) replaces ``os.environ`` as what the process's settings are read
+    from. Raises ConfigError before touching anything when the configuration is bad.
     """
     global _RUNTIME
     if _RUNTIME is not None and _RUNTIME.active:
         return _RUNTIME
     started = time.perf_counter()
-    settings = settings_mod.load(environ)
+    settings = settings_mod.establish(environ)
     if not settings.enabled:
         return None
     registry = registry_mod.load(settings.registry_path)
     enabled = registry_mod.select(registry, settings.patches)
     runtime = Runtime(settings, registry, enabled)
-    _import_backend(settings, runtime.report)
-    runtime.report.versions.setdefault("torchtitan", installed_version("torchtitan"))
-    runtime.report.versions.setdefault("torch", installed_version("torch"))
+    _import_backend(runtime)
+    for distribution in ("torchtitan", "torch"):
+        runtime._version_of(distribution)
     _RUNTIME = runtime
     if install_hooks:
         runtime.install_hooks()
-        atexit.register(_write_report_at_exit, runtime)
-    runtime.report.timings_ms["activate"] = _ms(started)
+    runtime.timings_ms["activate"] = _ms(started)
     return runtime
 
 
@@ -269,6 +286,7 @@ def deactivate() -> None:
     if _RUNTIME is not None:
         _RUNTIME.deactivate()
     _RUNTIME = None
+    settings_mod.forget()
 
 
 def _write_report_at_exit(runtime: Runtime) -> None:
@@ -280,4 +298,3 @@ def log_summary(runtime: Runtime, emit: Callable[[str], None] | None = None) -> 
     line = runtime.report.summary_line()
     (emit or logger.info)(line)
     return line
-

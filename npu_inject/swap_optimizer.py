@@ -48,7 +48,7 @@ from __future__ import annotations
 import contextlib
 import types
 from itertools import chain
-from typing import Any, Callable, Iterable
+from typing import Any, Callable
 
 import torch
 from torch.distributed.tensor import DTensor
@@ -207,7 +207,6 @@ class SwapOptimizer:
         self._host_ready = None  # event after which host state may be read by the CPU
         self._handles: list = []
         self._stashed: list[tuple[torch.Tensor, dict[str, Any], list[str]]] = []
-        self.peak_arena_bytes = 0
 
     # -- install -------------------------------------------------------------
     def install(self) -> "SwapOptimizer":
@@ -228,20 +227,6 @@ class SwapOptimizer:
         with torch.no_grad():
             self._offload_resident_state()
         return self
-
-    def uninstall(self) -> None:
-        """Stop swapping: state goes back to the parameters' device."""
-        self.wait_host()
-        for handle in self._handles:
-            handle.remove()
-        self._handles.clear()
-        vars(self.optimizer).pop("step", None)
-        vars(self.optimizer).pop("_npu_inject_swap", None)
-        with torch.no_grad():
-            for param, state in self.optimizer.state.items():
-                for key, value in list(state.items()):
-                    if is_swapped_state(value) and _local(value).device != _local(param).device:
-                        state[key] = _like(value, _local(value).to(_local(param).device))
 
     # -- host memory -------------------------------------------------------------
     def _host_empty(self, local: torch.Tensor) -> torch.Tensor:
@@ -315,7 +300,6 @@ class SwapOptimizer:
         # The arena is allocated in compute-stream order; the side stream writes it only
         # after the compute stream's pending work (which may have used that memory).
         arena = torch.empty(capacity, dtype=torch.uint8, device=self.device)
-        self.peak_arena_bytes = max(self.peak_arena_bytes, capacity)
         streams.wait_stream(streams.side, compute)
         ready: list = [None] * len(plans)
         views: list[dict[tuple[int, str], torch.Tensor]] = [{} for _ in plans]
@@ -506,7 +490,3 @@ def install(optimizer: torch.optim.Optimizer, slices: int, device: torch.device,
 
 def installed(optimizer: torch.optim.Optimizer) -> SwapOptimizer | None:
     return vars(optimizer).get("_npu_inject_swap")
-
-
-def supported(optimizers: Iterable[torch.optim.Optimizer]) -> list[bool]:
-    return [isinstance(o, PER_PARAMETER_OPTIMIZERS) for o in optimizers]

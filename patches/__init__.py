@@ -1,7 +1,10 @@
-"""One module per patch. Installed as ``npu_inject.patches``; see registry.json for the catalog.
+"""One module per patch. Installed as ``npu_inject.patches``.
 
-Each module reads top to bottom: what it targets (TRIGGERS, TARGETS), which
-versions it supports (SUPPORTS), what it requires (REQUIRES), then ``apply`` and
-``revert``. Every change goes through the PatchContext, so a failed apply is
-restored and ``revert`` gives back the exact originals.
+A patch module holds code only: ``apply(ctx)`` and, where a patch leaves state the
+context cannot undo, an optional ``revert(ctx)``. What it triggers on, targets,
+supports and requires lives in one place, its ``registry.json`` entry -- the catalog
+that the runtime and the CLI read without importing any patch code. Every change goes
+through the :class:`~npu_inject.patching.PatchContext`, which only lets a patch touch
+the targets its entry declares, restores everything when ``apply`` fails, and gives the
+exact originals back on revert.
 """

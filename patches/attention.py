@@ -19,15 +19,6 @@ from __future__ import annotations
 
 from npu_inject.patching import PatchContext
 
-TRIGGERS = ("torchtitan.models.common.decoder",)
-TARGETS = (
-    "torchtitan.models.common.decoder:Decoder._create_flex_attention_mask",
-    "torchtitan.models.common.attention:FlexAttention.forward",
-    "torchtitan.models.common.attention:VarlenAttention.forward",
-)
-SUPPORTS = {"torchtitan": ">=0.3.0,<0.4", "torch": ">=2.14", "torch_npu": ">=2.14"}
-REQUIRES = ("device",)
-
 
 def _mask_mod_codes():
     """Code objects of torchtitan's mask-mod closures, to recognise them without calling them."""
@@ -77,16 +68,14 @@ def apply(ctx: PatchContext) -> None:
     # Every layer of one forward gets the same cu_seq tensor: read it to the host once.
     last_offsets: dict = {"cu_seq": None, "host": None}
 
-    def create_flex_attention_mask(wrapped, instance, args, kwargs):
-        positions, attn_config, mask_mods = _bind(args, kwargs, ("positions", "attn_config", "mask_mods"))
+    def create_flex_attention_mask(original, decoder, positions, attn_config, mask_mods):
         plan = plan_for_mask_mods(mask_mods, positions, codes)
-        return plan if plan is not None else wrapped(*args, **kwargs)
+        return plan if plan is not None else original(decoder, positions, attn_config, mask_mods)
 
-    def flex_forward(wrapped, instance, args, kwargs):
-        q_BLNH, k_BLNH, v_BLNH = args[:3]
-        mask = kwargs["attention_masks"]
-        score_mod, scale = kwargs.get("score_mod"), kwargs.get("scale")
-        out_transform = kwargs.get("out_transform")
+    def flex_forward(original, flex, q_BLNH, k_BLNH, v_BLNH, *, attention_masks, score_mod=None,
+                     scale=None, enable_gqa=False, out_transform=None, **kwargs):
+        # enable_gqa needs no flag: the kernel takes fewer key/value heads than query heads.
+        mask = attention_masks
         if isinstance(mask, AttentionPlan) and score_mod is None and out_transform is None:
             out_BLNH, _ = fusion_attention_BLNH(q_BLNH, k_BLNH, v_BLNH, mask, scale)
             return out_BLNH
@@ -107,23 +96,22 @@ def apply(ctx: PatchContext) -> None:
             return create_mask(mask.mask_mod, B, None, L, S, device=q_BLNH.device)
         return plan_keep_mask(mask, B, L, S, q_BLNH.device)
 
-    def varlen_forward(wrapped, instance, args, kwargs):
-        q_BLNH, k_BLNH, v_BLNH = args[:3]
-        metadata = kwargs["attention_masks"]
-        scale, out_transform = kwargs.get("scale"), kwargs.get("out_transform")
+    def varlen_forward(original, varlen, q_BLNH, k_BLNH, v_BLNH, *, attention_masks, scale=None,
+                       out_transform=None, **kwargs):
+        metadata = attention_masks
         offsets = metadata.cu_seq_q_host
         if offsets is None:
             if last_offsets["cu_seq"] is not metadata.cu_seq_q:
                 last_offsets.update(cu_seq=metadata.cu_seq_q, host=tuple(metadata.cu_seq_q.tolist()))
             offsets = last_offsets["host"]
-        left, right = instance.window_size
+        left, right = varlen.window_size
         if (left, right) == (-1, -1):
             plan = AttentionPlan(causal=False, document_ends=offsets[1:])
         elif right == 0:
             plan = AttentionPlan(window=None if left < 0 else left + 1, document_ends=offsets[1:])
         else:
             raise NotImplementedError(
-                f"VarlenAttention window_size={instance.window_size}: the NPU kernel's band mode "
+                f"VarlenAttention window_size={varlen.window_size}: the NPU kernel's band mode "
                 "needs right == 0 (causal or sliding window) or (-1, -1) (full)"
             )
         if out_transform is not None:
@@ -139,13 +127,3 @@ def apply(ctx: PatchContext) -> None:
     ctx.wrap("torchtitan.models.common.decoder:Decoder._create_flex_attention_mask", create_flex_attention_mask)
     ctx.wrap("torchtitan.models.common.attention:FlexAttention.forward", flex_forward)
     ctx.wrap("torchtitan.models.common.attention:VarlenAttention.forward", varlen_forward)
-
-
-def _bind(args, kwargs, names):
-    values = dict(zip(names, args))
-    values.update({name: kwargs[name] for name in names if name in kwargs})
-    return [values[name] for name in names]
-
-
-def revert(ctx: PatchContext) -> None:
-    """The recorded wrappers are all there is to undo."""

@@ -18,25 +18,17 @@ import os
 
 from npu_inject.patching import PatchContext
 
-TRIGGERS = ("torchtitan.distributed.fsdp",)
-TARGETS = (
-    "torchtitan.distributed.fsdp:disable_fsdp_gradient_division",
-    "torchtitan.distributed.utils:init_distributed",
-)
-SUPPORTS = {"torchtitan": ">=0.3.0,<0.4", "torch": ">=2.14"}
-REQUIRES = ("device",)
 
 SUM_SAFE_BACKENDS_SKIPPED = ("nccl",)
 
 
-def _force_sum_reductions(wrapped, instance, args, kwargs):
+def _force_sum_reductions(original, model, *args, **kwargs):
     import torch.distributed as dist
     from torch.distributed.fsdp import FSDPModule
 
-    result = wrapped(*args, **kwargs)
+    result = original(model, *args, **kwargs)
     backend = dist.get_backend() if dist.is_initialized() else "none"
     if backend not in SUM_SAFE_BACKENDS_SKIPPED:
-        model = args[0] if args else kwargs["model"]
         for module in model.modules():
             if isinstance(module, FSDPModule):
                 module.set_force_sum_reduction_for_comms(True)
@@ -44,14 +36,13 @@ def _force_sum_reductions(wrapped, instance, args, kwargs):
 
 
 def _set_hccl_environment(ctx: PatchContext):
-    def wrapper(wrapped, instance, args, kwargs):
-        comm_config = args[0] if args else kwargs["comm_config"]
+    def wrapper(original, comm_config, *args, **kwargs):
         timeout = str(int(comm_config.init_timeout_seconds))
         for name, value in (("HCCL_CONNECT_TIMEOUT", timeout), ("HCCL_ASYNC_ERROR_HANDLING", "1")):
             if name not in os.environ:
                 os.environ[name] = value
                 ctx.note(f"set {name}={value}")
-        return wrapped(*args, **kwargs)
+        return original(comm_config, *args, **kwargs)
 
     return wrapper
 

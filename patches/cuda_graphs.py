@@ -13,21 +13,12 @@ from __future__ import annotations
 
 from npu_inject.patching import PatchContext
 
-TRIGGERS = ("torchtitan.trainer",)
-TARGETS = ("torchtitan.trainer:Trainer.Config._validate_cuda_graphs",)
-SUPPORTS = {"torchtitan": ">=0.3.0,<0.4"}
-REQUIRES = ()
-
 
 def apply(ctx: PatchContext) -> None:
-    def validate_cuda_graphs(wrapped, instance, args, kwargs):
-        if not instance.training.disable_cuda_graphs:
-            instance.training.disable_cuda_graphs = True
+    def validate_cuda_graphs(original, config):
+        if not config.training.disable_cuda_graphs:
+            config.training.disable_cuda_graphs = True
             ctx.note(f"training.disable_cuda_graphs set: no CUDA graphs on target {ctx.target}")
-        return wrapped(*args, **kwargs)
+        return original(config)
 
     ctx.wrap("torchtitan.trainer:Trainer.Config._validate_cuda_graphs", validate_cuda_graphs)
-
-
-def revert(ctx: PatchContext) -> None:
-    """The recorded wrapper is all there is to undo; configs built meanwhile keep the flag."""

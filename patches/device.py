@@ -22,14 +22,6 @@ import types
 
 from npu_inject.patching import PatchContext
 
-TRIGGERS = ("torchtitan.tools.utils",)
-TARGETS = (
-    "torchtitan.tools.utils:device_type",
-    "torchtitan.tools.utils:device_module",
-    "torchtitan.tools.utils:get_local_device",
-)
-SUPPORTS = {"torchtitan": ">=0.3.0,<0.4", "torch": ">=2.14", "torch_npu": ">=2.14"}
-REQUIRES = ()
 
 HOST_DEVICE_NAME = "CPU rehearsal (host memory: process RSS)"
 
@@ -129,7 +121,3 @@ def apply(ctx: PatchContext) -> None:
     if ctx.target == "cpu":
         # torch.device("cpu", 0) != torch.device("cpu") in device checks: use the plain host device.
         ctx.replace("torchtitan.tools.utils:get_local_device", lambda: torch.device("cpu"))
-
-
-def revert(ctx: PatchContext) -> None:
-    """The recorded replacements are all there is to undo."""

@@ -28,29 +28,7 @@ from __future__ import annotations
 
 from npu_inject.patching import PatchContext
 
-TRIGGERS = ("torchtitan.models.common.moe",)
 _DISPATCHER = "torchtitan.models.common.token_dispatcher"
-TARGETS = (
-    "torchtitan.models.common.moe:GroupedExperts._grouped_mm",
-    f"{_DISPATCHER}:LocalTokenDispatcher._local_reorder",
-    f"{_DISPATCHER}:LocalTokenDispatcher.combine",
-    f"{_DISPATCHER}:AllToAllTokenDispatcher._dispatch_token_exchange",
-    f"{_DISPATCHER}:AllToAllTokenDispatcher._permute",
-    f"{_DISPATCHER}:AllToAllTokenDispatcher._unpermute",
-    f"{_DISPATCHER}:AllToAllTokenDispatcher._combine_token_exchange",
-    f"{_DISPATCHER}:AllToAllTokenDispatcher.combine",
-)
-SUPPORTS = {"torchtitan": ">=0.3.0,<0.4", "torch": ">=2.14", "torch_npu": ">=2.14"}
-REQUIRES = ()
-
-
-def _bind(args, kwargs, names):
-    values = dict(zip(names, args))
-    values.update({name: kwargs[name] for name in names if name in kwargs})
-    missing = [name for name in names if name not in values]
-    if missing:
-        raise TypeError(f"moe_dispatch: missing argument(s) {', '.join(missing)}")
-    return [values[name] for name in names]
 
 
 def _spmd_type_checking() -> bool:
@@ -66,14 +44,13 @@ def apply(ctx: PatchContext) -> None:
 
     from npu_inject.ops import moe as moe_ops
 
-    def grouped_mm(wrapped, instance, args, kwargs):
-        A, B_t, offs = _bind(args, kwargs, ("A", "B_t", "offs"))
+    def grouped_mm(original, experts, *, A, B_t, offs):
         if offs is None or A.dim() != 2 or B_t.dim() != 3:
             ctx.fallback(
                 f"_grouped_mm with A {A.dim()}-D, B_t {B_t.dim()}-D, offs {'None' if offs is None else 'given'} "
                 "runs on torch._grouped_mm (the patch maps 2-D A, 3-D B_t and offsets)"
             )
-            return wrapped(*args, **kwargs)
+            return original(experts, A=A, B_t=B_t, offs=offs)
         kernel_backward = moe_ops.kernel_backward_available(A.device, A.dtype)
         if not kernel_backward:
             ctx.fallback(
@@ -82,19 +59,15 @@ def apply(ctx: PatchContext) -> None:
             )
         return moe_ops.grouped_matmul_RO(A, B_t, offs, kernel_backward=kernel_backward)
 
-    def local_reorder(wrapped, instance, args, kwargs):
-        x_TD, topk_scores_TK, topk_expert_ids_TK = _bind(
-            args, kwargs, ("x_TD", "topk_scores_TK", "topk_expert_ids_TK")
-        )
-        if topk_expert_ids_TK.shape[-1] != instance.top_k:
+    def local_reorder(original, dispatcher, x_TD, topk_scores_TK, topk_expert_ids_TK):
+        if topk_expert_ids_TK.shape[-1] != dispatcher.top_k:
             raise ValueError(
                 f"moe_dispatch: topk_expert_ids_TK has {topk_expert_ids_TK.shape[-1]} experts per token; "
-                f"the dispatcher's top_k is {instance.top_k}"
+                f"the dispatcher's top_k is {dispatcher.top_k}"
             )
         return moe_ops.permute_tokens_by_expert(x_TD, topk_scores_TK, topk_expert_ids_TK)
 
-    def local_combine(wrapped, instance, args, kwargs):
-        routed_output_RD, metadata, x_TD = _bind(args, kwargs, ("routed_output_RD", "metadata", "x_TD"))
+    def local_combine(original, dispatcher, routed_output_RD, metadata, x_TD):
         return moe_ops.combine_by_token(
             routed_output_RD,
             metadata.token_indices_experts_sorted_N,
@@ -102,31 +75,26 @@ def apply(ctx: PatchContext) -> None:
             x_TD,
         )
 
-    def token_exchange(names):
-        # (tensor, pg, received splits, sent splits): dispatch and combine order them alike.
-        def exchange(wrapped, instance, args, kwargs):
-            if _spmd_type_checking():
-                ctx.note("spmd_types type checking is on: token exchanges use upstream's spmd all_to_all")
-                return wrapped(*args, **kwargs)
-            tensor, pg, received_splits, sent_splits = _bind(args, kwargs, names)
-            return all_to_all_single(tensor.contiguous(), received_splits, sent_splits, pg)
+    def dispatch_exchange(original, dispatcher, routed_input_ND, pg, output_splits, input_splits):
+        if _spmd_type_checking():
+            ctx.note("spmd_types type checking is on: token exchanges use upstream's spmd all_to_all")
+            return original(dispatcher, routed_input_ND, pg, output_splits, input_splits)
+        return all_to_all_single(routed_input_ND.contiguous(), output_splits, input_splits, pg)
 
-        return exchange
+    def combine_exchange(original, dispatcher, routed_output_RD, pg, input_splits, output_splits):
+        if _spmd_type_checking():
+            ctx.note("spmd_types type checking is on: token exchanges use upstream's spmd all_to_all")
+            return original(dispatcher, routed_output_RD, pg, input_splits, output_splits)
+        return all_to_all_single(routed_output_RD.contiguous(), input_splits, output_splits, pg)
 
-    def permute(wrapped, instance, args, kwargs):
-        routed_input_RD, num_global_tokens_per_local_expert_E = _bind(
-            args, kwargs, ("routed_input_RD", "num_global_tokens_per_local_expert_E")
-        )
-        ep_size = instance.ep_mesh.size() if instance.ep_mesh is not None else 1
+    def permute(original, dispatcher, routed_input_RD, num_global_tokens_per_local_expert_E):
+        ep_size = dispatcher.ep_mesh.size() if dispatcher.ep_mesh is not None else 1
         permuted_RD, permuted_indices_R, num_tokens_per_local_expert_e = moe_ops.expert_major_permutation(
             routed_input_RD, num_global_tokens_per_local_expert_E, ep_size
         )
         return routed_input_RD.shape, permuted_RD, permuted_indices_R, num_tokens_per_local_expert_e
 
-    def unpermute(wrapped, instance, args, kwargs):
-        routed_output_RD, input_shape, permuted_indices = _bind(
-            args, kwargs, ("routed_output_RD", "input_shape", "permuted_indices")
-        )
+    def unpermute(original, dispatcher, routed_output_RD, input_shape, permuted_indices):
         out_RD = moe_ops.rank_major_unpermutation(routed_output_RD, permuted_indices)
         if tuple(out_RD.shape) != tuple(input_shape):
             raise ValueError(
@@ -135,10 +103,9 @@ def apply(ctx: PatchContext) -> None:
             )
         return out_RD
 
-    def all_to_all_combine(wrapped, instance, args, kwargs):
-        routed_output_RD, metadata, x_TD = _bind(args, kwargs, ("routed_output_RD", "metadata", "x_TD"))
-        if instance.ep_mesh is None:
-            return LocalTokenDispatcher.combine(instance, routed_output_RD, metadata, x_TD)
+    def all_to_all_combine(original, dispatcher, routed_output_RD, metadata, x_TD):
+        if dispatcher.ep_mesh is None:
+            return LocalTokenDispatcher.combine(dispatcher, routed_output_RD, metadata, x_TD)
         import spmd_types as spmd
         from torchtitan.distributed.spmd_types import current_spmd_mesh, maybe_set_sparse_mesh
         from torchtitan.distributed.utils import get_spmd_backend
@@ -148,9 +115,9 @@ def apply(ctx: PatchContext) -> None:
             if get_spmd_backend() == "spmd_types":
                 pg = current_spmd_mesh().get_group("ep")
             else:
-                pg = instance.ep_mesh.get_group()
-            routed_output_RD = instance._unpermute(routed_output_RD, metadata.input_shape, metadata.permuted_indices)
-            routed_output_ND = instance._combine_token_exchange(
+                pg = dispatcher.ep_mesh.get_group()
+            routed_output_RD = dispatcher._unpermute(routed_output_RD, metadata.input_shape, metadata.permuted_indices)
+            routed_output_ND = dispatcher._combine_token_exchange(
                 routed_output_RD, pg, metadata.input_splits, metadata.output_splits
             )
         if _spmd_type_checking():
@@ -165,18 +132,8 @@ def apply(ctx: PatchContext) -> None:
     ctx.wrap("torchtitan.models.common.moe:GroupedExperts._grouped_mm", grouped_mm)
     ctx.wrap(f"{_DISPATCHER}:LocalTokenDispatcher._local_reorder", local_reorder)
     ctx.wrap(f"{_DISPATCHER}:LocalTokenDispatcher.combine", local_combine)
-    ctx.wrap(
-        f"{_DISPATCHER}:AllToAllTokenDispatcher._dispatch_token_exchange",
-        token_exchange(("routed_input_ND", "pg", "output_splits", "input_splits")),
-    )
+    ctx.wrap(f"{_DISPATCHER}:AllToAllTokenDispatcher._dispatch_token_exchange", dispatch_exchange)
     ctx.wrap(f"{_DISPATCHER}:AllToAllTokenDispatcher._permute", permute)
     ctx.wrap(f"{_DISPATCHER}:AllToAllTokenDispatcher._unpermute", unpermute)
-    ctx.wrap(
-        f"{_DISPATCHER}:AllToAllTokenDispatcher._combine_token_exchange",
-        token_exchange(("routed_output_RD", "pg", "input_splits", "output_splits")),
-    )
+    ctx.wrap(f"{_DISPATCHER}:AllToAllTokenDispatcher._combine_token_exchange", combine_exchange)
     ctx.wrap(f"{_DISPATCHER}:AllToAllTokenDispatcher.combine", all_to_all_combine)
-
-
-def revert(ctx: PatchContext) -> None:
-    """The recorded wrappers are all there is to undo."""

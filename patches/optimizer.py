@@ -31,13 +31,6 @@ import weakref
 
 from npu_inject.patching import PatchContext
 
-TRIGGERS = ("torchtitan.components.optimizer.optimizer",)
-TARGETS = (
-    "torchtitan.components.optimizer.optimizer:OptimizersContainer.__init__",
-    "torchtitan.components.optimizer.optimizer:OptimizersContainer.load_state_dict",
-)
-SUPPORTS = {"torchtitan": ">=0.3.0,<0.4", "torch": ">=2.14"}
-REQUIRES = ("device",)
 
 # Fastest first; a configured implementation is only ever replaced by a later one.
 IMPLEMENTATION_ORDER = ("fused_opt_states_bf16", "fused", "foreach", "for-loop")
@@ -207,12 +200,10 @@ def apply(ctx: PatchContext) -> None:
     chooser = ImplementationChooser()
     built_flags: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
 
-    def init(wrapped, instance, args, kwargs):
-        config = args[0] if args else kwargs.pop("config")
-        model_parts = kwargs["model_parts"]
+    def init(original, container, config, *args, model_parts, **kwargs):
         choice = chooser.choose(config, model_parts, OptimizersContainer._resolve_optimizer_factory)
         if choice is None:
-            return wrapped(config, *args[1:], **kwargs)
+            return original(container, config, *args, model_parts=model_parts, **kwargs)
         for implementation, reason in choice.rejected:
             ctx.fallback(f"optimizer implementation '{implementation}' does not run on {choice.device_type} "
                          f"({reason}); using '{choice.implementation}'")
@@ -220,22 +211,18 @@ def apply(ctx: PatchContext) -> None:
                  f"(configured: {config.implementation})")
         if choice.implementation != config.implementation:
             config = dataclasses.replace(config, implementation=choice.implementation)
-        result = wrapped(config, *args[1:], **kwargs)
-        built_flags[instance] = [implementation_flags(optimizer) for optimizer in instance.optimizers]
+        result = original(container, config, *args, model_parts=model_parts, **kwargs)
+        built_flags[container] = [implementation_flags(optimizer) for optimizer in container.optimizers]
         return result
 
-    def load_state_dict(wrapped, instance, args, kwargs):
-        result = wrapped(*args, **kwargs)
-        flags = built_flags.get(instance)
+    def load_state_dict(original, container, *args, **kwargs):
+        result = original(container, *args, **kwargs)
+        flags = built_flags.get(container)
         if flags is not None:
-            for optimizer, group_flags in zip(instance.optimizers, flags, strict=True):
+            for optimizer, group_flags in zip(container.optimizers, flags, strict=True):
                 for change in conform_to_implementation(optimizer, group_flags):
                     ctx.note(f"loaded optimizer state asked for another implementation; kept this device's: {change}")
         return result
 
     ctx.wrap("torchtitan.components.optimizer.optimizer:OptimizersContainer.__init__", init)
     ctx.wrap("torchtitan.components.optimizer.optimizer:OptimizersContainer.load_state_dict", load_state_dict)
-
-
-def revert(ctx: PatchContext) -> None:
-    """The recorded wrappers are all there is to undo; containers already built keep their optimizers."""

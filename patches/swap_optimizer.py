@@ -18,31 +18,17 @@ from __future__ import annotations
 
 from npu_inject.patching import PatchContext
 
-TRIGGERS = ("torchtitan.components.optimizer.optimizer",)
-TARGETS = ("torchtitan.components.optimizer.optimizer:OptimizersContainer._post_init",)
-SUPPORTS = {"torchtitan": ">=0.3.0,<0.4", "torch": ">=2.14"}
-REQUIRES = ("optimizer",)
-
-
-def slices_option(ctx: PatchContext) -> int:
-    value = ctx.options.get("slices", 4)
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ValueError(
-            f"swap_optimizer option 'slices' must be a positive integer (e.g. 4), got {value!r}"
-        )
-    return value
-
 
 def apply(ctx: PatchContext) -> None:
     from npu_inject import swap_optimizer
 
-    slices = slices_option(ctx)
+    slices = ctx.options["slices"]  # registry.json's option_rules keep it >= 1
 
-    def post_init(wrapped, instance, args, kwargs):
-        result = wrapped(*args, **kwargs)
+    def post_init(original, container, *args, **kwargs):
+        result = original(container, *args, **kwargs)
         from torchtitan.tools import utils
 
-        for optimizer in instance.optimizers:
+        for optimizer in container.optimizers:
             name = type(optimizer).__name__
             if not isinstance(optimizer, swap_optimizer.PER_PARAMETER_OPTIMIZERS):
                 ctx.fallback(f"{name} keeps its state on the device: the swap handles only "
@@ -61,7 +47,3 @@ def apply(ctx: PatchContext) -> None:
         return result
 
     ctx.wrap("torchtitan.components.optimizer.optimizer:OptimizersContainer._post_init", post_init)
-
-
-def revert(ctx: PatchContext) -> None:
-    """The recorded wrapper is all there is to undo; optimizers already swapped stay swapped."""

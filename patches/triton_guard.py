@@ -17,17 +17,8 @@ import sys
 import types
 
 from npu_inject.patching import PatchContext
+from npu_inject.registry import split_target
 
-TRIGGERS = ("torchtitan",)
-TARGETS = (
-    "torchtitan.distributed.minimal_async_ep.kernels:*",
-    "torchtitan.overrides.fused_swiglu:*",
-    "torchtitan.overrides.fused_mla:*",
-)
-SUPPORTS = {"torchtitan": ">=0.3.0,<0.4"}
-REQUIRES = ()
-
-GUARDED_MODULES = tuple(target.split(":")[0] for target in TARGETS)
 INSTALL_HINT = (
     "install triton (pip install triton) on CUDA/CPU machines, or triton-ascend on Ascend "
     "machines, to use it"
@@ -60,8 +51,13 @@ class _PlaceholderLoader(importlib.abc.Loader):
 
 
 class TritonGuardFinder(importlib.abc.MetaPathFinder):
+    """Serves placeholders for the modules the registry entry lists as ``module:*`` targets."""
+
+    def __init__(self, guarded_modules: tuple[str, ...]) -> None:
+        self.guarded_modules = guarded_modules
+
     def find_spec(self, fullname, path=None, target=None):
-        if fullname not in GUARDED_MODULES:
+        if fullname not in self.guarded_modules:
             return None
         return importlib.machinery.ModuleSpec(fullname, _PlaceholderLoader())
 
@@ -70,14 +66,10 @@ def apply(ctx: PatchContext) -> None:
     if importlib.util.find_spec("triton") is not None:
         ctx.note("triton is importable: nothing guarded")
         return
-    finder = TritonGuardFinder()
+    finder = TritonGuardFinder(tuple(split_target(target)[0] for target in ctx.declared_targets))
     sys.meta_path.insert(0, finder)
     ctx.add_cleanup(lambda: sys.meta_path.remove(finder))
     ctx.fallback(
         "triton is not importable: MinimalAsyncEP kernels and the fused_swiglu/fused_mla "
         f"overrides are placeholders that raise when used ({INSTALL_HINT})"
     )
-
-
-def revert(ctx: PatchContext) -> None:
-    """Nothing beyond the recorded cleanup (removing the finder)."""

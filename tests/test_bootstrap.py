@@ -86,7 +86,44 @@ def test_report_dir_from_environment(tmp_path):
     assert result.returncode == 0, result.stderr
     report = json.loads((tmp_path / "report_rank3.json").read_text())
     assert report["rank"] == 3 and report["patches"]["device"]["state"] == "applied"
-    assert report["patches"]["rank_sync"]["state"] == "pending"
+    assert report["patches"]["cuda_graphs"]["state"] == "pending"
+
+
+def test_looking_torchtitan_up_activates_nothing():
+    """pip, IDEs, pkgutil, test collectors and ``npu-inject doctor`` only look torchtitan up."""
+    code = f"""
+        import importlib.util, pkgutil
+        spec = importlib.util.find_spec("torchtitan")
+        assert spec is not None and spec.origin.endswith("__init__.py")
+        assert any(m.name == "torchtitan" for m in pkgutil.iter_modules())
+        {PROBE}
+    """
+    # TORCHTITAN_NPU=1 without torch_npu: activating would stop the process with a configuration error.
+    result = run_python(code, clean_env(TORCHTITAN_NPU="1"))
+    assert result.returncode == 0, result.stderr
+    assert json.loads(result.stdout.replace("'", '"')) == ["npu_inject"]
+
+
+def test_executing_torchtitan_activates_before_its_code_runs():
+    """torch_npu (here: the target's backend import) comes before any torchtitan code executes."""
+    code = """
+        import sys
+        order = []
+        class Watch:
+            def find_spec(self, name, path=None, target=None):
+                if name in ("torchtitan.tools", "importlib.metadata") and not order:
+                    order.append(("runtime active" if "npu_inject.runtime" in sys.modules else "runtime off", name))
+                return None
+        sys.meta_path.insert(0, Watch())
+        sys.modules.pop("importlib.metadata", None)  # torchtitan/__init__ imports it: see who imports it first
+        import torchtitan, torchtitan.tools.utils
+        from npu_inject import runtime
+        print(order[0][0], type(torchtitan.__loader__).__name__, runtime.current().report.patches["device"].state)
+    """
+    result = run_python(code, clean_env(TORCHTITAN_NPU="cpu"))
+    assert result.returncode == 0, result.stderr
+    # the runtime (which imports importlib.metadata itself) was active first; the package keeps its real loader
+    assert result.stdout.split() == ["runtime", "active", "SourceFileLoader", "applied"]
 
 
 def test_python_dash_m_entry_point_runs_cli():

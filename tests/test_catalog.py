@@ -1,4 +1,4 @@
-"""registry.json agrees with the patch code, and every shipped patch reverts exactly.
+"""Every shipped patch module holds code only, touches only what registry.json declares, and reverts exactly.
 
 These run the real patches against the installed torchtitan, in this process,
 with the runtime driven by hand (no import hooks).
@@ -19,14 +19,13 @@ SHIPPED = sorted(CATALOG.patches)
 
 
 @pytest.mark.parametrize("patch_id", SHIPPED)
-def test_registry_entry_matches_patch_module(patch_id):
+def test_patch_module_holds_code_and_the_registry_holds_metadata(patch_id):
     spec = CATALOG.patches[patch_id]
     module = importlib.import_module(spec.module)
-    assert tuple(module.TRIGGERS) == spec.triggers
-    assert tuple(module.TARGETS) == spec.targets
-    assert dict(module.SUPPORTS) == dict(spec.supports)
-    assert tuple(module.REQUIRES) == spec.requires
-    assert callable(module.apply) and callable(module.revert)
+    for copy in ("TRIGGERS", "TARGETS", "SUPPORTS", "REQUIRES"):
+        assert not hasattr(module, copy), f"{spec.module}.{copy} duplicates registry.json; the registry is the one source"
+    assert callable(module.apply)
+    assert callable(getattr(module, "revert", lambda ctx: None))
     assert inspect.getdoc(module), f"{spec.module} needs a docstring saying what it targets and why"
     for trigger in spec.triggers:
         assert importlib.util.find_spec(trigger.split(".")[0]) is not None
@@ -50,8 +49,7 @@ def _apply_with_requirements(rt, patch_id):
 @pytest.mark.parametrize("patch_id", SHIPPED)
 def test_apply_then_revert_restores_originals(patch_id):
     spec = CATALOG.patches[patch_id]
-    if "cpu" not in spec.runs_on:
-        pytest.skip(f"{patch_id} runs only on {spec.runs_on}")
+    assert "cpu" in spec.runs_on, f"{patch_id} does not run on cpu: give it a revert test on the simulated NPU"
     for trigger in spec.triggers:
         importlib.import_module(trigger)
     involved = registry.apply_order(CATALOG, [patch_id])
@@ -64,7 +62,7 @@ def test_apply_then_revert_restores_originals(patch_id):
     rt.revert_all()
     for target, original in before.items():
         assert _raw(target) is original, f"{target} not restored by reverting {patch_id}"
-    assert all(rt.report.patches[i].state == "pending" for i in involved)
+    assert all(rt.report.patches[i].state == "reverted" for i in involved)
 
 
 def test_triton_guard_lets_torchtitan_import_without_triton():

@@ -1,4 +1,5 @@
-"""checkpoint_io: staging on the target, atomic step folders, loading only complete checkpoints.
+"""checkpoint_staging and checkpoint_publish: staging on the target, atomic step folders, loading only
+complete checkpoints.
 
 The CheckpointManager here is torchtitan's own, in one process. Saves are interrupted by
 making DCP's file writer raise (or the process SIGKILL itself) halfway through a data
@@ -94,21 +95,37 @@ def single_rank_group(tmp_path):
     dist.destroy_process_group()
 
 
+def _upstream_step_patterns() -> set[str]:
+    """The step-folder regexes torchtitan's CheckpointManager scans with, read from its source."""
+    import ast
+    import inspect
+
+    from torchtitan.components.checkpointer import dcp as titan_dcp
+
+    tree = ast.parse(inspect.getsource(titan_dcp))
+    patterns = {node.value for node in ast.walk(tree)
+                if isinstance(node, ast.Constant) and isinstance(node.value, str)
+                and "step-" in node.value and "\\d" in node.value and not any(c.isspace() for c in node.value)}
+    assert patterns, "torchtitan's checkpointer no longer names a step-N regex: re-check checkpoint_publish"
+    return patterns
+
+
 def test_staging_names_are_invisible_to_torchtitans_step_scan():
-    from npu_inject.patches.checkpoint_io import staging_path
+    import re
+
+    from npu_inject.patches.checkpoint_publish import STEP_PATTERN, staging_path
 
     staged = staging_path("/ckpt/checkpoint/step-12")
     assert staged == "/ckpt/checkpoint/.saving-step_12"
-    from torchtitan.components.checkpointer import CheckpointManager
-
-    # torchtitan's purge and discovery regex, applied as upstream applies it (re.search).
-    import re
-    assert re.search(r"step-(\d+)", os.path.basename(staged)) is None
-    assert CheckpointManager  # imported: the scan in question lives there
+    upstream = _upstream_step_patterns()
+    assert STEP_PATTERN.pattern in upstream  # the patch scans with upstream's own pattern
+    for pattern in upstream:  # applied as upstream applies them (re.search)
+        assert re.search(pattern, os.path.basename(staged)) is None, pattern
+        assert re.search(pattern, "step-12") is not None, pattern
 
 
 def test_checkpoint_problem_names_what_is_missing(tmp_path):
-    from npu_inject.patches.checkpoint_io import checkpoint_problem
+    from npu_inject.patches.checkpoint_publish import checkpoint_problem
 
     path = str(tmp_path / "step-1")
     dcp.save({"a": torch.arange(1000.0), "b": torch.ones(3, 3)}, checkpoint_id=path)
@@ -144,7 +161,7 @@ def test_sync_save_publishes_step_folder_and_plain_dcp_reads_it(tmp_path):
     for key, value in model.state_dict().items():
         assert torch.equal(loaded[key], value), key
     assert "checkpoints are written to .saving-<step> and renamed to step-N once complete" in \
-        runtime.current().report.patches["checkpoint_io"].notes
+        runtime.current().report.patches["checkpoint_publish"].notes
     manager.close()
 
 
@@ -175,7 +192,7 @@ def test_interrupted_save_keeps_the_last_good_checkpoint_and_resume_uses_it(tmp_
         assert torch.equal(value, good[key]), key
     assert sorted(os.listdir(folder)) == ["step-1"]  # the torn save's leftovers were removed
     assert "removed .saving-step_2: leftover of a save that did not finish" in \
-        runtime.current().report.patches["checkpoint_io"].notes
+        runtime.current().report.patches["checkpoint_publish"].notes
     resumed.close()
 
 
@@ -202,7 +219,7 @@ def test_interrupted_resave_of_an_existing_step_leaves_it_intact(tmp_path, monke
     _activate()
     before, after, path = torn_resave(expect_damage=False)
     assert before == after
-    from npu_inject.patches.checkpoint_io import checkpoint_problem
+    from npu_inject.patches.checkpoint_publish import checkpoint_problem
     assert checkpoint_problem(path) is None
 
 
@@ -217,7 +234,7 @@ def test_completed_resave_replaces_the_step_atomically(tmp_path):
     dcp.load(loaded, checkpoint_id=manager._create_checkpoint_id(1))
     assert all(torch.equal(loaded[k], v) for k, v in model.state_dict().items())
     assert sorted(os.listdir(tmp_path / "checkpoint")) == ["step-1"]
-    notes = runtime.current().report.patches["checkpoint_io"].notes
+    notes = runtime.current().report.patches["checkpoint_publish"].notes
     assert any("exchanged atomically with an existing step-N" in n for n in notes), notes
     manager.close()
 
@@ -242,7 +259,7 @@ def test_incomplete_checkpoint_written_without_the_runtime_is_skipped(tmp_path):
     assert reader._find_load_step() == 1
     assert reader.load()
     assert all(torch.equal(v, expected[k]) for k, v in fresh.state_dict().items())
-    fallbacks = runtime.current().report.patches["checkpoint_io"].fallbacks
+    fallbacks = runtime.current().report.patches["checkpoint_publish"].fallbacks
     assert f"checkpoint step-2 skipped: incomplete ({data_file} is missing); trying an older one" in fallbacks
     with pytest.raises(FileNotFoundError, match=f"step-2 is incomplete: {data_file} is missing"):
         reader.load(step=2)
@@ -274,7 +291,7 @@ def test_async_save_publishes_on_completion_and_a_failed_upload_publishes_nothin
         monkeypatch.undo()
         assert sorted(os.listdir(folder)) == [".saving-step_2", "step-1"]
     else:
-        notes = runtime.current().report.patches["checkpoint_io"].notes
+        notes = runtime.current().report.patches["checkpoint_staging"].notes
         assert any(n.startswith("async_with_pinned_mem on cpu: staging copies into shared host memory")
                    for n in notes), notes
     manager.close()
@@ -359,7 +376,7 @@ SIM_STAGING = """
         "device": sorted({str(t.device) for t in staged.values()}),
         "shared": all(t.is_shared() for t in staged.values()),
         "pinned_bytes": pinned,
-        "notes": runtime.current().report.patches["checkpoint_io"].notes,
+        "notes": runtime.current().report.patches["checkpoint_staging"].notes,
     }))
     stager.close()
 """

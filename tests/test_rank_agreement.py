@@ -1,4 +1,4 @@
-"""Ranks that applied different patches fail fast, naming ranks and patches."""
+"""Ranks that applied different patches fail fast, naming ranks and patches (a runtime service)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import os
 import pytest
 
 from testkit import PLUGINS, clean_env, fake_entry, parse_losses, torchrun
-from npu_inject.patches.rank_sync import mismatch_message
+from npu_inject.rank_agreement import mismatch_message
 
 
 def test_agreeing_ranks_give_no_message():

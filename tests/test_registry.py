@@ -20,7 +20,7 @@ def write(tmp_path, content: str, name: str = "user.json") -> str:
 
 def test_packaged_registry_loads_and_is_valid():
     catalog = registry.load(None)
-    assert {"device", "attention", "triton_guard", "collectives", "rank_sync"} <= set(catalog.patches)
+    assert {"device", "attention", "triton_guard", "collectives", "checkpoint_staging", "checkpoint_publish"} <= set(catalog.patches)
     for spec in catalog.patches.values():
         assert spec.module.startswith("npu_inject.patches."), spec.id
 
@@ -154,3 +154,41 @@ def test_bad_environment_names_the_variable(name, value, message):
                                            ("cpu", "cpu"), (" CPU ", "cpu")])
 def test_target_values(value, target):
     assert settings.load({"TORCHTITAN_NPU": value}).target == target
+
+
+@pytest.mark.parametrize("patch_id, options, message", [
+    ("swap_optimizer", {"slices": 0}, "option 'slices'=0 must be >= 1"),
+    ("swap_optimizer", {"slices": -3}, "option 'slices'=-3 must be >= 1"),
+    ("rehearsal_dtype", {"compute_dtype": "fp16"}, "option 'compute_dtype'='fp16' must be one of 'auto', 'float32', 'keep'"),
+])
+def test_option_values_are_range_checked(tmp_path, patch_id, options, message):
+    path = write(tmp_path, json.dumps({"patches": {patch_id: {"options": options}}}))
+    with pytest.raises(ConfigError) as error:
+        registry.load(path)
+    assert f"{path}: patches[{patch_id!r}]: {message}" == str(error.value)
+
+
+def test_option_rules_of_a_new_entry_are_checked(tmp_path):
+    entry = fake_entry("m", options={"k": 2}, option_rules={"k": {"min": 1, "max": 4}})
+    assert registry.load(write(tmp_path, json.dumps({"patches": {"mine": entry}}))).patches["mine"].options["k"] == 2
+    for bad_rule, message in (({"k": {"minimum": 1}}, "option_rules['k'] must be an object with one or more of"),
+                              ({"other": {"min": 1}}, "option_rules names 'other', which is not an option")):
+        bad = fake_entry("m", options={"k": 2}, option_rules=bad_rule)
+        with pytest.raises(ConfigError, match=message.replace("[", r"\[").replace("]", r"\]")):
+            registry.load(write(tmp_path, json.dumps({"patches": {"mine": bad}}), name="bad.json"))
+
+
+@pytest.mark.parametrize("selection, position, entry", [("+,attention", 1, "+"), ("attention,,device", 2, ""),
+                                                        ("device,-", 2, "-")])
+def test_selection_names_an_empty_entry(selection, position, entry):
+    with pytest.raises(ConfigError) as error:
+        registry.select(registry.load(None), selection)
+    assert str(error.value) == (f"TORCHTITAN_NPU_PATCHES={selection!r}: entry {position} ({entry!r}) names no patch; "
+                                "each comma-separated entry is all, none, ID, +ID or -ID")
+
+
+@pytest.mark.parametrize("retired, replacement", [("rank_sync", "runtime services now, always on"),
+                                                  ("checkpoint_io", "checkpoint_staging")])
+def test_retired_ids_say_what_replaced_them(retired, replacement):
+    with pytest.raises(ConfigError, match=f"'{retired}' is no longer a patch: .*{replacement}"):
+        registry.select(registry.load(None), f"-{retired}")

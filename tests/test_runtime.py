@@ -117,7 +117,7 @@ def test_revert_restores_exact_originals_for_every_descriptor_kind(fake_target):
     for key in ("run", "build", "create", "name"):
         assert vars(core.Engine)[key] is before[0][key], key
     assert core.DEVICE == before[1] and core.compute is before[2]
-    assert rt.report.patches["fake_engine"].state == "pending"
+    assert rt.report.patches["fake_engine"].state == "reverted"
 
 
 def test_disabled_and_wrong_target_patches_are_reported(fake_target):

@@ -20,6 +20,7 @@ import torch
 import torch.distributed.checkpoint as dcp
 
 from npu_inject import runtime
+from npu_inject.errors import ConfigError
 from npu_inject import swap_optimizer as swap
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -260,15 +261,15 @@ def test_swap_is_off_by_default():
     assert swap.installed(_container(_model()).optimizers[0]) is None
 
 
-def test_bad_slices_option_fails_the_patch_with_a_clear_reason(tmp_path):
+def test_bad_slices_option_stops_at_activation_naming_file_and_option(tmp_path):
     user_registry = tmp_path / "registry.json"
     user_registry.write_text(json.dumps(
         {"schema": 1, "patches": {"swap_optimizer": {"default": True, "options": {"slices": 0}}}}
     ))
-    runtime.activate({"TORCHTITAN_NPU": "cpu", "TORCHTITAN_NPU_REGISTRY": str(user_registry)})
-    record = runtime.current().report.patches["swap_optimizer"]
-    assert record.state == "failed"
-    assert "option 'slices' must be a positive integer" in record.reason and "got 0" in record.reason
+    with pytest.raises(ConfigError) as error:
+        runtime.activate({"TORCHTITAN_NPU": "cpu", "TORCHTITAN_NPU_REGISTRY": str(user_registry)})
+    assert str(error.value) == f"{user_registry}: patches['swap_optimizer']: option 'slices'=0 must be >= 1"
+    assert runtime.current() is None
 
 
 SIM_CHECK = """

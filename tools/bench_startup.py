@@ -147,13 +147,17 @@ def main() -> None:
             breakdowns.append(json.loads(out.stdout.strip().splitlines()[-1]))
         wrapt_ms = statistics.median(b["timings"]["wrapt_import"] for b in breakdowns)
         activate_ms = statistics.median(b["timings"]["activate"] for b in breakdowns)
+        # install_hooks includes wrapt's import and the patches whose trigger ("torchtitan") fired at once.
+        hooks_ms = statistics.median(b["timings"]["install_hooks"] - b["timings"]["wrapt_import"]
+                                     - b["apply"].get("triton_guard", 0.0) for b in breakdowns)
         apply_ms = statistics.median(sum(b["apply"].values()) for b in breakdowns)
         print(f"   wrapt import            {wrapt_ms:8.2f} ms   (reported separately)")
-        print(f"   activation w/o wrapt    {activate_ms - wrapt_ms:8.2f} ms   (env, registries, entry points, selection, versions)")
+        print(f"   activation              {activate_ms:8.2f} ms   (env, registries, entry points, selection, versions)")
+        print(f"   hook registration       {hooks_ms:8.2f} ms")
         print(f"   all patch apply         {apply_ms:8.2f} ms")
         for patch_id in breakdowns[0]["apply"]:
             print(f"     {patch_id:22}{statistics.median(b['apply'][patch_id] for b in breakdowns):8.2f} ms")
-        print(f"   runtime total w/o wrapt {activate_ms - wrapt_ms + apply_ms:8.2f} ms   (goal <= 30 ms)")
+        print(f"   runtime total w/o wrapt {activate_ms + hooks_ms + apply_ms:8.2f} ms   (goal <= 30 ms)")
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
 

@@ -11,7 +11,6 @@ NotImplemented) is digested, with the doc entries it came from, in
 from __future__ import annotations
 
 import functools
-import os
 from types import ModuleType
 
 from npu_inject import settings
@@ -31,7 +30,7 @@ def _kernels_for(target: str | None) -> ModuleType:
 def kernels() -> ModuleType:
     """torch_npu on an NPU target, the reference implementations otherwise.
 
-    Called for every kernel launch: reads the target variable alone (the runtime
-    validated the whole environment at activation).
+    Called for every kernel launch: the target comes from the process's settings,
+    which the runtime established (and validated) at activation.
     """
-    return _kernels_for(settings.parse_target(os.environ.get(settings.ENV_TARGET)))
+    return _kernels_for(settings.current().target)

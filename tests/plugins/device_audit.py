@@ -7,11 +7,6 @@ from __future__ import annotations
 import json
 import os
 
-TRIGGERS = ("torchtitan.trainer",)
-TARGETS = ("torchtitan.trainer:Trainer.train_step",)
-SUPPORTS = {"torchtitan": ">=0.3.0,<0.4"}
-REQUIRES = ()
-
 
 def _device_of(tensor) -> str:
     local = tensor.to_local() if hasattr(tensor, "to_local") else tensor
@@ -41,16 +36,12 @@ def audit(trainer) -> dict:
 
 
 def apply(ctx):
-    def train_step(wrapped, instance, args, kwargs):
-        result = wrapped(*args, **kwargs)
-        if instance.step == 1:
-            path = os.path.join(instance.config.dump_folder, f"device_audit_rank{os.environ.get('RANK', '0')}.json")
+    def train_step(original, trainer, *args, **kwargs):
+        result = original(trainer, *args, **kwargs)
+        if trainer.step == 1:
+            path = os.path.join(trainer.config.dump_folder, f"device_audit_rank{os.environ.get('RANK', '0')}.json")
             with open(path, "w") as handle:
-                json.dump(audit(instance), handle)
+                json.dump(audit(trainer), handle)
         return result
 
     ctx.wrap("torchtitan.trainer:Trainer.train_step", train_step)
-
-
-def revert(ctx):
-    """The recorded wrapper is all there is to undo."""

@@ -2,17 +2,8 @@
 
 import os
 
-TRIGGERS = ("torchtitan.trainer",)
-TARGETS = ("torchtitan.trainer:Trainer.close",)
-SUPPORTS = {}
-REQUIRES = ()
-
 
 def apply(ctx):
     if os.environ.get("RANK") == "1":
         raise RuntimeError("this patch does not apply on rank 1")
-    ctx.wrap("torchtitan.trainer:Trainer.close", lambda wrapped, instance, args, kwargs: wrapped(*args, **kwargs))
-
-
-def revert(ctx):
-    pass
+    ctx.wrap("torchtitan.trainer:Trainer.close", lambda original, trainer: original(trainer))

@@ -18,19 +18,7 @@ on PYTHONPATH; select it with ``TORCHTITAN_NPU_PATCHES=-moe_dispatch,+moe_refere
 
 from __future__ import annotations
 
-TRIGGERS = ("torchtitan.models.common.moe",)
 _DISPATCHER = "torchtitan.models.common.token_dispatcher"
-TARGETS = (
-    "torchtitan.models.common.moe:GroupedExperts._grouped_mm",
-    f"{_DISPATCHER}:LocalTokenDispatcher._local_reorder",
-    f"{_DISPATCHER}:LocalTokenDispatcher.combine",
-    f"{_DISPATCHER}:AllToAllTokenDispatcher._dispatch_token_exchange",
-    f"{_DISPATCHER}:AllToAllTokenDispatcher._permute",
-    f"{_DISPATCHER}:AllToAllTokenDispatcher._unpermute",
-    f"{_DISPATCHER}:AllToAllTokenDispatcher._combine_token_exchange",
-)
-SUPPORTS = {"torchtitan": ">=0.3.0,<0.4"}
-REQUIRES = ()
 
 
 def loop_grouped_mm(A, B_t, offs):
@@ -68,15 +56,13 @@ def apply(ctx):
     import torch
     from torch.distributed.nn.functional import all_to_all_single
 
-    def grouped_mm(wrapped, instance, args, kwargs):
-        return loop_grouped_mm(kwargs["A"], kwargs["B_t"], kwargs["offs"])
+    def grouped_mm(original, experts, *, A, B_t, offs):
+        return loop_grouped_mm(A, B_t, offs)
 
-    def local_reorder(wrapped, instance, args, kwargs):
-        x_TD, topk_scores_TK, topk_expert_ids_TK = args
-        return sort_by_expert(x_TD, topk_scores_TK, topk_expert_ids_TK, instance.top_k)
+    def local_reorder(original, dispatcher, x_TD, topk_scores_TK, topk_expert_ids_TK):
+        return sort_by_expert(x_TD, topk_scores_TK, topk_expert_ids_TK, dispatcher.top_k)
 
-    def local_combine(wrapped, instance, args, kwargs):
-        routed_output, metadata, x_TD = args
+    def local_combine(original, dispatcher, routed_output, metadata, x_TD):
         return weighted_index_add(
             routed_output, metadata.token_indices_experts_sorted_N, metadata.topk_scores_experts_sorted_N, x_TD
         )
@@ -85,25 +71,21 @@ def apply(ctx):
         output = tensor.new_empty((sum(output_split_sizes),) + tuple(tensor.shape[1:]))
         return all_to_all_single(output, tensor.contiguous(), output_split_sizes, input_split_sizes, group=pg)
 
-    def dispatch_exchange(wrapped, instance, args, kwargs):
-        routed_input, pg, output_splits, input_splits = args
+    def dispatch_exchange(original, dispatcher, routed_input, pg, output_splits, input_splits):
         return exchange(routed_input, pg, output_splits, input_splits)
 
-    def combine_exchange(wrapped, instance, args, kwargs):
-        routed_output, pg, input_splits, output_splits = args
+    def combine_exchange(original, dispatcher, routed_output, pg, input_splits, output_splits):
         return exchange(routed_output, pg, input_splits, output_splits)
 
-    def permute(wrapped, instance, args, kwargs):
-        routed_input_RD, counts_E = args
-        ep_size = instance.ep_mesh.size()
+    def permute(original, dispatcher, routed_input_RD, counts_E):
+        ep_size = dispatcher.ep_mesh.size()
         local_experts = counts_E.shape[0] // ep_size
         expert_of_segment = torch.arange(local_experts, device=counts_E.device).repeat(ep_size)
         expert_of_row = torch.repeat_interleave(expert_of_segment, counts_E)
         _, order_R = torch.sort(expert_of_row, stable=True)
         return routed_input_RD.shape, routed_input_RD[order_R], order_R, counts_E.view(ep_size, -1).sum(0)
 
-    def unpermute(wrapped, instance, args, kwargs):
-        routed_output_RD, input_shape, permuted_indices = args
+    def unpermute(original, dispatcher, routed_output_RD, input_shape, permuted_indices):
         return torch.zeros(input_shape, dtype=routed_output_RD.dtype, device=routed_output_RD.device).index_copy(
             0, permuted_indices, routed_output_RD
         )
@@ -115,7 +97,3 @@ def apply(ctx):
     ctx.wrap(f"{_DISPATCHER}:AllToAllTokenDispatcher._permute", permute)
     ctx.wrap(f"{_DISPATCHER}:AllToAllTokenDispatcher._unpermute", unpermute)
     ctx.wrap(f"{_DISPATCHER}:AllToAllTokenDispatcher._combine_token_exchange", combine_exchange)
-
-
-def revert(ctx):
-    """The recorded wrappers are all there is to undo."""

@@ -9,15 +9,6 @@ torch.nn.functional.scaled_dot_product_attention. Joins through a user registry
 
 from __future__ import annotations
 
-TRIGGERS = ("torchtitan.models.common.decoder",)
-TARGETS = (
-    "torchtitan.models.common.decoder:Decoder._create_flex_attention_mask",
-    "torchtitan.models.common.attention:FlexAttention.forward",
-    "torchtitan.models.common.attention:VarlenAttention.forward",
-)
-SUPPORTS = {"torchtitan": ">=0.3.0,<0.4"}
-REQUIRES = ("device",)
-
 
 class DenseKeepMask:
     def __init__(self, keep_BLL):
@@ -50,35 +41,29 @@ def _dense_from_mask_mods(positions_BL, mask_mods):
 def apply(ctx):
     import torch
 
-    def create_mask(wrapped, instance, args, kwargs):
-        positions, _attn_config, mask_mods = args
+    def create_mask(original, decoder, positions, attn_config, mask_mods):
         return DenseKeepMask(_dense_from_mask_mods(positions, mask_mods))
 
-    def flex_forward(wrapped, instance, args, kwargs):
-        q, k, v = args[:3]
-        if kwargs.get("score_mod") is not None or kwargs.get("out_transform") is not None:
+    def flex_forward(original, flex, q, k, v, *, attention_masks, score_mod=None, scale=None,
+                     out_transform=None, **kwargs):
+        if score_mod is not None or out_transform is not None:
             raise NotImplementedError("sdpa_reference_attention: score_mod/out_transform are not needed by the tests")
-        return _sdpa_BLNH(q, k, v, kwargs["attention_masks"].keep_BLL, kwargs.get("scale"))
+        return _sdpa_BLNH(q, k, v, attention_masks.keep_BLL, scale)
 
-    def varlen_forward(wrapped, instance, args, kwargs):
-        q, k, v = args[:3]
+    def varlen_forward(original, varlen, q, k, v, *, attention_masks, scale=None, **kwargs):
         B, L = q.shape[:2]
-        cu = kwargs["attention_masks"].cu_seq_q
+        cu = attention_masks.cu_seq_q
         token = torch.arange(B * L, device=q.device)
         document_BL = (torch.searchsorted(cu, token, right=True) - 1).view(B, L)
         keep = document_BL.unsqueeze(2) == document_BL.unsqueeze(1)
-        left, right = instance.window_size
+        left, right = varlen.window_size
         q_idx, kv_idx = torch.arange(L, device=q.device).view(L, 1), torch.arange(L, device=q.device).view(1, L)
         if right == 0:
             keep = keep & (kv_idx <= q_idx)
         if left >= 0:
             keep = keep & (q_idx - kv_idx <= left)
-        return _sdpa_BLNH(q, k, v, keep, kwargs.get("scale"))
+        return _sdpa_BLNH(q, k, v, keep, scale)
 
     ctx.wrap("torchtitan.models.common.decoder:Decoder._create_flex_attention_mask", create_mask)
     ctx.wrap("torchtitan.models.common.attention:FlexAttention.forward", flex_forward)
     ctx.wrap("torchtitan.models.common.attention:VarlenAttention.forward", varlen_forward)
-
-
-def revert(ctx):
-    """The recorded wrappers are all there is to undo."""

@@ -1,0 +1,70 @@
+"""Runtime service: every rank runs the same patches, and each rank's report is written.
+
+Not a patch (no id, nothing to switch off): a job whose ranks applied different
+patches would hang in a collective or diverge silently, so this check is part of the
+runtime. Right after torchtitan creates the process group (``Trainer.init_distributed``)
+the ranks exchange their sets of applied patches; a mismatch fails the run at once
+with the ranks and patches named. Then each rank writes its report as JSON into
+``<dump_folder>/npu_inject/report_rank<N>.json`` and rank 0 logs one summary line.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+TARGET = "torchtitan.trainer:Trainer.init_distributed"
+
+
+def mismatch_message(applied_by_rank: list[list[str]]) -> str | None:
+    """None when all ranks agree, else which ranks differ in which patches."""
+    reference = set(applied_by_rank[0])
+    lines = []
+    for rank, applied in enumerate(applied_by_rank[1:], start=1):
+        extra, missing = set(applied) - reference, reference - set(applied)
+        if extra or missing:
+            lines.append(
+                f"rank {rank} vs rank 0: only on rank {rank}: {sorted(extra) or '-'}; "
+                f"only on rank 0: {sorted(missing) or '-'}"
+            )
+    if not lines:
+        return None
+    return (
+        "npu_inject: ranks applied different patches, which would hang or corrupt collectives: "
+        + "; ".join(lines)
+        + ". Give every rank the same TORCHTITAN_NPU* environment and the same installed versions."
+    )
+
+
+def check_ranks_and_report(runtime: Any, dump_folder: str) -> None:
+    import torch.distributed as dist
+
+    from npu_inject.runtime import log_summary
+
+    runtime.set_dump_folder(dump_folder)
+    applied = sorted(runtime.ids("applied"))
+    if dist.is_initialized() and dist.get_world_size() > 1:
+        applied_by_rank: list = [None] * dist.get_world_size()
+        dist.all_gather_object(applied_by_rank, applied)
+        message = mismatch_message(applied_by_rank)
+        if message:
+            runtime.write_report()
+            raise RuntimeError(message)
+    runtime.write_report()
+    if runtime.rank == 0:
+        log_summary(runtime)
+
+
+def install(runtime: Any):
+    """Hook ``Trainer.init_distributed``; returns the PatchContext that undoes it."""
+    from npu_inject.patching import PatchContext
+
+    context = PatchContext(patch_id="runtime", target=runtime.settings.target, options={},
+                           declared_targets=(TARGET,))
+
+    def init_distributed(original, trainer, *args, **kwargs):
+        parallel_dims = original(trainer, *args, **kwargs)
+        check_ranks_and_report(runtime, trainer.config.dump_folder)
+        return parallel_dims
+
+    context.wrap(TARGET, init_distributed)
+    return context
