@@ -3,4 +3,4 @@
 Importing this package is cheap and imports neither torch nor torchtitan.
 """
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"

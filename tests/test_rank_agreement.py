@@ -38,3 +38,18 @@ def test_torchrun_with_rank_dependent_patch_fails_before_training(tmp_path):
             "rank 1 vs rank 0: only on rank 1: -; only on rank 0: ['rank1_fails']") in result.stdout
     report = json.load(open(tmp_path / "dump" / "npu_inject" / "report_rank1.json"))
     assert report["patches"]["rank1_fails"]["state"] == "failed"
+
+
+def test_agreement_and_reports_are_runtime_services_that_no_selection_switches_off():
+    import importlib
+
+    from npu_inject import runtime
+
+    trainer_module = importlib.import_module("torchtitan.trainer")
+    upstream = trainer_module.Trainer.__dict__["init_distributed"]
+    rt = runtime.activate(clean_env(TORCHTITAN_NPU="cpu", TORCHTITAN_NPU_PATCHES="none"))
+    assert rt.ids("applied") == []
+    installed = trainer_module.Trainer.__dict__["init_distributed"]
+    assert installed is not upstream and installed.__wrapped__ is upstream
+    runtime.deactivate()
+    assert trainer_module.Trainer.__dict__["init_distributed"] is upstream
