@@ -130,3 +130,24 @@ def test_python_dash_m_entry_point_runs_cli():
     result = run_python("import runpy; runpy.run_module('npu_inject', run_name='__main__')", clean_env(), cwd=REPO)
     assert result.returncode == 2  # no sub-command given: argparse usage error
     assert "usage: npu-inject" in result.stderr
+
+
+def test_torch_npu_is_imported_before_any_torchtitan_submodule_on_the_npu_target():
+    """On the simulated NPU: the first torchtitan submodule import finds torch_npu already imported."""
+    from tools.sim_npu import sim_env
+
+    code = """
+        import sys
+        seen = []
+        class Watch:
+            def find_spec(self, name, path=None, target=None):
+                if name.startswith("torchtitan.") and not seen:
+                    seen.append("torch_npu" in sys.modules)
+                return None
+        sys.meta_path.insert(0, Watch())
+        import torchtitan.tools.utils as utils
+        print(seen[0], utils.device_type)
+    """
+    result = run_python(code, sim_env(clean_env(TORCHTITAN_NPU="1"), devices=2))
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert result.stdout.split() == ["True", "npu"]
