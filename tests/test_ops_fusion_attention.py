@@ -11,33 +11,18 @@ are covered; the documented arguments it does not implement must raise.
 from __future__ import annotations
 
 import inspect
-import itertools
 import math
 
 import pytest
 import torch
 import torch.nn.functional as F
 
+from kernelkit import NODEF, POS, cumsum, generator, randn
 from npu_inject.ops import reference as ref
 
 COMPRESSED = torch.triu(torch.ones(2048, 2048), diagonal=1).bool()
 
 
-def _gen(seed: int = 0) -> torch.Generator:
-    return torch.Generator().manual_seed(seed)
-
-
-def _randn(*shape, seed=0, dtype=torch.float32, requires_grad=False):
-    t = torch.randn(*shape, generator=_gen(seed), dtype=torch.float32).to(dtype)
-    return t.requires_grad_(requires_grad)
-
-
-def cumsum(lens):
-    return list(itertools.accumulate(lens))
-
-
-P = inspect.Parameter
-POS, KW, NODEF = P.POSITIONAL_OR_KEYWORD, P.KEYWORD_ONLY, P.empty
 # _op_plugin_docs.py, "npu_fusion_attention", 接口原型.
 DOCUMENTED_SIGNATURE = [
     ("query", POS, NODEF), ("key", POS, NODEF), ("value", POS, NODEF), ("head_num", POS, NODEF),
@@ -119,9 +104,9 @@ def test_hand_computed_two_tokens():
 @pytest.mark.parametrize("nkv", [4, 2, 1])
 def test_layouts_and_gqa_match_sdpa(layout, nkv):
     b, n, sq, skv, d = 2, 4, 5, 7, 8
-    q = _randn(b, n, sq, d, seed=1)
-    k = _randn(b, nkv, skv, d, seed=2)
-    v = _randn(b, nkv, skv, d, seed=3)
+    q = randn(b, n, sq, d, seed=1)
+    k = randn(b, nkv, skv, d, seed=2)
+    v = randn(b, nkv, skv, d, seed=3)
     out, smax, ssum, sout, seed, offset, numels = fa(
         to_layout(q, layout), to_layout(k, layout), to_layout(v, layout), n, layout, scale=d**-0.5
     )
@@ -133,8 +118,8 @@ def test_layouts_and_gqa_match_sdpa(layout, nkv):
 
 
 def test_value_head_dim_smaller_than_key():
-    q, k = _randn(1, 2, 4, 8, seed=1), _randn(1, 2, 6, 8, seed=2)
-    v = _randn(1, 2, 6, 4, seed=3)
+    q, k = randn(1, 2, 4, 8, seed=1), randn(1, 2, 6, 8, seed=2)
+    v = randn(1, 2, 6, 4, seed=3)
     for layout in ("BSND", "BNSD"):
         out, *_ = fa(to_layout(q, layout), to_layout(k, layout), to_layout(v, layout), 2, layout)
         expected = expected_attention(q, k, v)
@@ -152,7 +137,7 @@ CAUSAL_RULES = {
 @pytest.mark.parametrize("layout", ["BNSD", "BSND"])
 def test_causal_modes(mode, sq, skv, layout):
     b, n, nkv, d = 2, 4, 2, 8
-    q, k, v = _randn(b, n, sq, d, seed=4), _randn(b, nkv, skv, d, seed=5), _randn(b, nkv, skv, d, seed=6)
+    q, k, v = randn(b, n, sq, d, seed=4), randn(b, nkv, skv, d, seed=5), randn(b, nkv, skv, d, seed=6)
     keep = keep_mask(sq, skv, CAUSAL_RULES[mode](sq, skv))
     out, *_ = fa(to_layout(q, layout), to_layout(k, layout), to_layout(v, layout), n, layout,
                  atten_mask=COMPRESSED, sparse_mode=mode, scale=0.3)
@@ -166,7 +151,7 @@ def test_causal_modes(mode, sq, skv, layout):
 
 @pytest.mark.parametrize("sq,skv,pre,nxt", [(6, 6, 2, 1), (4, 7, 1, 0), (7, 4, 3, -1), (5, 5, 0, 0)])
 def test_band_mode4_right_down(sq, skv, pre, nxt):
-    q, k, v = _randn(1, 2, sq, 8, seed=7), _randn(1, 2, skv, 8, seed=8), _randn(1, 2, skv, 8, seed=9)
+    q, k, v = randn(1, 2, sq, 8, seed=7), randn(1, 2, skv, 8, seed=8), randn(1, 2, skv, 8, seed=9)
     # Band counted from the bottom-right corner: diagonal offset (j - i) - (skv - sq).
     keep = keep_mask(sq, skv, lambda i, j: -pre <= (j - i) - (skv - sq) <= nxt)
     out, *_ = fa(q, k, v, 2, "BNSD", atten_mask=COMPRESSED, sparse_mode=4, pre_tockens=pre, next_tockens=nxt)
@@ -175,7 +160,7 @@ def test_band_mode4_right_down(sq, skv, pre, nxt):
 
 @pytest.mark.parametrize("sq,skv,pre,nxt", [(6, 6, 2, 1), (4, 7, 1, 0), (5, 8, 9, -3), (6, 6, -2, 4)])
 def test_mode0_band_left_up(sq, skv, pre, nxt):
-    q, k, v = _randn(1, 2, sq, 8, seed=10), _randn(1, 2, skv, 8, seed=11), _randn(1, 2, skv, 8, seed=12)
+    q, k, v = randn(1, 2, sq, 8, seed=10), randn(1, 2, skv, 8, seed=11), randn(1, 2, skv, 8, seed=12)
     # The docs' own example mask for mode 0: triu(k=next+1) + tril(k=-pre-1).
     ones = torch.ones(sq, skv)
     masked = (torch.triu(ones, diagonal=nxt + 1) + torch.tril(ones, diagonal=-pre - 1)).bool()
@@ -192,9 +177,9 @@ def test_mode0_band_left_up(sq, skv, pre, nxt):
 @pytest.mark.parametrize("mode", [0, 1])
 def test_explicit_masks_modes_0_1(mask_shape, mode):
     b, n, sq, skv = 2, 2, 5, 6
-    q, k, v = _randn(b, n, sq, 8, seed=13), _randn(b, n, skv, 8, seed=14), _randn(b, n, skv, 8, seed=15)
+    q, k, v = randn(b, n, sq, 8, seed=13), randn(b, n, skv, 8, seed=14), randn(b, n, skv, 8, seed=15)
     shape = {"SS": (sq, skv), "11SS": (1, 1, sq, skv), "B1SS": (b, 1, sq, skv), "BNSS": (b, n, sq, skv)}[mask_shape]
-    masked = torch.rand(shape, generator=_gen(16)) < 0.4
+    masked = torch.rand(shape, generator=generator(16)) < 0.4
     out, *_ = fa(q, k, v, n, "BNSD", atten_mask=masked.to(torch.uint8), sparse_mode=mode)
     keep = ~masked.reshape((1, 1, sq, skv) if mask_shape == "SS" else shape)
     torch.testing.assert_close(out.double(), expected_attention(q, k, v, keep), atol=1e-5, rtol=1e-5)
@@ -202,7 +187,7 @@ def test_explicit_masks_modes_0_1(mask_shape, mode):
 
 def test_atten_mask_none_means_full_attention():
     # Docs: with atten_mask None, sparse_mode / pre_tockens / next_tockens have no effect.
-    q, k, v = _randn(1, 2, 4, 8, seed=17), _randn(1, 2, 4, 8, seed=18), _randn(1, 2, 4, 8, seed=19)
+    q, k, v = randn(1, 2, 4, 8, seed=17), randn(1, 2, 4, 8, seed=18), randn(1, 2, 4, 8, seed=19)
     with pytest.warns(UserWarning, match="atten_mask=None"):
         out, *_ = fa(q, k, v, 2, "BNSD", sparse_mode=3)
     torch.testing.assert_close(out, sdpa(q, k, v), atol=1e-5, rtol=1e-5)
@@ -212,7 +197,7 @@ def test_atten_mask_none_means_full_attention():
 
 @pytest.mark.parametrize("mode", [2, 3, 4])
 def test_compressed_mask_is_validated(mode):
-    q = _randn(1, 1, 4, 8)
+    q = randn(1, 1, 4, 8)
     with pytest.raises(ValueError, match="compressed atten_mask of shape"):
         fa(q, q, q, 1, "BNSD", atten_mask=COMPRESSED[:4, :4], sparse_mode=mode)
     with pytest.raises(ValueError, match="different contents"):
@@ -223,7 +208,7 @@ def test_compressed_mask_is_validated(mode):
 
 def test_softmax_max_and_sum_give_logsumexp():
     b, n, sq, skv = 1, 2, 4, 6
-    q, k, v = _randn(b, n, sq, 8, seed=24), _randn(b, n, skv, 8, seed=25), _randn(b, n, skv, 8, seed=26)
+    q, k, v = randn(b, n, sq, 8, seed=24), randn(b, n, skv, 8, seed=25), randn(b, n, skv, 8, seed=26)
     keep = keep_mask(sq, skv, lambda i, j: j - i <= skv - sq)
     _, smax, ssum, *_ = fa(q, k, v, n, "BNSD", atten_mask=COMPRESSED, sparse_mode=3, scale=0.5)
     scores = (q.double() @ k.double().transpose(-1, -2) * 0.5).masked_fill(~keep, float("-inf"))
@@ -235,9 +220,9 @@ def test_softmax_max_and_sum_give_logsumexp():
 
 def test_fully_masked_rows_are_zero_without_nan():
     sq, skv = 6, 3
-    q = _randn(1, 2, sq, 8, seed=27, requires_grad=True)
-    k = _randn(1, 2, skv, 8, seed=28, requires_grad=True)
-    v = _randn(1, 2, skv, 8, seed=29, requires_grad=True)
+    q = randn(1, 2, sq, 8, seed=27, requires_grad=True)
+    k = randn(1, 2, skv, 8, seed=28, requires_grad=True)
+    v = randn(1, 2, skv, 8, seed=29, requires_grad=True)
     out, smax, ssum, *_ = fa(q, k, v, 2, "BNSD", atten_mask=COMPRESSED, sparse_mode=3)
     dead = slice(0, sq - skv)
     assert torch.all(out[:, :, dead] == 0) and torch.all(smax[:, :, dead] == 0) and torch.all(ssum[:, :, dead] == 0)
@@ -250,9 +235,9 @@ def test_fully_masked_rows_are_zero_without_nan():
 @pytest.mark.parametrize("layout,mode", [("BSND", 3), ("BNSD", 2), ("BSND", 4), ("BNSD", 0)])
 def test_gradients_match_sdpa(layout, mode):
     b, n, nkv, sq, skv, d = 2, 4, 2, 5, 7, 8
-    base = [_randn(b, n, sq, d, seed=30), _randn(b, nkv, skv, d, seed=31), _randn(b, nkv, skv, d, seed=32)]
+    base = [randn(b, n, sq, d, seed=30), randn(b, nkv, skv, d, seed=31), randn(b, nkv, skv, d, seed=32)]
     if mode == 0:
-        masked = torch.rand(sq, skv, generator=_gen(33)) < 0.3
+        masked = torch.rand(sq, skv, generator=generator(33)) < 0.3
         masked[:, 0] = False
         keep, kw = ~masked, dict(atten_mask=masked, sparse_mode=0)
     elif mode == 4:
@@ -261,7 +246,7 @@ def test_gradients_match_sdpa(layout, mode):
         kw = dict(atten_mask=COMPRESSED, sparse_mode=4, pre_tockens=2, next_tockens=0)
     else:
         keep, kw = keep_mask(sq, skv, CAUSAL_RULES[mode](sq, skv)), dict(atten_mask=COMPRESSED, sparse_mode=mode)
-    grad_out = _randn(b, n, sq, d, seed=34)
+    grad_out = randn(b, n, sq, d, seed=34)
 
     mine = [to_layout(t, layout).detach().clone().requires_grad_(True) for t in base]
     out, *_ = fa(*mine, n, layout, scale=d**-0.5, **kw)
@@ -274,7 +259,7 @@ def test_gradients_match_sdpa(layout, mode):
 
 
 def test_bf16_computed_in_fp32_and_cast_back():
-    q, k, v = (_randn(2, 4, 16, 32, seed=s, dtype=torch.bfloat16) for s in (35, 36, 37))
+    q, k, v = (randn(2, 4, 16, 32, seed=s, dtype=torch.bfloat16) for s in (35, 36, 37))
     out, smax, ssum, sout, *_ = fa(q, k, v, 4, "BNSD", atten_mask=COMPRESSED, sparse_mode=2, scale=32**-0.5)
     assert out.dtype == torch.bfloat16 and smax.dtype == ssum.dtype == torch.float32 and sout.dtype == torch.bfloat16
     keep = keep_mask(16, 16, lambda i, j: j <= i)
@@ -314,11 +299,11 @@ def tnd_expected(q_TND, k_TND, v_TND, q_lens, kv_lens, rule_for, scale=1.0):
 )
 def test_tnd_per_sequence(mode, q_lens, kv_lens):
     n, nkv, d = 4, 2, 8
-    q = _randn(sum(q_lens), n, d, seed=40)
-    k, v = _randn(sum(kv_lens), nkv, d, seed=41), _randn(sum(kv_lens), nkv, d, seed=42)
+    q = randn(sum(q_lens), n, d, seed=40)
+    k, v = randn(sum(kv_lens), nkv, d, seed=41), randn(sum(kv_lens), nkv, d, seed=42)
     pre, nxt = 2, 0
     if mode == 1:
-        masked = torch.rand(max(q_lens), max(kv_lens), generator=_gen(43)) < 0.3
+        masked = torch.rand(max(q_lens), max(kv_lens), generator=generator(43)) < 0.3
         masked[:, 0] = False
         mask = masked
         rule_for = lambda idx, sq, skv: (lambda i, j: not masked[i, j])  # noqa: E731
@@ -340,7 +325,7 @@ def test_tnd_zero_length_and_skipped_tail():
     # Lengths [2, 0, 3] then two batches skipped with trailing zeros ("[2, 5, 9, 0, 0]" in the docs);
     # the query holds 2 extra tokens no sequence claims: they come out as 0.
     n, d = 2, 8
-    q, k, v = _randn(7, n, d, seed=44), _randn(5, n, d, seed=45), _randn(5, n, d, seed=46)
+    q, k, v = randn(7, n, d, seed=44), randn(5, n, d, seed=45), randn(5, n, d, seed=46)
     out, *_ = fa(q, k, v, n, "TND", atten_mask=COMPRESSED, sparse_mode=3,
                  actual_seq_qlen=[2, 2, 5, 0, 0], actual_seq_kvlen=[2, 2, 5, 0, 0])
     expected = tnd_expected(q, k, v, [2, 0, 3], [2, 0, 3], lambda idx, sq, skv: (lambda i, j: j <= i))
@@ -350,8 +335,8 @@ def test_tnd_zero_length_and_skipped_tail():
 
 def test_tnd_gradients_match_per_sequence_sdpa():
     q_lens, n, d = [3, 5, 2], 2, 8
-    base = [_randn(10, n, d, seed=s) for s in (47, 48, 49)]
-    grad_out = _randn(10, n, d, seed=50)
+    base = [randn(10, n, d, seed=s) for s in (47, 48, 49)]
+    grad_out = randn(10, n, d, seed=50)
     mine = [t.clone().requires_grad_(True) for t in base]
     out, *_ = fa(*mine, n, "TND", atten_mask=COMPRESSED, sparse_mode=3, actual_seq_qlen=cumsum(q_lens),
                  actual_seq_kvlen=cumsum(q_lens), scale=0.3)
@@ -369,7 +354,7 @@ def test_tnd_gradients_match_per_sequence_sdpa():
 
 def test_tnd_softmax_layout():
     q_lens, n = [2, 3], 3
-    q = _randn(5, n, 4, seed=51)
+    q = randn(5, n, 4, seed=51)
     lse = []
     for qs, ln in ((0, 2), (2, 3)):
         s = q[qs : qs + ln].transpose(0, 1) @ q[qs : qs + ln].transpose(0, 1).transpose(-1, -2)
@@ -389,7 +374,7 @@ def test_tnd_softmax_layout():
 
 
 def test_fusion_attention_errors():
-    q = _randn(1, 2, 4, 8)
+    q = randn(1, 2, 4, 8)
     with pytest.raises(ValueError, match="input_layout='XYZ'.*BSH, SBH, BSND, BNSD, TND"):
         fa(q, q, q, 2, "XYZ")
     with pytest.raises(NotImplementedError, match="keep_prob"):
@@ -407,7 +392,7 @@ def test_fusion_attention_errors():
     with pytest.raises(ValueError, match="atten_mask dtype"):
         fa(q, q, q, 2, "BNSD", atten_mask=torch.zeros(4, 4))
     with pytest.raises(ValueError, match="multiple"):
-        fa(q, _randn(1, 3, 4, 8), _randn(1, 3, 4, 8), 2, "BNSD")
+        fa(q, randn(1, 3, 4, 8), randn(1, 3, 4, 8), 2, "BNSD")
 
 
 
@@ -431,7 +416,7 @@ def test_fusion_attention_errors():
     ],
 )
 def test_unimplemented_arguments_raise(layout, kwargs, match):
-    q = _randn(1, 2, 4, 8)
+    q = randn(1, 2, 4, 8)
     q = q[0].transpose(0, 1) if layout == "TND" else q
     with pytest.raises(NotImplementedError, match=match):
         fa(q, q, q, 2, layout, **kwargs)

@@ -8,29 +8,14 @@ scenario must raise NotImplementedError rather than compute something else.
 from __future__ import annotations
 
 import inspect
-import itertools
 
 import pytest
 import torch
 
+from kernelkit import KW, NODEF, POS, cumsum, randn
 from npu_inject.ops import reference as ref
 
 
-def _gen(seed: int = 0) -> torch.Generator:
-    return torch.Generator().manual_seed(seed)
-
-
-def _randn(*shape, seed=0, dtype=torch.float32, requires_grad=False):
-    t = torch.randn(*shape, generator=_gen(seed), dtype=torch.float32).to(dtype)
-    return t.requires_grad_(requires_grad)
-
-
-def cumsum(lens):
-    return list(itertools.accumulate(lens))
-
-
-P = inspect.Parameter
-POS, KW, NODEF = P.POSITIONAL_OR_KEYWORD, P.KEYWORD_ONLY, P.empty
 # _op_plugin_docs.py, "npu_grouped_matmul", 接口原型 (tuning_config has no default there;
 # the schema in csrc/aten/npu_native_functions_by_codegen.yaml gives None).
 DOCUMENTED_SIGNATURE = [
@@ -60,7 +45,7 @@ def loop_gmm(x_MK, w_EKN, counts):
 @pytest.mark.parametrize("split_item", [2, 3])
 def test_gmm_moe_path(counts, group_list_type, split_item):
     m, k, n = sum(counts), 6, 5
-    x, w = _randn(m, k, seed=70), _randn(len(counts), k, n, seed=71)
+    x, w = randn(m, k, seed=70), randn(len(counts), k, n, seed=71)
     group_list = torch.tensor(cumsum(counts) if group_list_type == 0 else counts, dtype=torch.int64)
     (y,) = ref.npu_grouped_matmul([x], [w], group_list=group_list, split_item=split_item, group_type=0,
                                   group_list_type=group_list_type)
@@ -71,7 +56,7 @@ def test_gmm_moe_path(counts, group_list_type, split_item):
 def test_gmm_gradients_match_loop():
     counts = [4, 0, 3, 5, 1]
     m, k, n = sum(counts), 6, 4
-    x0, w0, g = _randn(m, k, seed=72), _randn(5, k, n, seed=73), _randn(m, n, seed=74)
+    x0, w0, g = randn(m, k, seed=72), randn(5, k, n, seed=73), randn(m, n, seed=74)
     x, w = x0.clone().requires_grad_(True), w0.clone().requires_grad_(True)
     (y,) = ref.npu_grouped_matmul(
         [x], [w], group_list=torch.tensor(counts), split_item=3, group_type=0, group_list_type=1
@@ -86,7 +71,7 @@ def test_gmm_gradients_match_loop():
 
 def test_gmm_bf16_accumulates_in_fp32():
     counts = [5, 3]
-    x, w = _randn(8, 64, seed=75, dtype=torch.bfloat16), _randn(2, 64, 16, seed=76, dtype=torch.bfloat16)
+    x, w = randn(8, 64, seed=75, dtype=torch.bfloat16), randn(2, 64, 16, seed=76, dtype=torch.bfloat16)
     (y,) = ref.npu_grouped_matmul([x], [w], group_list=torch.tensor(cumsum(counts)), split_item=3, group_type=0)
     assert y.dtype == torch.bfloat16
     # Exact fp32 accumulation rounded once to bf16.
@@ -99,19 +84,19 @@ def test_gmm_bf16_accumulates_in_fp32():
 )
 def test_gmm_unimplemented_scenarios_raise(scenario):
     # Documented scenarios npu_inject never calls: refused by name, never approximated.
-    x, w = _randn(6, 4, seed=77), _randn(2, 4, 3, seed=78)
+    x, w = randn(6, 4, seed=77), randn(2, 4, 3, seed=78)
     group_list = torch.tensor([2, 6])
     call = {
         "list_group_list": lambda: ref.npu_grouped_matmul([x], list(w), group_list=[2, 6], split_item=2),
         "weight_list": lambda: ref.npu_grouped_matmul([x], list(w), group_list=group_list, split_item=3, group_type=0),
-        "bias": lambda: ref.npu_grouped_matmul([x], [w], bias=[_randn(2, 3)], group_list=group_list, split_item=3,
+        "bias": lambda: ref.npu_grouped_matmul([x], [w], bias=[randn(2, 3)], group_list=group_list, split_item=3,
                                                group_type=0),
         "several_x": lambda: ref.npu_grouped_matmul([x[:2], x[2:]], [w], group_list=group_list, split_item=3,
                                                     group_type=0),
         "no_grouping": lambda: ref.npu_grouped_matmul([x[:2], x[2:]], list(w), group_type=-1),
         "group_along_n": lambda: ref.npu_grouped_matmul([x], [w], group_list=group_list, split_item=3, group_type=1),
         # npu_inject.ops.moe probes group_type=2 and relies on this NotImplementedError.
-        "group_along_k": lambda: ref.npu_grouped_matmul([x.t()], [_randn(6, 3)], group_list=group_list,
+        "group_along_k": lambda: ref.npu_grouped_matmul([x.t()], [randn(6, 3)], group_list=group_list,
                                                         split_item=3, group_type=2),
     }[scenario]
     with pytest.raises(NotImplementedError, match="not implemented in the reference"):
@@ -119,7 +104,7 @@ def test_gmm_unimplemented_scenarios_raise(scenario):
 
 
 def test_gmm_uncovered_tail_rows_are_zero():
-    x, w = _randn(10, 4, seed=93), _randn(2, 4, 3, seed=94)
+    x, w = randn(10, 4, seed=93), randn(2, 4, 3, seed=94)
     (y,) = ref.npu_grouped_matmul(
         [x], [w], group_list=torch.tensor([3, 4]), split_item=3, group_type=0, group_list_type=1
     )
@@ -132,13 +117,13 @@ def test_gmm_uncovered_tail_rows_are_zero():
               "activation_quant_scale", "activation_quant_offset"],
 )
 def test_gmm_quant_args_not_implemented(kwarg):
-    x, w = _randn(4, 4), _randn(1, 4, 4)
+    x, w = randn(4, 4), randn(1, 4, 4)
     with pytest.raises(NotImplementedError, match=kwarg):
         ref.npu_grouped_matmul([x], [w], group_list=torch.tensor([4]), split_item=3, group_type=0, **{kwarg: [x]})
 
 
 def test_gmm_errors():
-    x, w = _randn(6, 4), _randn(2, 4, 3)
+    x, w = randn(6, 4), randn(2, 4, 3)
     gl = torch.tensor([2, 6])
     with pytest.raises(ValueError, match="group_type=0"):
         ref.npu_grouped_matmul([x], [w], group_list=gl, split_item=3)

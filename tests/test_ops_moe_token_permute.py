@@ -11,20 +11,10 @@ import inspect
 import pytest
 import torch
 
+from kernelkit import NODEF, POS, generator, randn
 from npu_inject.ops import reference as ref
 
 
-def _gen(seed: int = 0) -> torch.Generator:
-    return torch.Generator().manual_seed(seed)
-
-
-def _randn(*shape, seed=0, dtype=torch.float32, requires_grad=False):
-    t = torch.randn(*shape, generator=_gen(seed), dtype=torch.float32).to(dtype)
-    return t.requires_grad_(requires_grad)
-
-
-P = inspect.Parameter
-POS, KW, NODEF = P.POSITIONAL_OR_KEYWORD, P.KEYWORD_ONLY, P.empty
 # _op_plugin_docs.py, "npu_moe_token_permute", 接口原型.
 PERMUTE_SIGNATURE = [
     ("tokens", POS, NODEF), ("indices", POS, NODEF), ("num_out_tokens", POS, None), ("padded_mode", POS, False),
@@ -84,8 +74,8 @@ def test_permute_hand_computed_1d_indices_and_drop():
 
 def test_permute_round_trip():
     num_tokens, hidden, experts, topk = 11, 6, 5, 3
-    tokens = _randn(num_tokens, hidden, seed=95)
-    indices = torch.stack([torch.randperm(experts, generator=_gen(96 + t))[:topk] for t in range(num_tokens)])
+    tokens = randn(num_tokens, hidden, seed=95)
+    indices = torch.stack([torch.randperm(experts, generator=generator(96 + t))[:topk] for t in range(num_tokens)])
     permuted, sorted_indices = ref.npu_moe_token_permute(tokens, indices)
     # Every expert's rows are contiguous and in expert order.
     slot_of_row = torch.argsort(sorted_indices.long())
@@ -96,19 +86,19 @@ def test_permute_round_trip():
     assert torch.all(slot_of_row[1:][same_expert] > slot_of_row[:-1][same_expert])
     out = ref.npu_moe_token_unpermute(permuted, sorted_indices, probs=torch.full((num_tokens, topk), 1.0 / topk))
     torch.testing.assert_close(out, tokens, atol=1e-6, rtol=1e-6)
-    probs = torch.rand(num_tokens, topk, generator=_gen(97))
+    probs = torch.rand(num_tokens, topk, generator=generator(97))
     out = ref.npu_moe_token_unpermute(permuted, sorted_indices, probs=probs)
     torch.testing.assert_close(out, tokens * probs.sum(-1, keepdim=True), atol=1e-6, rtol=1e-6)
 
 
 def test_permute_unpermute_gradcheck():
-    tokens = torch.randn(4, 3, dtype=torch.float64, generator=_gen(98), requires_grad=True)
+    tokens = torch.randn(4, 3, dtype=torch.float64, generator=generator(98), requires_grad=True)
     indices = torch.tensor([[1, 0], [2, 1], [0, 2], [1, 2]])
     assert torch.autograd.gradcheck(lambda t: ref.npu_moe_token_permute(t, indices)[0], (tokens,))
     assert torch.autograd.gradcheck(lambda t: ref.npu_moe_token_permute(t, indices, 5)[0], (tokens,))
     _, sorted_indices = ref.npu_moe_token_permute(tokens.detach(), indices)
-    permuted = torch.randn(8, 3, dtype=torch.float64, generator=_gen(99), requires_grad=True)
-    probs = torch.rand(4, 2, dtype=torch.float64, generator=_gen(100), requires_grad=True)
+    permuted = torch.randn(8, 3, dtype=torch.float64, generator=generator(99), requires_grad=True)
+    probs = torch.rand(4, 2, dtype=torch.float64, generator=generator(100), requires_grad=True)
     assert torch.autograd.gradcheck(
         lambda p, w: ref.npu_moe_token_unpermute(p, sorted_indices, probs=w), (permuted, probs)
     )
@@ -121,7 +111,7 @@ def test_permute_unpermute_gradcheck():
 
 
 def test_permute_unpermute_bf16_and_errors():
-    tokens = _randn(4, 8, seed=101, dtype=torch.bfloat16)
+    tokens = randn(4, 8, seed=101, dtype=torch.bfloat16)
     indices = torch.tensor([[0, 1], [1, 0], [0, 1], [1, 0]])
     permuted, sorted_indices = ref.npu_moe_token_permute(tokens, indices)
     out = ref.npu_moe_token_unpermute(permuted, sorted_indices, probs=torch.full((4, 2), 0.5, dtype=torch.bfloat16))
