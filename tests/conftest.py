@@ -99,7 +99,8 @@ def llama_runs(tmp_path_factory, seed_checkpoint):
                 "cpu": lambda: clean_env(TORCHTITAN_NPU="cpu"),
                 "reference": reference_attention_env,
                 "sim": lambda: sim_npu_env(
-                    TORCHTITAN_NPU_REGISTRY=os.path.join(PLUGINS, "device_audit_registry.json")),
+                    TORCHTITAN_NPU_REGISTRY=os.path.join(PLUGINS, "device_audit_registry.json"),
+                    TORCHTITAN_NPU_SIM_AUDIT="1"),
             }[variant]()
             losses, log = train_llama(config, dump, env, extra=from_seed(seed_checkpoint))
             cache[config, variant] = losses, log, dump

@@ -22,6 +22,7 @@ import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 
 from npu_inject import runtime
+from testkit import clean_env, sim_env
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -383,14 +384,7 @@ SIM_STAGING = """
 
 
 def test_on_simulated_npu_staging_is_pinned_by_the_device_allocator():
-    sys.path.insert(0, REPO)
-    try:
-        from tools.sim_npu import sim_env
-    except ImportError:
-        pytest.skip("tools/sim_npu is not in this checkout")
-    finally:
-        sys.path.remove(REPO)
-    env = sim_env({k: v for k, v in os.environ.items() if not k.startswith("TORCHTITAN_NPU")})
+    env = sim_env(clean_env())
     done = subprocess.run([sys.executable, "-c", textwrap.dedent(SIM_STAGING)], env=env, cwd=REPO,
                           capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]

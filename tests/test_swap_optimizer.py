@@ -2,8 +2,8 @@
 
 Every expected value comes from an unswapped ``torch.optim`` optimizer trained on an
 identical model; nothing is compared with the swap machinery itself. The device-side
-checks (pinned host state, streams, the memory bound) run on the simulated NPU in a
-child process and are skipped where it is not installed.
+checks (pinned host state, stream order, the memory bound) run on the simulated NPU in a
+child process, with its audit on.
 """
 
 from __future__ import annotations
@@ -22,6 +22,7 @@ import torch.distributed.checkpoint as dcp
 from npu_inject import runtime
 from npu_inject.errors import ConfigError
 from npu_inject import swap_optimizer as swap
+from testkit import clean_env, sim_env
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 IMPLEMENTATIONS = {"fused": {"fused": True}, "foreach": {"foreach": True}, "for-loop": {"foreach": False}}
@@ -308,22 +309,9 @@ SIM_CHECK = """
 """
 
 
-def _sim_env():
-    sys.path.insert(0, REPO)
-    try:
-        from tools.sim_npu import sim_env
-    except ImportError:
-        return None
-    finally:
-        sys.path.remove(REPO)
-    env = sim_env({k: v for k, v in os.environ.items() if not k.startswith("TORCHTITAN_NPU")})
-    return env
-
-
-def test_on_simulated_npu_states_are_pinned_and_device_memory_meets_the_goal():
-    env = _sim_env()
-    if env is None:
-        pytest.skip("tools/sim_npu is not in this checkout")
+def test_on_simulated_npu_states_are_pinned_and_device_memory_meets_the_goal(tmp_path):
+    # The audit orders the side-stream copies and the updates by the events the swap records.
+    env = sim_env(clean_env(TORCHTITAN_NPU_SIM_AUDIT="1", TORCHTITAN_NPU_SIM_AUDIT_DIR=str(tmp_path)))
     done = subprocess.run([sys.executable, "-c", textwrap.dedent(SIM_CHECK)], env=env, cwd=REPO,
                           capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
@@ -336,3 +324,6 @@ def test_on_simulated_npu_states_are_pinned_and_device_memory_meets_the_goal():
     assert len(slices) == 4
     assert max(result["peaks"][1:]) <= sum(slices) / 4 + max(slices), result
     assert result["after"] <= 0, "nothing of the state stays on the device between steps"
+    audit = json.loads((tmp_path / "audit_rank0.json").read_text())
+    assert audit["stream_findings"] == [], audit["stream_findings"]
+    assert len(audit["streams"]) >= 2, "the copies ran on a side stream"

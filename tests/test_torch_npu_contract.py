@@ -76,7 +76,9 @@ def _calls(paths):
 def test_every_npu_op_we_call_exists_with_the_names_we_pass(schemas):
     calls = list(_calls(OUR_SOURCES + STAND_IN_SOURCES))
     called = {name for _, name, _, _ in calls}
-    assert {"npu_fusion_attention", "npu_grouped_matmul", "npu_moe_token_permute", "npu_moe_token_unpermute"} <= called
+    assert {"npu_fusion_attention", "npu_grouped_matmul", "npu_moe_token_permute", "npu_moe_token_unpermute",
+            "npu_rms_norm", "npu_rms_norm_backward", "npu_rotary_mul", "npu_rotary_mul_backward", "npu_swiglu",
+            "npu_swiglu_backward"} <= called
     problems = []
     for where, name, positional, keywords in calls:
         if name not in schemas:
@@ -109,7 +111,9 @@ def test_reference_kernels_accept_only_real_parameter_names(schemas):
         tree = ast.parse(open(path, encoding="utf-8").read())
         functions += [n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name.startswith("npu_")]
     assert {f.name for f in functions} >= {"npu_fusion_attention", "npu_grouped_matmul", "npu_moe_token_permute",
-                                          "npu_moe_token_unpermute"}
+                                          "npu_moe_token_unpermute", "npu_rms_norm", "npu_rms_norm_backward",
+                                          "npu_rotary_mul", "npu_rotary_mul_backward", "npu_swiglu",
+                                          "npu_swiglu_backward"}
     for function in functions:
         arguments = function.args
         names = [a.arg for a in arguments.posonlyargs + arguments.args + arguments.kwonlyargs]

@@ -14,6 +14,10 @@ import textwrap
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PLUGINS = os.path.join(REPO, "tests", "plugins")
+if REPO not in sys.path:
+    sys.path.insert(0, REPO)  # tools/ is not installed
+
+from tools.sim_npu import sim_env  # noqa: E402  (the one simulated-NPU environment)
 
 
 def clean_env(**overrides: str) -> dict[str, str]:
@@ -79,7 +83,7 @@ def reference_attention_env(**overrides: str) -> dict[str, str]:
     return clean_env(
         TORCHTITAN_NPU="cpu",
         TORCHTITAN_NPU_REGISTRY=os.path.join(PLUGINS, "reference_registry.json"),
-        TORCHTITAN_NPU_PATCHES="-attention,+sdpa_reference_attention",
+        TORCHTITAN_NPU_PATCHES="-attention,-muse_glimmer_masks,+sdpa_reference_attention",
         PYTHONPATH=os.pathsep.join(filter(None, [PLUGINS, os.environ.get("PYTHONPATH")])),
         **overrides,
     )
@@ -102,12 +106,10 @@ def train_llama(config: str, dump: str, env: dict, steps: int = LLAMA_STEPS, ext
 
 
 def sim_npu_env(**overrides: str) -> dict[str, str]:
-    """TORCHTITAN_NPU=1 on 2 simulated NPUs (tools/sim_npu), plus test plugins on PYTHONPATH."""
-    sys.path.insert(0, REPO)
-    from tools.sim_npu import sim_env
-
+    """TORCHTITAN_NPU=1 on 2 simulated NPUs (tools/sim_npu), plus test plugins on PYTHONPATH.
+    (TORCHTITAN_NPU_SIM_AUDIT="1" turns on the audit: <dump_folder>/npu_inject/audit_rank<N>.json.)"""
     # DTensor's offset-based RNG tracker, as on a real NPU (parity runs start from a seed checkpoint).
-    base = clean_env(TORCHTITAN_NPU="1", TORCHTITAN_NPU_SIM_DTENSOR_RNG="philox", **overrides)
+    base = clean_env(**{"TORCHTITAN_NPU": "1", "TORCHTITAN_NPU_SIM_DTENSOR_RNG": "philox", **overrides})
     base["PYTHONPATH"] = os.pathsep.join(filter(None, [PLUGINS, base.get("PYTHONPATH")]))
     return sim_env(base, devices=2)
 

@@ -22,7 +22,8 @@ import textwrap
 import pytest
 import torch
 
-from testkit import REPO, clean_env, parse_losses, torchrun
+from sim_audit import load_audits
+from testkit import REPO, clean_env, parse_losses, sim_env, torchrun
 
 pytestmark = pytest.mark.e2e
 
@@ -209,12 +210,8 @@ def test_ranks_killed_mid_save_keep_last_good_checkpoint_and_resume_is_exact(uni
 
 
 def sim_npu_env(**overrides):
-    sys.path.insert(0, REPO)
-    try:
-        from tools.sim_npu import sim_env
-    finally:
-        sys.path.remove(REPO)
-    return sim_env(clean_env(TORCHTITAN_NPU="1", **overrides), devices=2)
+    """2 simulated NPUs with the audit on (stream order of pinned staging and swapped states)."""
+    return sim_env(clean_env(TORCHTITAN_NPU="1", TORCHTITAN_NPU_SIM_AUDIT="1", **overrides), devices=2)
 
 
 def test_simulated_npu_swap_optimizer_resumes_a_plain_checkpoint_exactly(tmp_path):
@@ -237,6 +234,9 @@ def test_simulated_npu_swap_optimizer_resumes_a_plain_checkpoint_exactly(tmp_pat
     assert resumed == {3: plain[3], 4: plain[4]}
     report = (tmp_path / "swapped" / "npu_inject" / "report_rank0.json").read_text()
     assert "pinned host memory, streamed to npu on a side stream" in report
+    for run in ("plain", "swapped"):
+        for audit in load_audits(str(tmp_path / run)):
+            assert audit["stream_findings"] == [], (run, audit["stream_findings"])
     without, with_swap = read_plain(tmp_path, tmp_path / "plain" / "checkpoint" / "step-4",
                                     tmp_path / "swapped" / "checkpoint" / "step-4")
     assert any(k.endswith(".exp_avg_sq") for k in with_swap)

@@ -25,7 +25,8 @@ import os
 
 import pytest
 
-from testkit import REPO, clean_env, parse_losses, torchrun
+from sim_audit import assert_audit_clean
+from testkit import REPO, clean_env, parse_losses, sim_env, torchrun
 
 pytestmark = pytest.mark.e2e
 
@@ -83,16 +84,6 @@ def max_relative_loss_difference(losses: dict[int, float], baseline: dict[int, f
     return max(abs(losses[step] - baseline[step]) / abs(baseline[step]) for step in baseline)
 
 
-def load_sim_env():
-    """tools/sim_npu's sim_env, loaded from its file (the repo root need not be on sys.path)."""
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location("moe_e2e_sim_npu", os.path.join(REPO, "tools", "sim_npu", "__init__.py"))
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module.sim_env
-
-
 def test_deepseek_v3_local_dispatch_rehearsal_parity_with_independent_moe(tmp_path):
     patched_dump, reference_dump = str(tmp_path / "patched"), str(tmp_path / "reference")
     patched = moe_train("deepseek_v3", "deepseek_v3_debugmodel", patched_dump, clean_env(TORCHTITAN_NPU="cpu"),
@@ -109,13 +100,13 @@ def test_deepseek_v3_local_dispatch_rehearsal_parity_with_independent_moe(tmp_pa
 
 
 def test_deepseek_v3_ep2_on_simulated_npus_parity_with_independent_moe(tmp_path):
-    sim_env = load_sim_env()
     steps = 6  # the simulated device is slower; two runs of 6 steps keep the file within budget
     patched_dump, reference_dump = str(tmp_path / "patched"), str(tmp_path / "reference")
     patched = moe_train("deepseek_v3", "deepseek_v3_debugmodel", patched_dump,
-                        sim_env(clean_env(TORCHTITAN_NPU="1"), devices=2), steps=steps,
-                        extra=MOE_EP2, tail=NO_ACTIVATION_CHECKPOINTING)
+                        sim_env(clean_env(TORCHTITAN_NPU="1", TORCHTITAN_NPU_SIM_AUDIT="1"), devices=2),
+                        steps=steps, extra=MOE_EP2, tail=NO_ACTIVATION_CHECKPOINTING)
     assert_moe_dispatch_applied(patched_dump)
+    assert_audit_clean(patched_dump, steps=steps)
     for report_patches in moe_reports(patched_dump):
         assert report_patches["device"]["notes"] == ["device npu x2: Ascend910B-sim"], report_patches["device"]
     reference = moe_train("deepseek_v3", "deepseek_v3_debugmodel", reference_dump,
@@ -137,3 +128,15 @@ def test_qwen3_moe_ep2_loss_parity_with_independent_moe(tmp_path):
     worst = max_relative_loss_difference(patched, reference)
     print(f"qwen3 EP2 patched {patched}\nreference {reference}\nmax relative difference {worst:.2e}")
     assert worst <= 1e-4
+
+
+def test_qwen3_moe_ep2_on_simulated_npus_runs_what_an_npu_runs(tmp_path):
+    """qwen3_moe_debug with EP 2 on 2 simulated NPUs, 2 steps for the audit (loss parity is the
+    rehearsal test above): only the explained host-fallback ops and syncs, no stream finding."""
+    dump = str(tmp_path / "sim")
+    moe_train("qwen3", "qwen3_moe_debug", dump,
+              sim_env(clean_env(TORCHTITAN_NPU="1", TORCHTITAN_NPU_SIM_AUDIT="1"), devices=2), steps=2,
+              extra=MOE_EP2, tail=NO_ACTIVATION_CHECKPOINTING)
+    assert_moe_dispatch_applied(dump)
+    audits = assert_audit_clean(dump, steps=2)
+    assert all(audit["fused_ops"]["npu_grouped_matmul"] > 0 for audit in audits)

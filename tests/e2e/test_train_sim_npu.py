@@ -3,7 +3,9 @@
 torchtitan must see an "npu" device and report NPU memory from the simulated
 allocator, the process group must be hccl, and after set-up no parameter,
 gradient or optimizer state may live on the host. Losses must match the CPU
-rehearsal (same seed, fp32, deterministic) within 1e-4 relative per step.
+rehearsal (same seed, fp32, deterministic) within 1e-4 relative per step. The
+simulator's audit (tests/sim_audit.py) must find no stream-order problem, and only
+the explained host-fallback ops and in-step host syncs.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ import re
 
 import pytest
 
+from sim_audit import assert_audit_clean
 from testkit import LLAMA_STEPS
 
 pytestmark = pytest.mark.e2e
@@ -35,6 +38,7 @@ def test_trains_on_simulated_npus_like_the_rehearsal(llama_runs, config):
         report = json.load(open(os.path.join(dump, "npu_inject", f"report_rank{rank}.json")))
         assert report["versions"]["torch_npu_simulated"] == "yes"
         assert report["patches"]["attention"]["state"] == "applied"
+    assert_audit_clean(dump, steps=LLAMA_STEPS)
     rehearsal, _, _ = llama_runs(config, "cpu")
     assert sorted(sim_losses) == list(range(1, LLAMA_STEPS + 1)) == sorted(rehearsal)
     worst = max(abs(sim_losses[s] - rehearsal[s]) / abs(rehearsal[s]) for s in rehearsal)

@@ -25,21 +25,6 @@ from tools.sim_npu import sim_env  # noqa: E402
 WORKERS_DIR = Path(__file__).resolve().parent / "workers"
 
 
-def pytest_configure(config: pytest.Config) -> None:
-    # Registered in pyproject.toml too once that lands; harmless twice.
-    config.addinivalue_line("markers", "e2e: multi-process end-to-end test (slower)")
-
-
-def child_env(**extra: str) -> dict[str, str]:
-    env = sim_env(os.environ)
-    paths = env["PYTHONPATH"].split(os.pathsep)
-    if str(REPO_ROOT) not in paths:
-        paths.append(str(REPO_ROOT))
-    env["PYTHONPATH"] = os.pathsep.join(paths)
-    env.update(extra)
-    return env
-
-
 def _free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
@@ -53,13 +38,13 @@ def _tail(text: str, lines: int = 60) -> str:
 @pytest.fixture
 def sim_child_env() -> dict[str, str]:
     """Environment for a child process that imports the simulated torch_npu."""
-    return child_env()
+    return sim_env(os.environ)
 
 
 @pytest.fixture
 def run_ranks():
     """run_ranks(worker_name, *args, world_size=2, timeout=240, env=None) runs
-    tests/sim/workers/<name>.py once per rank (env: extra variables)."""
+    tests/sim/workers/<name>.py once per rank (env: extra variables) and returns their outputs."""
 
     def run(
         worker: str,
@@ -72,15 +57,15 @@ def run_ranks():
         port = str(_free_port())
         processes = []
         for rank in range(world_size):
-            rank_env = child_env(
-                **(env or {}),
+            rank_env = sim_env(os.environ, devices=max(world_size, 2))
+            rank_env.update(
+                env or {},
                 RANK=str(rank),
                 LOCAL_RANK=str(rank),
                 WORLD_SIZE=str(world_size),
                 LOCAL_WORLD_SIZE=str(world_size),
                 MASTER_ADDR="127.0.0.1",
                 MASTER_PORT=port,
-                TORCHTITAN_NPU_SIM_DEVICES=str(max(world_size, 2)),
             )
             processes.append(
                 subprocess.Popen(

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 
@@ -15,5 +17,12 @@ def test_hccl_collectives_and_dtensor(run_ranks) -> None:
 @pytest.mark.e2e
 def test_fsdp2_matches_cpu_and_dcp_round_trip(run_ranks, tmp_path) -> None:
     # Default DTensor RNG mode ("local"): random DTensor ops draw like on the CPU rehearsal.
-    outputs = run_ranks("fsdp_dcp", str(tmp_path / "checkpoint"))
+    # The audit checks FSDP2's all-gather/reduce-scatter streams and DCP's staging for order.
+    audit_dir = tmp_path / "audit"
+    outputs = run_ranks("fsdp_dcp", str(tmp_path / "checkpoint"),
+                        env={"TORCHTITAN_NPU_SIM_AUDIT": "1", "TORCHTITAN_NPU_SIM_AUDIT_DIR": str(audit_dir)})
     assert all("fsdp2+dcp ok" in output for output in outputs)
+    for rank in (0, 1):
+        audit = json.loads((audit_dir / f"audit_rank{rank}.json").read_text())
+        assert audit["stream_findings"] == [], audit["stream_findings"]
+        assert len(audit["streams"]) > 1, "FSDP2 used its side streams"

@@ -29,6 +29,7 @@ def sim_env(
 ) -> dict[str, str]:
     """Copy of ``base_env`` with the stand-in on PYTHONPATH and TORCHTITAN_NPU_SIM=1.
 
+    The one way to get the simulated-NPU environment (tests build theirs on it).
     ``devices``/``memory_gb`` set TORCHTITAN_NPU_SIM_DEVICES/_MEMORY_GB when given.
     """
     env = dict(base_env)
@@ -45,8 +46,10 @@ def sim_env(
 
 
 def shell_exports() -> str:
-    """The ``export`` line that puts the stand-in on the path in a POSIX shell."""
-    return f"export PYTHONPATH={SITE_DIR}${{PYTHONPATH:+:$PYTHONPATH}} {ENABLE_VAR}=1"
+    """The ``export`` line for a POSIX shell: what ``sim_env`` sets, keeping the shell's PYTHONPATH."""
+    env = sim_env({})
+    others = " ".join(f"{key}={value}" for key, value in env.items() if key != "PYTHONPATH")
+    return f"export PYTHONPATH={env['PYTHONPATH']}${{PYTHONPATH:+:$PYTHONPATH}} {others}"
 
 
 __all__ = ["SIM_ROOT", "SITE_DIR", "sim_env", "shell_exports"]

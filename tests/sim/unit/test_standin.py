@@ -43,12 +43,18 @@ def test_hccl_is_the_npu_default_backend() -> None:
 
 
 def test_reference_ops_are_forwarded_lazily(monkeypatch: pytest.MonkeyPatch) -> None:
-    fake = types.ModuleType("npu_inject.ops.reference")
-    fake.npu_grouped_matmul = lambda *args, **kwargs: ("grouped_matmul", args, kwargs)
-    monkeypatch.setitem(sys.modules, "npu_inject.ops.reference", fake)
-    assert torch_npu.npu_grouped_matmul(1, group_list=[2]) == ("grouped_matmul", (1,), {"group_list": [2]})
-    with pytest.raises(NotImplementedError, match="npu_moe_token_permute"):
-        torch_npu.npu_moe_token_permute(torch.ones(1))
+    # Kernels are npu:: operators (with fakes, for torch.compile) computed by the reference
+    # family module, looked up per call.
+    fake = types.ModuleType("npu_inject.ops.reference.grouped_matmul")
+    fake.npu_grouped_matmul = lambda x, weight, **kwargs: [x[0] * 2]
+    monkeypatch.setitem(sys.modules, "npu_inject.ops.reference.grouped_matmul", fake)
+    (y,) = torch_npu.npu_grouped_matmul([torch.ones(2, 3, device="npu")], [torch.ones(1, 3, 4, device="npu")],
+                                        group_list=torch.tensor([2], device="npu"), split_item=3)
+    assert torch.equal(y.cpu(), torch.full((2, 3), 2.0))
+    from torch_npu import _reference_ops
+
+    with pytest.raises(NotImplementedError, match="npu_not_a_kernel"):
+        _reference_ops._reference("npu_not_a_kernel")
 
 
 def test_autocast_on_npu() -> None:

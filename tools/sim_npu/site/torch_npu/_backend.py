@@ -75,3 +75,7 @@ def install() -> None:
     _hccl.register()
     _dtensor_rng.install()
     _installed = True
+
+    from torch_npu import _audit
+
+    _audit.install_from_env()  # TORCHTITAN_NPU_SIM_AUDIT=1
