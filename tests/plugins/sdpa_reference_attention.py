@@ -48,7 +48,11 @@ def apply(ctx):
                      out_transform=None, **kwargs):
         if score_mod is not None or out_transform is not None:
             raise NotImplementedError("sdpa_reference_attention: score_mod/out_transform are not needed by the tests")
-        return _sdpa_BLNH(q, k, v, attention_masks.keep_BLL, scale)
+        keep_BLL = getattr(attention_masks, "keep_BLL", None)
+        if keep_BLL is None:  # a BlockMask the model built itself (muse_glimmer): its mask_mod, densely
+            shape_BL = torch.zeros(q.shape[:2], dtype=torch.long, device=q.device)
+            keep_BLL = _dense_from_mask_mods(shape_BL, [attention_masks.mask_mod])
+        return _sdpa_BLNH(q, k, v, keep_BLL, scale)
 
     def varlen_forward(original, varlen, q, k, v, *, attention_masks, scale=None, **kwargs):
         B, L = q.shape[:2]

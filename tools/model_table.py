@@ -1,0 +1,118 @@
+"""The model coverage matrix: one debug config per torchtitan 0.3.0 family x target.
+
+``ROWS`` is the single list both tests/e2e/test_model_matrix.py (which runs every
+row) and the README's "Model coverage" table (rendered here) come from;
+tests/test_model_table.py checks the README holds exactly what ``render()`` gives.
+
+A row either trains (loss falls over the run) or stops at start-up with
+model_guard's one line; ``stop`` is the part of that line the test looks for.
+
+Usage: python tools/model_table.py            # print the table
+       python tools/model_table.py --check    # exit 1 when README.md differs
+       python tools/model_table.py --write    # rewrite the table in README.md
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from dataclasses import dataclass
+
+README = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "README.md")
+BEGIN, END = "<!-- model-table:begin (tools/model_table.py) -->", "<!-- model-table:end -->"
+TARGETS = ("rehearsal", "sim_npu")
+
+
+@dataclass(frozen=True)
+class Row:
+    family: str
+    module: str
+    config: str
+    stop: str | None = None  # None: trains on both targets; else what model_guard's line says
+    note: str = ""
+    ci: tuple[str, ...] = TARGETS  # targets the e2e (CI) run covers; the `models` marker runs all
+    extra: tuple[str, ...] = ()  # training flags this row needs beyond the common short run
+
+    @property
+    def trains(self) -> bool:
+        return self.stop is None
+
+
+ROWS = (
+    Row("llama3", "llama3", "llama3_debugmodel", ci=()),  # CI: tests/e2e/test_train_*.py
+    Row("llama3 (SFT)", "llama3", "sft_debugmodel", ci=("rehearsal",),
+        note="tests/assets/sft_test (tools/make_sft_assets.py)"),
+    Row("qwen3", "qwen3", "qwen3_debugmodel", ci=("rehearsal",)),
+    Row("qwen3 MoE", "qwen3", "qwen3_moe_debug", ci=(),  # CI: tests/e2e/test_moe_train.py (EP 2)
+        note="64 experts: about 2.5 min per run on 2 CPU cores"),
+    Row("deepseek_v3", "deepseek_v3", "deepseek_v3_debugmodel", ci=()),  # CI: tests/e2e/test_moe_train.py
+    Row("gpt_oss", "gpt_oss", "gpt_oss_debugmodel", ci=(),
+        note="its attention sinks (out_transform) run on reference attention"),
+    Row("muse_glimmer", "muse_glimmer", "muse_glimmer_debugmodel",
+        ci=("sim_npu",), note="loss falls slowly: the final norm's gain starts at 0 (logits are 0 at step 1)"),
+    Row("qwen3_5", "qwen3_5", "qwen35_debugmodel", stop="cannot train on target",
+        note="gated delta-net needs flash-linear-attention's Triton/CUDA kernels"),
+    Row("kimi_k2_7", "kimi_k2_7", "kimi_k2_5_debugmodel", stop="needs torchvision",
+        note="then tests/assets/cc12m_test from a torchtitan checkout"),
+    Row("flux", "flux", "flux_debugmodel", stop="needs transformers",
+        note="then FLUX.1-dev's autoencoder and tests/assets/cc12m_test"),
+    Row("llama3 float8", "llama3", "llama3_debugmodel_float8", stop="trains in float8"),
+    Row("deepseek_v3 MXFP8", "deepseek_v3", "deepseek_v3_debugmodel_mxfp8", stop="trains in MXFP8",
+        note="Ascend 950 MXFP8 (npu_dynamic_mx_quant + npu_quant_matmul) not implemented"),
+    Row("qwen3 NVFP4", "qwen3", "qwen3_debugmodel_nvfp4", stop="trains in NVFP4"),
+)
+
+
+def cell(row: Row, target: str) -> str:
+    if row.trains:
+        return "trains" + (" (CI)" if target in row.ci else "")
+    return f"stops: `{row.stop}` (CI)" if target in row.ci else f"stops: `{row.stop}`"
+
+
+def render() -> str:
+    lines = [
+        "| family | config | rehearsal | 2 simulated NPUs | note |",
+        "|---|---|---|---|---|",
+    ]
+    for row in ROWS:
+        lines.append(f"| {row.family} | `--module {row.module} --config {row.config}` | "
+                     f"{cell(row, 'rehearsal')} | {cell(row, 'sim_npu')} | {row.note} |")
+    return "\n".join([BEGIN, *lines, END])
+
+
+def readme_table(text: str) -> str | None:
+    start, end = text.find(BEGIN), text.find(END)
+    if start < 0 or end < 0:
+        return None
+    return text[start:end + len(END)]
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--check", action="store_true", help="exit 1 when README.md's table differs")
+    parser.add_argument("--write", action="store_true", help="replace the table in README.md")
+    args = parser.parse_args()
+    table = render()
+    with open(README, encoding="utf-8") as handle:
+        text = handle.read()
+    current = readme_table(text)
+    if args.write:
+        if current is None:
+            print(f"{README} has no {BEGIN} ... {END} block to replace", file=sys.stderr)
+            return 1
+        with open(README, "w", encoding="utf-8") as handle:
+            handle.write(text.replace(current, table))
+        return 0
+    if args.check:
+        if current != table:
+            print("README.md's model table differs from tools/model_table.py; run: python tools/model_table.py "
+                  "--write", file=sys.stderr)
+            return 1
+        return 0
+    print(table)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
