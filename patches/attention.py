@@ -57,6 +57,7 @@ def plan_for_mask_mods(mask_mods, positions_BL, codes):
 def apply(ctx: PatchContext) -> None:
     from torch.nn.attention.flex_attention import create_mask
 
+    from npu_inject.ops.cp import ContextParallelPlan, context_parallel_attention_BLNH
     from npu_inject.ops.attention import (
         AttentionPlan,
         fusion_attention_BLNH,
@@ -76,6 +77,9 @@ def apply(ctx: PatchContext) -> None:
                      scale=None, enable_gqa=False, out_transform=None, **kwargs):
         # enable_gqa needs no flag: the kernel takes fewer key/value heads than query heads.
         mask = attention_masks
+        if isinstance(mask, ContextParallelPlan):
+            _check_no_cp_extras(score_mod, out_transform)
+            return context_parallel_attention_BLNH(q_BLNH, k_BLNH, v_BLNH, mask, mask.plan, scale)
         if isinstance(mask, AttentionPlan) and score_mod is None and out_transform is None:
             out_BLNH, _ = fusion_attention_BLNH(q_BLNH, k_BLNH, v_BLNH, mask, scale)
             return out_BLNH
@@ -89,6 +93,11 @@ def apply(ctx: PatchContext) -> None:
         keep_BNLL = _dense_keep_mask(mask, q_BLNH, k_BLNH)
         out_BLNH, lse_BLN = reference_attention_BLNH(q_BLNH, k_BLNH, v_BLNH, keep_BNLL, scale, score_mod)
         return out_BLNH if out_transform is None else out_transform(out_BLNH, lse_BLN)
+
+    def _check_no_cp_extras(score_mod, out_transform):
+        if score_mod is not None or out_transform is not None:
+            raise NotImplementedError("context parallel (patch context_parallel) runs the fused kernel only: "
+                                      "a score_mod or out_transform needs context_parallel_degree 1")
 
     def _dense_keep_mask(mask, q_BLNH, k_BLNH):
         B, L, S = q_BLNH.shape[0], q_BLNH.shape[1], k_BLNH.shape[1]
@@ -114,6 +123,9 @@ def apply(ctx: PatchContext) -> None:
                 f"VarlenAttention window_size={varlen.window_size}: the NPU kernel's band mode "
                 "needs right == 0 (causal or sliding window) or (-1, -1) (full)"
             )
+        if isinstance(metadata, ContextParallelPlan):
+            _check_no_cp_extras(None, out_transform)
+            return context_parallel_attention_BLNH(q_BLNH, k_BLNH, v_BLNH, metadata, plan, scale)
         if out_transform is not None:
             ctx.fallback("VarlenAttention with an out_transform runs on reference attention "
                          "(needs a differentiable log-sum-exp, which the kernel does not return)")

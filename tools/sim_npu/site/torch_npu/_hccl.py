@@ -293,12 +293,24 @@ class HcclSimBackend(_C10dBackend):
         _copy_back(output_tensors, host_outputs)
         return _completed(output_tensors)
 
+    def _check_peer(self, peer: int, what: str) -> None:
+        # Real HCCL takes group-local peers and rejects larger ones with this message; a
+        # global rank passed on a sub-group must fail here too, not reach a wrong rank.
+        if not 0 <= peer < self._size:
+            raise RuntimeError(
+                f"HCCL {what}: p2p rank id must be smaller than group size: got peer rank {peer} "
+                f"on a group of size {self._size} (pass the peer's rank within the group, "
+                "e.g. dist.get_group_rank(group, global_rank))"
+            )
+
     def send(self, tensors: list[torch.Tensor], dst_rank: int, tag: int) -> dist.Work:
+        self._check_peer(dst_rank, "send")
         hosts = [_to_host(t) for t in tensors]
         self._run(self._gloo.send(hosts, dst_rank, tag))
         return _completed(tensors)
 
     def recv(self, tensors: list[torch.Tensor], src_rank: int, tag: int) -> dist.Work:
+        self._check_peer(src_rank, "recv")
         hosts = [_to_host(t) for t in tensors]
         self._run(self._gloo.recv(hosts, src_rank, tag))
         _copy_back(tensors, hosts)
