@@ -208,6 +208,9 @@ def build_parser() -> argparse.ArgumentParser:
     from npu_inject import audit  # stdlib only, like compare
 
     audit.add_parser(commands)
+    from npu_inject import selftest  # imports torch only when the command runs
+
+    selftest.add_parser(commands)
     return parser
 
 

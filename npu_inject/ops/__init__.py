@@ -13,6 +13,8 @@ from __future__ import annotations
 import functools
 from types import ModuleType
 
+import torch
+
 from npu_inject import settings
 
 
@@ -33,4 +35,10 @@ def kernels() -> ModuleType:
     Called for every kernel launch: the target comes from the process's settings,
     which the runtime established (and validated) at activation.
     """
-    return _kernels_for(settings.current().target)
+    target = settings.current().target
+    if target != "npu" and torch.compiler.is_compiling():
+        # Under torch.compile the reference kernels are custom ops with fakes, as torch_npu's are.
+        from npu_inject.ops import rehearsal
+
+        return rehearsal
+    return _kernels_for(target)

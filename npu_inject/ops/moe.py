@@ -28,6 +28,7 @@ from __future__ import annotations
 import functools
 
 import torch
+from torch.fx.experimental.symbolic_shapes import guard_or_false
 
 from npu_inject.ops import kernels
 
@@ -114,7 +115,12 @@ def kernel_backward_available(device: torch.device, dtype: torch.dtype) -> bool:
     False means the provider computes the weight gradient only through autograd
     of its own forward (the reference kernels are plain PyTorch and do).
     """
-    return _groups_along_k(kernels().__name__, device.type, dtype)
+    return _groups_along_k_constant(kernels().__name__, device.type, dtype)
+
+
+@torch.compiler.assume_constant_result  # under torch.compile: probed for real while tracing, then a constant
+def _groups_along_k_constant(provider_name: str, device_type: str, dtype: torch.dtype) -> bool:
+    return _groups_along_k(provider_name, device_type, dtype)
 
 
 def grouped_matmul_RO(
@@ -136,13 +142,13 @@ def grouped_matmul_RO(
             f"grouped_matmul_RO: x_RI must be 2-D (rows, in), weight_EIO 3-D (experts, in, out) and "
             f"offsets_E 1-D, got {tuple(x_RI.shape)}, {tuple(weight_EIO.shape)}, {tuple(offsets_E.shape)}"
         )
-    if offsets_E.shape[0] != weight_EIO.shape[0] or x_RI.shape[1] != weight_EIO.shape[1]:
+    if offsets_E.shape[0] != weight_EIO.shape[0] or guard_or_false(x_RI.shape[1] != weight_EIO.shape[1]):
         raise ValueError(
             f"grouped_matmul_RO: offsets_E has {offsets_E.shape[0]} experts and x_RI width {x_RI.shape[1]}; "
             f"weight_EIO {tuple(weight_EIO.shape)} needs one offset per expert and width {weight_EIO.shape[1]}"
         )
     group_list_E = offsets_E.to(torch.int64)
-    if x_RI.shape[0] == 0:
+    if guard_or_false(x_RI.shape[0] == 0):  # data-dependent under torch.compile: trace the general path
         # No routed rows on this rank: skip the kernel but keep both inputs in the
         # graph, so every rank produces (zero) expert gradients for FSDP to reduce.
         return torch.matmul(x_RI, weight_EIO[0]) if weight_EIO.shape[0] else x_RI.new_zeros(0, weight_EIO.shape[2])
@@ -204,9 +210,9 @@ def combine_by_token(
     """
     T = x_TD.shape[0]
     N = token_indices_experts_sorted_N.numel()
-    if T == 0 or N == 0:
+    if guard_or_false(T == 0) or guard_or_false(N == 0):
         return torch.zeros_like(x_TD) + routed_output_ND.sum() * 0
-    if N % T or routed_output_ND.shape[0] != N or topk_scores_experts_sorted_N.numel() != N:
+    if N % T or guard_or_false(routed_output_ND.shape[0] != N) or topk_scores_experts_sorted_N.numel() != N:
         raise ValueError(
             f"combine_by_token: routed_output_ND {tuple(routed_output_ND.shape)}, "
             f"token_indices_experts_sorted_N ({N},) and topk_scores_experts_sorted_N "
@@ -241,7 +247,9 @@ def expert_major_permutation(
     e = E // ep_size
     R = routed_input_RD.shape[0]
     num_tokens_per_local_expert_e = num_tokens_per_rank_expert_E.view(ep_size, e).sum(0)
-    if R == 0:
+    # Under torch.compile R is data-dependent (all-to-all sizes): trace the general path, which
+    # handles 0 rows too; eager keeps the shortcut.
+    if guard_or_false(R == 0):
         return routed_input_RD, num_tokens_per_rank_expert_E.new_zeros(0, dtype=torch.int64), num_tokens_per_local_expert_e
     device = num_tokens_per_rank_expert_E.device
     local_expert_of_segment_E = torch.arange(e, device=device).repeat(ep_size)
@@ -256,12 +264,12 @@ def rank_major_unpermutation(routed_output_RD: torch.Tensor, permuted_indices_R:
     ``out[permuted_indices_R[p]] = routed_output_RD[p]``: the kernel without probs
     (top-k 1) gathers ``out[i] = routed_output_RD[row_of_input[i]]``.
     """
-    if permuted_indices_R.numel() != routed_output_RD.shape[0]:
+    if guard_or_false(permuted_indices_R.numel() != routed_output_RD.shape[0]):  # unknown when compiled
         raise ValueError(
             f"rank_major_unpermutation: permuted_indices_R has {permuted_indices_R.numel()} entries for "
             f"{routed_output_RD.shape[0]} rows of routed_output_RD; pass the indices _permute returned"
         )
-    if routed_output_RD.shape[0] == 0:
+    if guard_or_false(routed_output_RD.shape[0] == 0):
         return routed_output_RD
     row_of_input_R = inverse_permutation(permuted_indices_R)
     return kernels().npu_moe_token_unpermute(routed_output_RD, row_of_input_R.to(torch.int32))

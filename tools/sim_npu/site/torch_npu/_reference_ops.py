@@ -10,9 +10,13 @@ the stand-in imports without npu_inject on sys.path.
 from __future__ import annotations
 
 import importlib
+import importlib.util
 from typing import Any, Callable
 
 _REFERENCE_MODULE = "npu_inject.ops.reference"
+
+# Operators with autograd and DTensor sharding strategies, as torch_npu's are (see _block_ops).
+from torch_npu._block_ops import npu_rms_norm, npu_rotary_mul, npu_swiglu  # noqa: E402,F401
 
 
 def _reference(name: str) -> Callable[..., Any]:
@@ -47,3 +51,34 @@ def npu_moe_token_permute(*args: Any, **kwargs: Any) -> Any:
 
 def npu_moe_token_unpermute(*args: Any, **kwargs: Any) -> Any:
     return _reference("npu_moe_token_unpermute")(*args, **kwargs)
+
+
+def _register_described_kernels() -> dict[str, Any]:
+    """Kernels npu_inject.ops.fakes describes, as ``npu::`` operators with fake implementations.
+
+    torch_npu's kernels are operators with meta registrations, which torch.compile needs to
+    trace them; registering the stand-in's the same way (npu_inject.ops.library) makes a
+    compiled run here fail on a kernel without one, as it would on a real NPU. A kernel
+    joins by adding a KernelSpec to npu_inject/ops/fakes.py. Without npu_inject importable
+    the forwarding functions above stay, and raise on first call.
+    """
+    if importlib.util.find_spec("npu_inject") is None:
+        return {}
+    from npu_inject.ops import fakes, library
+
+    def implementation(spec: Any, name: str) -> Callable[[], Callable[..., Any]]:
+        # The family module's function, looked up per call (patches may wrap the package's).
+        module = f"{_REFERENCE_MODULE}.{spec.reference_module}"
+        return lambda: getattr(importlib.import_module(module), name)
+
+    kernels = {}
+    for name, spec in fakes.KERNELS.items():
+        op = library.register_kernel(
+            f"npu::{name}", spec.schema, fakes.tensor_outputs(implementation(spec, name), spec), spec.fake,
+            differentiable_inputs=spec.differentiable_inputs, differentiable_outputs=spec.differentiable_outputs,
+        )
+        kernels[name] = fakes.with_extra_outputs(op, spec, name)
+    return kernels
+
+
+globals().update(_register_described_kernels())

@@ -17,6 +17,8 @@ from typing import Any, Iterator
 
 import torch
 
+from torch_npu import _audit
+
 DEVICE_NAME = "Ascend910B-sim"
 
 _device_t = torch.device | str | int | None
@@ -107,7 +109,11 @@ class device_of(device):
 
 
 def synchronize(device: _device_t = None) -> None:
-    _device_index(device)  # validates; kernels already ran synchronously
+    index = _device_index(device)  # validates; kernels already ran synchronously
+    audit = _audit.active()
+    if audit is not None:
+        audit.sync("synchronize", f"torch.npu.synchronize(npu:{index})")
+        audit.stream_order.host_waits_for_device(index)
 
 
 @dataclass(frozen=True)
@@ -180,6 +186,26 @@ class Stream(torch.Stream):
         event.record(self)
         return event
 
+    # The audit (TORCHTITAN_NPU_SIM_AUDIT=1) orders streams by these calls.
+    def wait_event(self, event: torch.Event) -> None:
+        super().wait_event(event)
+        audit = _audit.active()
+        if audit is not None:
+            audit.stream_order.wait_event(_audit._stream_key(self), event.event_id)
+
+    def wait_stream(self, stream: torch.Stream) -> None:
+        super().wait_stream(stream)
+        audit = _audit.active()
+        if audit is not None:
+            audit.stream_order.wait_stream(_audit._stream_key(self), _audit._stream_key(stream))
+
+    def synchronize(self) -> None:
+        super().synchronize()
+        audit = _audit.active()
+        if audit is not None:
+            audit.sync("synchronize", f"Stream.synchronize (stream {self.stream_id})")
+            audit.stream_order.host_waits_for_stream(_audit._stream_key(self))
+
     def __repr__(self) -> str:
         return f"<torch_npu.npu.Stream device=npu:{self.device_index} stream_id={self.stream_id}>"
 
@@ -212,10 +238,25 @@ class Event(torch.Event):
         )
 
     def record(self, stream: torch.Stream | None = None) -> None:
-        super().record(current_stream() if stream is None else stream)
+        stream = current_stream() if stream is None else stream
+        super().record(stream)
+        audit = _audit.active()
+        if audit is not None:
+            audit.stream_order.record_event(self.event_id, _audit._stream_key(stream))
 
     def wait(self, stream: torch.Stream | None = None) -> None:
-        super().wait(current_stream() if stream is None else stream)
+        stream = current_stream() if stream is None else stream
+        super().wait(stream)
+        audit = _audit.active()
+        if audit is not None:
+            audit.stream_order.wait_event(_audit._stream_key(stream), self.event_id)
+
+    def synchronize(self) -> None:
+        super().synchronize()
+        audit = _audit.active()
+        if audit is not None:
+            audit.sync("synchronize", "Event.synchronize")
+            audit.stream_order.host_waits_for_event(self.event_id)
 
     def elapsed_time(self, end_event: torch.Event) -> float:
         # torch.Event.elapsed_time accepts only exact torch.Event instances.
@@ -385,3 +426,6 @@ def memory_summary(device: _device_t = None, abbreviated: bool = False) -> str:
         f"peak {stats['allocated_bytes.all.peak']} B, "
         f"capacity {torch.ops.npu_sim.capacity_bytes()} B, OOMs {stats['num_ooms']}"
     )
+
+
+from torch_npu import _memory_history as memory  # noqa: E402  (torch.npu.memory: snapshot API stand-in)

@@ -1,0 +1,134 @@
+"""``--compile.enable`` trains through the runtime like the eager run (patch compile).
+
+Same target, same seed, fp32, deterministic: the compiled run's per-step losses must
+equal the eager run's within 1e-4 relative. llama3 runs start from the session's seed
+checkpoint; MoE runs from the same seed on the same target (as tests/e2e/test_moe_train.py).
+
+In CI (marker e2e), one case per model family, measured on 2 loaded CPU cores
+(torch's C++ inductor compiles each block's forward and backward once, about
+1-2 minutes per run):
+
+* llama3_debugmodel, CPU rehearsal, 10 steps: backend inductor;
+* llama3_debugmodel on 2 simulated NPUs, 10 steps: the stand-in torch_npu has no NPU
+  inductor, so the patch falls back to aot_eager (a report fallback entry);
+* deepseek_v3_debugmodel (MoE, local dispatch), CPU rehearsal, 4 steps.
+
+Behind ``-m compile_long``: llama3_debugmodel_varlen_attn and qwen3_moe_debug (EP 2,
+all-to-all dispatch), 10 steps each.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+
+from testkit import LLAMA_STEPS, clean_env, from_seed, parse_losses, sim_npu_env, torchrun, train_llama
+
+COMPILE = ["--compile.enable"]
+# A recompile on one rank (new MoE token counts) can keep the other waiting past the 100 s default.
+MOE_COMPILE = [*COMPILE, "--comm.train_timeout_seconds", "1200"]
+MOE_STEPS = 4
+MOE_ARGS = ["--training.seq_len", "128", "--training.local_batch_size", "1", "--validator.no-enable",
+            "--checkpoint.no-enable", "--debug.seed", "42", "--debug.deterministic",
+            "--training.mixed_precision_param", "float32"]
+NO_ACTIVATION_CHECKPOINTING = ["activation-checkpoint:none"]  # a subcommand: must come last
+
+
+def max_relative_difference(losses: dict[int, float], baseline: dict[int, float]) -> float:
+    assert sorted(losses) == sorted(baseline) and baseline, (losses, baseline)
+    return max(abs(losses[step] - baseline[step]) / abs(baseline[step]) for step in baseline)
+
+
+def compile_records(dump: str) -> list[dict]:
+    records = []
+    for rank in (0, 1):
+        with open(os.path.join(dump, "npu_inject", f"report_rank{rank}.json"), encoding="utf-8") as handle:
+            records.append(json.load(handle)["patches"]["compile"])
+    return records
+
+
+def assert_backend(dump: str, backend: str, fallback: bool) -> None:
+    for record in compile_records(dump):
+        assert record["state"] == "applied", record
+        assert any(note.startswith(f"torch.compile backend for the model blocks: {backend} (")
+                   for note in record["notes"]), record
+        assert bool(record["fallbacks"]) == fallback, record
+
+
+def _llama_compiled_vs_eager(llama_runs, seed_checkpoint, tmp_path, config: str):
+    eager, _, _ = llama_runs(config, "cpu")
+    dump = str(tmp_path / "compiled")
+    compiled, _ = train_llama(config, dump, clean_env(TORCHTITAN_NPU="cpu"), extra=[*from_seed(seed_checkpoint), *COMPILE])
+    assert_backend(dump, "inductor", fallback=False)
+    worst = max_relative_difference(compiled, eager)
+    print(f"{config} rehearsal, compiled (inductor) vs eager: max relative loss difference {worst:.2e}\n"
+          f"compiled {compiled}\neager {eager}")
+    assert worst <= 1e-4
+
+
+@pytest.mark.e2e
+def test_llama3_compiled_in_the_rehearsal_trains_like_eager(llama_runs, seed_checkpoint, tmp_path):
+    _llama_compiled_vs_eager(llama_runs, seed_checkpoint, tmp_path, "llama3_debugmodel")
+
+
+@pytest.mark.compile_long
+def test_llama3_varlen_compiled_in_the_rehearsal_trains_like_eager(llama_runs, seed_checkpoint, tmp_path):
+    _llama_compiled_vs_eager(llama_runs, seed_checkpoint, tmp_path, "llama3_debugmodel_varlen_attn")
+
+
+@pytest.mark.e2e
+def test_llama3_compiled_on_simulated_npus_falls_back_to_aot_eager_and_trains_like_eager(
+        llama_runs, seed_checkpoint, tmp_path):
+    eager, _, _ = llama_runs("llama3_debugmodel", "cpu")
+    dump = str(tmp_path / "compiled")
+    # The simulator's audit is a dispatch mode over every op: off here, torch.compile traces instead.
+    env = sim_npu_env(TORCHTITAN_NPU_SIM_AUDIT="0")
+    compiled, log = train_llama("llama3_debugmodel", dump, env, extra=[*from_seed(seed_checkpoint), *COMPILE])
+    assert "npu_inject: target=npu" in log
+    assert_backend(dump, "aot_eager", fallback=True)
+    for record in compile_records(dump):
+        (reason,) = record["fallbacks"]
+        assert "torch_npu._inductor" in reason, reason
+    worst = max_relative_difference(compiled, eager)
+    print(f"llama3_debugmodel on 2 simulated NPUs, compiled (aot_eager) vs rehearsal eager: "
+          f"max relative loss difference {worst:.2e}")
+    assert worst <= 1e-4
+
+
+def _moe_run(module: str, config: str, dump: str, steps: int, extra=()):
+    args = ["--module", module, "--config", config, "--training.steps", str(steps), *MOE_ARGS,
+            "--dump_folder", dump, *extra, *NO_ACTIVATION_CHECKPOINTING]
+    result = torchrun(args, clean_env(TORCHTITAN_NPU="cpu"), nproc=2, timeout=1200)
+    assert result.returncode == 0, result.stdout[-6000:]
+    losses = parse_losses(result.stdout)
+    assert sorted(losses) == list(range(1, steps + 1)), result.stdout[-3000:]
+    return losses
+
+
+def _moe_compiled_vs_eager(tmp_path, module: str, config: str, steps: int, extra=()):
+    eager = _moe_run(module, config, str(tmp_path / "eager"), steps, extra)
+    compiled_dump = str(tmp_path / "compiled")
+    compiled = _moe_run(module, config, compiled_dump, steps, [*extra, *MOE_COMPILE])
+    assert_backend(compiled_dump, "inductor", fallback=False)
+    worst = max_relative_difference(compiled, eager)
+    print(f"{config} rehearsal, compiled vs eager: max relative loss difference {worst:.2e}\n"
+          f"compiled {compiled}\neager {eager}")
+    assert worst <= 1e-4
+
+
+@pytest.mark.e2e
+def test_deepseek_v3_moe_compiled_in_the_rehearsal_trains_like_eager(tmp_path):
+    _moe_compiled_vs_eager(tmp_path, "deepseek_v3", "deepseek_v3_debugmodel", MOE_STEPS)
+
+
+@pytest.mark.compile_long
+def test_qwen3_moe_ep2_compiled_in_the_rehearsal_trains_like_eager(tmp_path):
+    _moe_compiled_vs_eager(tmp_path, "qwen3", "qwen3_moe_debug", LLAMA_STEPS,
+                           ["--parallelism.expert_parallel_degree", "2"])
+
+
+@pytest.mark.compile_long
+def test_deepseek_v3_moe_compiled_ten_steps(tmp_path):
+    _moe_compiled_vs_eager(tmp_path, "deepseek_v3", "deepseek_v3_debugmodel", LLAMA_STEPS)

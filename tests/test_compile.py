@@ -1,0 +1,190 @@
+"""torch.compile through the runtime: backend choice (patch compile), kernels as ops, no graph break of ours.
+
+Graph breaks are counted with ``torch._dynamo.explain`` on one transformer block of
+torchtitan's own debug models, built in this process with the runtime's patches,
+against the same block with the patched functions replaced by the independent
+plain-PyTorch test plugins (tests/plugins: SDPA attention, loop-over-experts MoE):
+the runtime must add no break (torchtitan compiles blocks with fullgraph=True, where
+any break is an error). The qwen3 MoE case runs with ``-m compile_long``.
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import os
+
+import pytest
+import torch
+
+from npu_inject import runtime
+from testkit import PLUGINS, clean_env
+
+
+# -- backend choice ----------------------------------------------------------------------
+
+
+def _compile_patch():
+    return importlib.import_module("npu_inject.patches.compile")
+
+
+def test_rehearsal_compiles_with_torchs_cpu_inductor():
+    backend, why, problem = _compile_patch().resolve_backend("inductor", "auto", "cpu")
+    assert (backend, problem) == ("inductor", "")
+    assert "C++ inductor" in why
+
+
+def test_npu_without_torch_npu_inductor_falls_back_to_aot_eager(monkeypatch):
+    compile_patch = _compile_patch()
+    real_find_spec = importlib.util.find_spec
+    monkeypatch.setattr(compile_patch.importlib.util, "find_spec",
+                        lambda name, *a: None if name == "torch_npu._inductor" else real_find_spec(name, *a))
+    backend, why, problem = compile_patch.resolve_backend("inductor", "auto", "npu")
+    assert backend == "aot_eager"
+    assert "torch_npu._inductor" in problem and "'inductor' (--compile.backend) cannot run on target npu" in why
+
+
+def test_registry_option_forces_a_backend_and_unknown_backends_fall_back():
+    compile_patch = _compile_patch()
+    assert compile_patch.resolve_backend("inductor", "aot_eager", "npu") == (
+        "aot_eager", "registry option backend", "")
+    backend, why, problem = compile_patch.resolve_backend("inductor", "npugraph_ex", "cpu")
+    assert backend == "aot_eager" and "npugraph_ex" in problem, (why, problem)
+
+
+def test_registry_rejects_an_unknown_backend_option(tmp_path):
+    from npu_inject.errors import ConfigError
+
+    user = tmp_path / "user.json"
+    user.write_text(json.dumps({"patches": {"compile": {"options": {"backend": "tensorrt"}}}}))
+    with pytest.raises(ConfigError, match="backend"):
+        runtime.activate(clean_env(TORCHTITAN_NPU="cpu", TORCHTITAN_NPU_REGISTRY=str(user)), install_hooks=False)
+
+
+# -- kernels are opaque ops under compile --------------------------------------------------
+
+
+def test_rehearsal_fusion_attention_op_matches_the_reference_compiled_and_eager():
+    from npu_inject.ops import reference, rehearsal
+    from npu_inject.ops.attention import compressed_causal_mask
+
+    generator = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(2, 24, heads, 8, generator=generator, requires_grad=True) for heads in (4, 2, 2))
+    mask = compressed_causal_mask(torch.device("cpu"))
+    ends = [5, 24, 30, 48]
+
+    def attention(kernel, q, k, v):
+        causal, *_ = kernel(q, k, v, 4, "BSND", atten_mask=mask, scale=0.3, sparse_mode=2)
+        packed, *_ = kernel(q.reshape(48, 4, 8), k.reshape(48, 2, 8), v.reshape(48, 2, 8), 4, "TND",
+                            atten_mask=mask, scale=0.3, sparse_mode=3, actual_seq_qlen=ends,
+                            actual_seq_kvlen=ends, softmax_layout="TND")
+        return causal.square().sum() + packed.view(2, 24, 4, 8).sin().sum()
+
+    expected = attention(reference.npu_fusion_attention, q, k, v)
+    expected_grads = torch.autograd.grad(expected, (q, k, v))
+    compiled = torch.compile(lambda *t: attention(rehearsal.npu_fusion_attention, *t), fullgraph=True,
+                             backend="aot_eager")
+    for run in (lambda *t: attention(rehearsal.npu_fusion_attention, *t), compiled):
+        value = run(q, k, v)
+        grads = torch.autograd.grad(value, (q, k, v))
+        torch.testing.assert_close(value, expected, rtol=1e-6, atol=1e-6)
+        for grad, expected_grad in zip(grads, expected_grads):
+            torch.testing.assert_close(grad, expected_grad, rtol=1e-6, atol=1e-6)
+
+
+def _kernel_samples():
+    """(kernel name, args, kwargs) in the modes npu_inject calls each kernel with."""
+    from npu_inject.ops.attention import compressed_causal_mask
+
+    generator = torch.Generator().manual_seed(0)
+
+    def randn(*shape):
+        return torch.randn(*shape, generator=generator, requires_grad=True)
+
+    mask = compressed_causal_mask(torch.device("cpu"))
+    ends = [5, 16, 20, 32]
+    return [
+        ("npu_fusion_attention", (randn(2, 16, 4, 8), randn(2, 16, 2, 8), randn(2, 16, 2, 8), 4, "BSND"),
+         {"atten_mask": mask, "scale": 0.3, "sparse_mode": 2}),
+        ("npu_fusion_attention", (randn(32, 4, 8), randn(32, 2, 8), randn(32, 2, 8), 4, "TND"),
+         {"atten_mask": mask, "scale": 0.3, "sparse_mode": 3, "actual_seq_qlen": ends, "actual_seq_kvlen": ends,
+          "softmax_layout": "TND"}),
+        ("npu_grouped_matmul", ([randn(10, 6)], [randn(3, 6, 5)]),
+         {"group_list": torch.tensor([2, 2, 10]), "group_list_type": 0, "group_type": 0, "split_item": 3}),
+        ("npu_moe_token_permute", (randn(4, 6), torch.tensor([[0, 2], [1, 0], [2, 2], [1, 1]])), {}),
+        ("npu_moe_token_unpermute", (randn(8, 6), torch.tensor([3, 0, 5, 1, 7, 2, 6, 4], dtype=torch.int32),
+                                     randn(4, 2)), {}),
+    ]
+
+
+@pytest.mark.parametrize("index", range(5))
+def test_kernel_ops_pass_torch_library_opcheck(index):
+    """Schema, fake vs real outputs, autograd registration and AOT dispatch, per kernel (torch's own checker)."""
+    from npu_inject.ops import rehearsal  # noqa: F401  (registers torch.ops.npu_inject.*)
+
+    name, args, kwargs = _kernel_samples()[index]
+    torch.library.opcheck(getattr(torch.ops.npu_inject, name).default, args, kwargs)
+
+
+# -- graph breaks: the runtime adds none -----------------------------------------------------
+
+
+def _block_graph_breaks(monkeypatch, module: str, flavor: str, patches: str, registry: str | None,
+                        varlen: bool = False, block: int = 0) -> tuple[int, list[str]]:
+    env = {"TORCHTITAN_NPU": "cpu", "TORCHTITAN_NPU_PATCHES": patches}
+    if registry:
+        env["TORCHTITAN_NPU_REGISTRY"] = os.path.join(PLUGINS, registry)
+        monkeypatch.syspath_prepend(PLUGINS)
+    rt = runtime.activate(clean_env(**env), install_hooks=False)
+    try:
+        for trigger in ("torchtitan.tools.utils", "torchtitan.models.common.decoder",
+                        "torchtitan.models.common.moe", "torchtitan.distributed.compile"):
+            importlib.import_module(trigger)
+        for patch_id in patches.split(","):
+            assert rt.apply(patch_id.lstrip("+")), rt.report.patches[patch_id.lstrip("+")]
+        model_registry = importlib.import_module(f"torchtitan.models.{module}").model_registry
+        spec = model_registry(flavor, attn_backend="varlen") if varlen else model_registry(flavor)
+        config = spec.model
+        config.layers = config.layers[:block + 1]
+        torch.manual_seed(0)
+        model = config.build()
+        model.init_states()
+        tokens = torch.randint(0, 2048, (2, 64), generator=torch.Generator().manual_seed(1))
+        # Two packed documents per row: exercises the document masks and varlen offsets.
+        positions = torch.cat([torch.arange(24), torch.arange(40)]).repeat(2, 1)
+        masks = model.get_attention_masks(positions)
+        torch._dynamo.reset()
+        torch._dynamo.config.capture_scalar_outputs = True  # as torchtitan's apply_compile sets it
+        h = model.tok_embeddings(tokens)
+        explanation = torch._dynamo.explain(list(model.layers.values())[block])(h, masks, positions)
+        return explanation.graph_break_count, [str(reason.reason) for reason in explanation.break_reasons]
+    finally:
+        runtime.deactivate()
+        torch._dynamo.reset()
+
+
+@pytest.mark.parametrize("varlen", [False, True], ids=["flex", "varlen"])
+def test_llama3_block_has_no_graph_break_of_the_runtime(monkeypatch, varlen):
+    runtime_breaks = _block_graph_breaks(monkeypatch, "llama3", "debugmodel", "device,attention,compile", None,
+                                         varlen)
+    plain_breaks = _block_graph_breaks(monkeypatch, "llama3", "debugmodel", "device,sdpa_reference_attention",
+                                       "reference_registry.json", varlen)
+    print(f"\nllama3 block graph breaks ({'varlen' if varlen else 'flex'}): runtime {runtime_breaks[0]}, "
+          f"plain PyTorch {plain_breaks[0]}")
+    assert runtime_breaks[0] - plain_breaks[0] == 0, runtime_breaks[1]
+
+
+@pytest.mark.parametrize("module, flavor", [
+    ("deepseek_v3", "debugmodel"),
+    # 64 experts: about 2.5 minutes on 2 CPU cores, the same dispatch code as deepseek_v3's.
+    pytest.param("qwen3", "debugmodel_moe", marks=pytest.mark.compile_long),
+])
+def test_moe_block_has_no_graph_break_of_the_runtime(monkeypatch, module, flavor):
+    block = 1 if module == "deepseek_v3" else 0  # deepseek_v3's first layer is dense
+    runtime_breaks = _block_graph_breaks(monkeypatch, module, flavor, "device,attention,moe_dispatch,compile",
+                                         None, block=block)
+    plain_breaks = _block_graph_breaks(monkeypatch, module, flavor, "device,attention,moe_reference",
+                                       "moe_reference_registry.json", block=block)
+    print(f"\n{module} MoE block graph breaks: runtime {runtime_breaks[0]} {runtime_breaks[1]}, "
+          f"plain PyTorch {plain_breaks[0]} {plain_breaks[1]}")
+    assert runtime_breaks[0] - plain_breaks[0] == 0, runtime_breaks[1]
