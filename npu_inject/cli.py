@@ -34,10 +34,10 @@ def _load() -> tuple[settings_mod.Settings, registry_mod.Registry, dict[str, boo
 
 def _state(spec: registry_mod.PatchSpec, settings: settings_mod.Settings, enabled: dict[str, bool]) -> str:
     """'on' (would apply at its trigger), 'off', or 'off (why)' when not by selection."""
-    state, reason = registry_mod.initial_state(spec, enabled[spec.id], settings.target)
+    state, reason = registry_mod.initial_state(spec, enabled, settings.target)
     if state == "pending":
         return "on"
-    return "off" if not enabled[spec.id] else f"off ({reason})"
+    return "off" if reason == "off by selection" else f"off ({reason})"
 
 
 def _supports_text(spec: registry_mod.PatchSpec) -> str:
@@ -123,7 +123,12 @@ def _defined_names(body: list[ast.stmt]) -> dict[str, ast.AST]:
 
 
 def target_status(target: str) -> str:
-    """'ok' or why a 'module:qualname' target is missing from the installed sources."""
+    """'ok', 'ok (inherited ...)', or why a 'module:qualname' target is missing from the sources.
+
+    A method a class does not define itself may come from a base class in another
+    package (torchtitan's RMSNorm takes forward from nn.RMSNorm): without importing,
+    that is reported as inherited rather than missing.
+    """
     module_name, qualname = split_target(target)
     path = _module_source(module_name)
     if path is None:
@@ -133,10 +138,15 @@ def target_status(target: str) -> str:
     with open(path, encoding="utf-8") as handle:
         tree = ast.parse(handle.read(), filename=path)
     body: list[ast.stmt] = tree.body
+    owner: ast.AST | None = None
     for part in qualname.split("."):
         node = _defined_names(body).get(part)
         if node is None:
+            if isinstance(owner, ast.ClassDef) and owner.bases:
+                bases = ", ".join(ast.unparse(base) for base in owner.bases)
+                return f"ok (inherited from {bases}; not checked without importing)"
             return f"{part!r} not defined in {path}"
+        owner = node
         body = node.body if isinstance(node, ast.ClassDef) else []
     return "ok"
 
@@ -161,12 +171,16 @@ def cmd_doctor(args) -> int:
             spec, settings.target, lambda dist: versions.get(dist) or installed_version(dist))
         if version_issue:
             issues.append(version_issue)
+        notes = []
         for target in spec.targets:
             status = target_status(target)
-            if status != "ok":
+            if not status.startswith("ok"):
                 issues.append(f"target {target}: {status}")
+            elif status != "ok":
+                notes.append(f"target {target}: {status[len('ok ('):-1]}")
         problems += bool(issues)
-        print(f"  {spec.id:18} {'ok' if not issues else 'PROBLEM: ' + '; '.join(issues)}")
+        verdict = "ok" if not issues else "PROBLEM: " + "; ".join(issues)
+        print(f"  {spec.id:18} {verdict}" + "".join(f" [note: {note}]" for note in notes))
     if problems:
         print(f"{problems} problem(s): a run with this environment would not apply every enabled patch")
     return EXIT_OK if problems == 0 else EXIT_ERROR

@@ -364,11 +364,13 @@ def select(registry: Registry, selection: str, variable: str = "TORCHTITAN_NPU_P
                 "each comma-separated entry is all, none, ID, +ID or -ID"
             )
     enabled = {patch_id: spec.default for patch_id, spec in registry.patches.items()}
+    named: set[str] = set()  # ids the selection names (on or off), as opposed to defaults
     if any(token not in ("all", "none") and token[0] not in "+-" for token in tokens):
         enabled = dict.fromkeys(enabled, False)
     for token in tokens:
         if token in ("all", "none"):
             enabled = dict.fromkeys(enabled, token == "all")
+            named = set(registry.patches)
             continue
         sign, name = (token[0], token[1:]) if token[0] in "+-" else ("", token)
         if name not in registry.patches:
@@ -376,21 +378,36 @@ def select(registry: Registry, selection: str, variable: str = "TORCHTITAN_NPU_P
                 raise ConfigError(f"{variable}: {name!r} is no longer a patch: {RETIRED_IDS[name]}")
             raise ConfigError(f"{variable}: {unknown_id_message(name, registry.patches, 'patch id')}")
         enabled[name] = sign != "-"
-    for patch_id, on in enabled.items():
-        if not on:
-            continue
-        for required in registry.patches[patch_id].requires:
-            if not enabled[required]:
-                raise ConfigError(
-                    f"{variable}: patch {patch_id!r} requires {required!r}, which is disabled; "
-                    f"enable it (+{required}) or disable {patch_id!r} (-{patch_id})"
-                )
+        named.add(name)
+    # A patch on by default follows a requirement the selection switched off (-attention also
+    # turns off what builds on attention); one the selection itself asks for is a contradiction.
+    changed = True
+    while changed:
+        changed = False
+        for patch_id, on in enabled.items():
+            if not on:
+                continue
+            for required in registry.patches[patch_id].requires:
+                if enabled[required]:
+                    continue
+                if patch_id in named:
+                    raise ConfigError(
+                        f"{variable}: patch {patch_id!r} requires {required!r}, which is disabled; "
+                        f"enable it (+{required}) or disable {patch_id!r} (-{patch_id})"
+                    )
+                enabled[patch_id], changed = False, True
     return enabled
 
 
-def initial_state(spec: PatchSpec, enabled: bool, target: str | None) -> tuple[str, str]:
-    """(state, reason) of a patch before its trigger is imported: 'disabled' or 'pending'."""
-    if not enabled:
+def initial_state(spec: PatchSpec, enabled: Mapping[str, bool], target: str | None) -> tuple[str, str]:
+    """(state, reason) of a patch before its trigger is imported: 'disabled' or 'pending'.
+
+    ``enabled`` is :func:`select`'s result for the whole registry.
+    """
+    if not enabled[spec.id]:
+        off = [required for required in spec.requires if not enabled[required]]
+        if off:
+            return "disabled", f"off: requires {', '.join(off)}, which the selection turned off"
         return "disabled", "off by selection"
     if target is not None and target not in spec.runs_on:
         return "disabled", f"runs only on {', '.join(spec.runs_on)}"

@@ -63,7 +63,7 @@ class Runtime:
         self._applying: list[str] = []
         self._hooked: set[str] = set()
         for patch_id, spec in registry.patches.items():
-            state, reason = registry_mod.initial_state(spec, enabled[patch_id], settings.target)
+            state, reason = registry_mod.initial_state(spec, enabled, settings.target)
             self.states[patch_id] = PatchState(state, reason)
 
     # -- the report: a view of the state -----------------------------------------

@@ -43,7 +43,7 @@ def test_check_ok_and_errors(env, capsys, tmp_path):
     env.setenv("TORCHTITAN_NPU", "cpu")
     assert cli.main(["check"]) == 0
     assert capsys.readouterr().out.startswith("OK: target=cpu")
-    env.setenv("TORCHTITAN_NPU_PATCHES", "-device")
+    env.setenv("TORCHTITAN_NPU_PATCHES", "-device,+attention")
     assert cli.main(["check"]) == 2
     assert "requires 'device', which is disabled; enable it (+device)" in capsys.readouterr().err
     bad = tmp_path / "bad.json"
@@ -72,7 +72,8 @@ def test_doctor_finds_missing_targets(env, capsys, tmp_path):
     assert cli.main(["doctor"]) == 2
     line = next(l for l in capsys.readouterr().out.splitlines() if l.strip().startswith("mine"))
     assert "torchtitan 0.3.0 is outside the supported range >=9" in line
-    assert "'no_such_method' not defined" in line and "module torchtitan.nowhere not found" in line
+    # Trainer has base classes: a name it does not define may be inherited (not checked without importing)
+    assert "Trainer.no_such_method: inherited from" in line and "module torchtitan.nowhere not found" in line
 
 
 def test_target_status_reads_sources_without_importing():

@@ -114,9 +114,15 @@ def test_unknown_id_suggests_the_closest():
     assert "TORCHTITAN_NPU_PATCHES: unknown patch id 'atention'; did you mean attention?" in str(error.value)
 
 
-def test_disabling_a_required_patch_is_an_error():
+def test_disabling_a_requirement_turns_off_default_dependents_but_not_named_ones():
+    catalog = make_catalog(a=[], b=["a"], c=["b"])
+    assert registry.select(catalog, "-a") == {"a": False, "b": False, "c": False}
+    _, reason = registry.initial_state(catalog.patches["b"], registry.select(catalog, "-a"), "cpu")
+    assert reason == "off: requires a, which the selection turned off"
     with pytest.raises(ConfigError, match="patch 'b' requires 'a', which is disabled; enable it \\(\\+a\\)"):
-        registry.select(make_catalog(a=[], b=["a"], c=[]), "-a")
+        registry.select(catalog, "-a,+b")
+    with pytest.raises(ConfigError, match="patch 'b' requires 'a', which is disabled"):
+        registry.select(catalog, "b")
 
 
 def test_apply_order_puts_requirements_first():

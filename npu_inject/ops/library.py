@@ -32,7 +32,7 @@ def _arguments(schema: str) -> tuple[str, list[Any]]:
 
 
 def _plain(tensor: torch.Tensor) -> torch.Tensor:
-    """A gradient that arrives as an AsyncCollectiveTensor (after an all-to-all) waited for.
+    """A gradient or saved input that is an AsyncCollectiveTensor (after an all-to-all), waited for.
 
     Passing the subclass into the backward op would run it under the subclass's
     ``__torch_dispatch__``, where ``torch.func.vjp``'s wrappers reach the device's
@@ -138,7 +138,7 @@ def register_kernel(
         ctx.save_for_backward(*flat(inputs[i] for i in tensor_positions if inputs[i] is not None))
 
     def backward(ctx, *grads):
-        saved = list(ctx.saved_tensors)
+        saved = [_plain(tensor) for tensor in ctx.saved_tensors]
         values = list(ctx.values)
         cursor = 0
         for i, length in zip(tensor_positions, ctx.layout):

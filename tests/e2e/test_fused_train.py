@@ -104,11 +104,6 @@ def expected_census(module: str) -> dict[str, int]:
     return census
 
 
-def only_when_selected(request) -> None:
-    if "fused_matrix" not in (request.config.getoption("markexpr") or ""):
-        pytest.skip("the fused-kernel matrix runs only when selected by name: -m fused_matrix")  # CI: "e2e or not e2e"
-
-
 def check_parity(module: str, target: str, tmp_path) -> None:
     fused_dump, upstream_dump = str(tmp_path / "fused"), str(tmp_path / "upstream")
     fused = fused_train(module, target, fused_dump, fused=True)
@@ -141,16 +136,14 @@ def test_fused_kernels_keep_losses_on_simulated_npus_deepseek_v3(tmp_path):
 @pytest.mark.fused_matrix
 @pytest.mark.parametrize("target, module", [("cpu", "llama3"), ("cpu", "qwen3"), ("cpu", "deepseek_v3"),
                                             ("sim", "llama3"), ("sim", "qwen3")])
-def test_fused_kernels_keep_losses(target, module, tmp_path, request):
-    only_when_selected(request)
+def test_fused_kernels_keep_losses(target, module, tmp_path):
     check_parity(module, target, tmp_path)
 
 
 @pytest.mark.fused_matrix
 @pytest.mark.parametrize("spmd_backend", ["partial_dtensor", "spmd_types"])
 def test_tensor_parallel_with_fused_kernels_matches_tp1_on_simulated_npus(spmd_backend, tmp_path, request):
-    only_when_selected(request)
-    seed_checkpoint = request.getfixturevalue("seed_checkpoint")  # not built when skipped
+    seed_checkpoint = request.getfixturevalue("seed_checkpoint")
     # TP=2 (data parallel 1) and one rank see the same batch; both start from the seed checkpoint.
     tp2 = fused_train("llama3", "sim", str(tmp_path / "tp2"), fused=True, extra=[
         "--parallelism.tensor_parallel_degree", "2", "--parallelism.data_parallel_shard_degree", "1",

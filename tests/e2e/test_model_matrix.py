@@ -103,21 +103,17 @@ def test_row_trains_in_ci(row, target, tmp_path):
 @pytest.mark.models
 @pytest.mark.parametrize("row,target", [(row, target) for row in ROWS if row.trains for target in TARGETS],
                          ids=lambda value: getattr(value, "config", value))
-def test_row_trains_ten_steps(row, target, tmp_path, request):
-    if "models" not in request.config.getoption("markexpr"):
-        pytest.skip("the 10-step matrix runs only when selected by name: -m models")  # CI passes -m "e2e or not e2e"
+def test_row_trains_ten_steps(row, target, tmp_path):
     train_row(row, target, FULL_STEPS, str(tmp_path / "dump"))
 
 
 @pytest.mark.models
-def test_muse_glimmer_fused_masks_match_independent_sdpa_attention(tmp_path, request):
+def test_muse_glimmer_fused_masks_match_independent_sdpa_attention(tmp_path):
     """Muse Glimmer's masks on the fused kernel train exactly like plain SDPA with its own mask mods.
 
     Also the answer to its flat loss: both curves are the same (7.6246 -> 7.5999 over 10
     steps), so the slow fall is the model (its final norm's gain starts at 0), not the runtime.
     """
-    if "models" not in request.config.getoption("markexpr"):
-        pytest.skip("runs only when selected by name: -m models")
     from testkit import reference_attention_env
 
     (row,) = [row for row in ROWS if row.module == "muse_glimmer"]

@@ -21,14 +21,6 @@ import parallel_matrix  # noqa: E402
 RTOL = 1e-4
 
 
-@pytest.fixture(autouse=True)
-def _full_matrix_only_when_selected(request):
-    # Autouse fixtures run first: a skipped case never builds the seed checkpoint.
-    case = request.node.callspec.params["case"]
-    if not case.ci and "parallel" not in (request.config.option.markexpr or ""):
-        pytest.skip("the full matrix runs with -m parallel (bash tools/test.sh -m parallel)")
-
-
 _ROWS: list[dict] = []
 _RUNNER: dict = {}
 
@@ -43,7 +35,6 @@ def table_at_end(request):
 
 @pytest.fixture
 def matrix(request, tmp_path_factory, table_at_end):
-    # Function scope and a lazy seed: a skipped case must not build the session's seed checkpoint.
     if "runner" not in _RUNNER:
         # The session's llama3 seed checkpoint (tests/conftest.py) is the one the matrix would write.
         _RUNNER["runner"] = parallel_matrix.Matrix(str(tmp_path_factory.mktemp("parallel_matrix")), steps=4,
