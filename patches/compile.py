@@ -99,12 +99,10 @@ def _reorder_runtime_warnings(ctx: PatchContext) -> None:
 
 
 def apply(ctx: PatchContext) -> None:
+    _reorder_runtime_warnings(ctx)
     resolved: dict[str, tuple[str, str, str]] = {}
 
     def backend_for(requested: str, component: str) -> str:
-        if not resolved:
-            # Only once a run compiles: importing torch._dynamo costs about a second at start-up.
-            _reorder_runtime_warnings(ctx)
         if requested not in resolved:
             resolved[requested] = resolve_backend(requested, ctx.options["backend"], ctx.target)
         backend, why, problem = resolved[requested]
