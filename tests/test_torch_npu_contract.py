@@ -123,27 +123,9 @@ def test_reference_kernels_accept_only_real_parameter_names(schemas):
         )
 
 
-def _module_names(wheel, member: str) -> set[str]:
-    """Names a wheel module defines, imports or lists in __all__ (read, not imported)."""
-    tree = ast.parse(wheel.read(member).decode())
-    names = set()
-    for node in ast.walk(tree):
-        if isinstance(node, (ast.FunctionDef, ast.ClassDef)):
-            names.add(node.name)
-        elif isinstance(node, (ast.Import, ast.ImportFrom)):
-            names |= {(alias.asname or alias.name).split(".")[0] for alias in node.names}
-        elif isinstance(node, ast.Assign):
-            for target in node.targets:
-                if isinstance(target, ast.Name):
-                    names.add(target.id)
-                    if target.id == "__all__" and isinstance(node.value, (ast.List, ast.Tuple)):
-                        names |= {e.value for e in node.value.elts if isinstance(e, ast.Constant)}
-    return names
-
-
 def test_python_apis_we_use_exist(wheel):
-    npu_module = _module_names(wheel, "torch_npu/npu/__init__.py")
+    npu_module = torch_npu_wheel.module_names(wheel, "torch_npu/npu/__init__.py")
     missing = sorted(DEVICE_MODULE_CALLS - npu_module)
     assert not missing, f"torch.npu (torch_npu/npu/__init__.py) lacks {missing}"
-    assert "NpuFusedAdamW" in _module_names(wheel, "torch_npu/optim/__init__.py")
-    assert "is_hccl_available" in _module_names(wheel, "torch_npu/distributed/__init__.py")
+    assert "NpuFusedAdamW" in torch_npu_wheel.module_names(wheel, "torch_npu/optim/__init__.py")
+    assert "is_hccl_available" in torch_npu_wheel.module_names(wheel, "torch_npu/distributed/__init__.py")

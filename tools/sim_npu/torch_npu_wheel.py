@@ -13,6 +13,8 @@ be on sys.path there).
 
 from __future__ import annotations
 
+import ast
+
 import glob
 import os
 import platform
@@ -80,3 +82,21 @@ def op_names_with_npu_kernel(archive: zipfile.ZipFile | None = None) -> frozense
     if "mm" not in names or "npu_fusion_attention" not in names:
         raise ValueError(f"{archive.filename}: op lists {OP_LIST_FILES} changed format (no 'mm' entry)")
     return frozenset(names)
+
+
+def module_names(wheel, member: str) -> set[str]:
+    """Names a wheel module defines, imports or lists in __all__ (read, not imported)."""
+    tree = ast.parse(wheel.read(member).decode())
+    names = set()
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.FunctionDef, ast.ClassDef)):
+            names.add(node.name)
+        elif isinstance(node, (ast.Import, ast.ImportFrom)):
+            names |= {(alias.asname or alias.name).split(".")[0] for alias in node.names}
+        elif isinstance(node, ast.Assign):
+            for target in node.targets:
+                if isinstance(target, ast.Name):
+                    names.add(target.id)
+                    if target.id == "__all__" and isinstance(node.value, (ast.List, ast.Tuple)):
+                        names |= {e.value for e in node.value.elts if isinstance(e, ast.Constant)}
+    return names
