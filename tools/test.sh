@@ -2,7 +2,7 @@
 # Install everything into .venv, build the simulated NPU, run the whole test suite
 # (unit tests and the multi-process end-to-end runs marked e2e).
 #   bash tools/test.sh                 # unit tests + e2e runs (what CI runs)
-#   bash tools/test.sh -m "not e2e"    # a -m of your own replaces that selection
+#   bash tools/test.sh -m "not (e2e or parallel or models or fused_matrix or compile_long)"  # unit tests only
 #   bash tools/test.sh -m parallel     # the long matrices: parallel, models, fused_matrix, compile_long
 set -euo pipefail
 cd "$(dirname "$0")/.."
