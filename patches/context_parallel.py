@@ -9,10 +9,18 @@ all (``apply_cp_to_forward`` and the llama3/qwen3 configs reject it). This patch
   with upstream's own load balancer (head-tail, PTRR -- built from a causal
   BlockMask -- or none) and returns a :class:`~npu_inject.ops.cp.ContextParallelPlan`
   (the global mask plus the global positions of every rank's rows) as the masks;
-* wraps each model's ``apply_cp_to_forward``: flex and varlen modules are left as
-  they are (the attention patch runs :func:`~npu_inject.ops.cp.context_parallel_attention_BLNH`
-  when it receives a ContextParallelPlan); SDPA keeps upstream's path;
-* lets llama3/qwen3 configs and the spmd_types ``validate_config`` accept varlen with CP;
+* wraps ``apply_cp_to_forward`` for llama3, qwen3 and deepseek_v3: flex and varlen
+  modules are left as they are (the attention patch runs
+  :func:`~npu_inject.ops.cp.context_parallel_attention_BLNH` when it receives a
+  ContextParallelPlan); SDPA and other models keep upstream's path;
+* lets llama3/qwen3 configs and the spmd_types ``validate_config`` accept varlen with CP.
+
+The wraps sit on the shared definitions (``torchtitan.distributed.context_parallel``,
+``full_dtensor.validate_config``), which the model modules bind when they are
+imported, so applying imports no model; model modules imported before the patch
+applied get their bindings wrapped too. Which model runs is read from the trainer's
+config, so other families are left alone. A model config's ``update_from_config``
+is wrapped when a run configures varlen with CP for llama3 or qwen3.
 * validates at start-up (``Trainer.Config.__post_init__``): option ``scheme``
   "ulysses" needs the query heads per tensor-parallel rank divisible by the CP degree.
 
@@ -22,11 +30,19 @@ Option ``scheme``: "auto" (Ulysses where heads divide, else all-gather-KV),
 
 from __future__ import annotations
 
+import sys
+
 from npu_inject.errors import ConfigError
 from npu_inject.patching import PatchContext
 
 _MODEL_PARALLELIZE = ("llama3", "qwen3", "deepseek_v3")
 _VARLEN_CHECKING_CONFIGS = {"llama3": "Llama3Model", "qwen3": "Qwen3Model"}
+
+
+def model_family(obj) -> str | None:
+    """'llama3' for an object (model or model config) defined in torchtitan.models.llama3."""
+    parts = type(obj).__module__.split(".")
+    return parts[2] if len(parts) > 2 and parts[:2] == ["torchtitan", "models"] else None
 
 
 def query_heads(config) -> int | None:
@@ -52,6 +68,8 @@ def apply(ctx: PatchContext) -> None:
     )
 
     requested = ctx.options["scheme"]
+    configured_family: list[str | None] = []  # set by Trainer.Config.__post_init__
+    wrapped_configs: set[str] = set()
 
     def post_init(original, config):
         parallelism = config.parallelism
@@ -64,7 +82,19 @@ def apply(ctx: PatchContext) -> None:
                 f"by context_parallel_degree={cp}; use scheme 'allgather' or 'auto', or a CP degree "
                 f"dividing {heads // tp}"
             )
+        family = model_family(getattr(getattr(config, "model_spec", None), "model", None))
+        configured_family[:] = [family]
+        if cp > 1 and family in _VARLEN_CHECKING_CONFIGS:
+            target = (f"torchtitan.models.{family}.model:{_VARLEN_CHECKING_CONFIGS[family]}"
+                      ".Config.update_from_config")
+            if target not in wrapped_configs:
+                wrapped_configs.add(target)
+                ctx.wrap(target, update_from_config)
         return original(config)
+
+    def ours(family: str | None) -> bool:
+        # Unknown (no trainer config seen, e.g. a direct call): the families this patch serves.
+        return family in _MODEL_PARALLELIZE or (family is None and not configured_family)
 
     def cp_shard(original, cp_mesh, inputs, attention_masks, load_balancer_type="headtail",
                  input_seq_dim=1, ptrr_mask_key=None):
@@ -101,7 +131,9 @@ def apply(ctx: PatchContext) -> None:
         return tuple(sharded_inputs), masks
 
     def apply_cp_to_forward(original, attention_modules, cp_mesh):
-        if attention_modules and isinstance(attention_modules[0], (FlexAttention, VarlenAttention)):
+        family = configured_family[0] if configured_family else None
+        if (ours(family) and attention_modules
+                and isinstance(attention_modules[0], (FlexAttention, VarlenAttention))):
             ctx.note(f"context parallel on npu_fusion_attention for {type(attention_modules[0]).__name__} "
                      f"(cp={cp_mesh.size()}, scheme option {requested!r})")
             return None
@@ -109,7 +141,9 @@ def apply(ctx: PatchContext) -> None:
 
     def validate_config(original, parallel_dims, model):
         # Upstream rejects varlen with CP (no CP path for it); this patch has one. SDPA stays rejected.
-        if parallel_dims.cp_enabled and any(isinstance(m, VarlenAttention) for m in model.modules()):
+        family = model_family(model)
+        if (ours(family) and parallel_dims.cp_enabled
+                and any(isinstance(m, VarlenAttention) for m in model.modules())):
             if not any(isinstance(m, ScaledDotProductAttention) for m in model.modules()):
                 return None
         return original(parallel_dims, model)
@@ -128,8 +162,12 @@ def apply(ctx: PatchContext) -> None:
 
     ctx.wrap("torchtitan.trainer:Trainer.Config.__post_init__", post_init)
     ctx.wrap("torchtitan.distributed.context_parallel.api:cp_shard", cp_shard)
+    ctx.wrap("torchtitan.distributed.context_parallel.api:apply_cp_to_forward", apply_cp_to_forward)
+    ctx.wrap("torchtitan.distributed.context_parallel:apply_cp_to_forward", apply_cp_to_forward)
+    ctx.wrap("torchtitan.distributed.full_dtensor:validate_config", validate_config)
     for model in _MODEL_PARALLELIZE:
-        ctx.wrap(f"torchtitan.models.{model}.parallelize:apply_cp_to_forward", apply_cp_to_forward)
-        ctx.wrap(f"torchtitan.models.{model}.parallelize:validate_config", validate_config)
-    for model, class_name in _VARLEN_CHECKING_CONFIGS.items():
-        ctx.wrap(f"torchtitan.models.{model}.model:{class_name}.Config.update_from_config", update_from_config)
+        # Bound before this patch applied (the module was imported first): wrap the copy too.
+        if f"torchtitan.models.{model}.parallelize" in sys.modules:
+            ctx.wrap(f"torchtitan.models.{model}.parallelize:apply_cp_to_forward", apply_cp_to_forward)
+            ctx.wrap(f"torchtitan.models.{model}.parallelize:validate_config", validate_config)
+
