@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import importlib
 import inspect
+import os
 
 import pytest
 
@@ -101,3 +102,11 @@ def test_cuda_graphs_patch_lets_expert_parallel_configs_validate():
     upstream = run_python(code, clean_env())
     assert upstream.returncode != 0
     assert "CUDA graphs support only expert parallel token" in upstream.stderr  # tyro wraps the message
+
+
+def test_readme_patch_table_describes_every_shipped_patch():
+    readme = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "README.md")
+    with open(readme, encoding="utf-8") as handle:
+        rows = {line.split("|")[1].strip().strip("`") for line in handle if line.startswith("| `")}
+    missing = [patch_id for patch_id in SHIPPED if patch_id not in rows]
+    assert not missing, f"README.md's Patches table has no row for {missing}"

@@ -80,6 +80,7 @@ def describe(samples: list[float]) -> str:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs", type=int, default=40)
+    parser.add_argument("--only-import", action="store_true", help="skip sections 1 and 2")
     args = parser.parse_args()
     base_env = {k: v for k, v in os.environ.items() if not k.startswith("TORCHTITAN_NPU")}
     enabled_env = {**base_env, "TORCHTITAN_NPU": "cpu"}
@@ -90,47 +91,49 @@ def main() -> None:
         parked = pth_path + ".parked"
 
         print(f"python {sys.version.split()[0]}, wheel installed in {site}")
-        print("\n1. start-up, runtime disabled (TORCHTITAN_NPU unset):")
-        os.rename(pth_path, parked)
-        without = timed_runs(python, "pass", base_env, 3)  # warm the page cache
-        without = interleaved(python, {"without": ("pass", base_env)}, args.runs)["without"]
-        os.rename(parked, pth_path)
-        with_pth = interleaved(python, {"with": ("pass", base_env)}, args.runs)["with"]
-        # Second, interleaved pass: .pth toggled between runs, to cancel drift.
-        paired_without, paired_with = [], []
-        for _ in range(args.runs):
+        if not args.only_import:
+            print("\n1. start-up, runtime disabled (TORCHTITAN_NPU unset):")
             os.rename(pth_path, parked)
-            paired_without += timed_runs(python, "pass", base_env, 1)
+            without = timed_runs(python, "pass", base_env, 3)  # warm the page cache
+            without = interleaved(python, {"without": ("pass", base_env)}, args.runs)["without"]
             os.rename(parked, pth_path)
-            paired_with += timed_runs(python, "pass", base_env, 1)
-        print(f"   no .pth (baseline)      {describe(without + paired_without)}")
-        print(f"   .pth, disabled          {describe(with_pth + paired_with)}")
-        extra = statistics.median(with_pth + paired_with) - statistics.median(without + paired_without)
-        print(f"   extra                   {extra:+8.3f} ms   (goal <= 0.1 ms; noise is the MAD above)")
-        # The same cost without process-start noise: site.py processing the .pth, timed in-process.
-        in_process = (
-            "import site, statistics, time\n"
-            "samples = []\n"
-            "for _ in range(2000):\n"
-            "    started = time.perf_counter_ns(); site.addpackage(%r, %r, set())\n"
-            "    samples.append(time.perf_counter_ns() - started)\n"
-            "print(statistics.median(samples) / 1e6)" % (site, PTH)
-        )
-        pth_ms = float(subprocess.run([python, "-c", in_process], env=base_env, capture_output=True,
-                                      text=True, check=True).stdout)
-        print(f"   .pth processing alone   {pth_ms:8.4f} ms   (site.addpackage in-process, median of 2000)")
+            with_pth = interleaved(python, {"with": ("pass", base_env)}, args.runs)["with"]
+            # Second, interleaved pass: .pth toggled between runs, to cancel drift.
+            paired_without, paired_with = [], []
+            for _ in range(args.runs):
+                os.rename(pth_path, parked)
+                paired_without += timed_runs(python, "pass", base_env, 1)
+                os.rename(parked, pth_path)
+                paired_with += timed_runs(python, "pass", base_env, 1)
+            print(f"   no .pth (baseline)      {describe(without + paired_without)}")
+            print(f"   .pth, disabled          {describe(with_pth + paired_with)}")
+            extra = statistics.median(with_pth + paired_with) - statistics.median(without + paired_without)
+            print(f"   extra                   {extra:+8.3f} ms   (goal <= 0.1 ms; noise is the MAD above)")
+            # The same cost without process-start noise: site.py processing the .pth, timed in-process.
+            in_process = (
+                "import site, statistics, time\n"
+                "samples = []\n"
+                "for _ in range(2000):\n"
+                "    started = time.perf_counter_ns(); site.addpackage(%r, %r, set())\n"
+                "    samples.append(time.perf_counter_ns() - started)\n"
+                "print(statistics.median(samples) / 1e6)" % (site, PTH)
+            )
+            pth_ms = float(subprocess.run([python, "-c", in_process], env=base_env, capture_output=True,
+                                          text=True, check=True).stdout)
+            print(f"   .pth processing alone   {pth_ms:8.4f} ms   (site.addpackage in-process, median of 2000)")
 
-        print("\n2. start-up, runtime enabled (TORCHTITAN_NPU=cpu), before torchtitan is imported:")
-        enabled = interleaved(python, {"enabled": ("pass", enabled_env), "disabled": ("pass", base_env)}, args.runs)
-        print(f"   disabled                {describe(enabled['disabled'])}")
-        print(f"   enabled                 {describe(enabled['enabled'])}")
-        print(f"   extra                   {statistics.median(enabled['enabled']) - statistics.median(enabled['disabled']):+8.3f} ms   (goal <= 2 ms)")
-        probe = ("import sys; print(sorted(m for m in ('torch', 'wrapt', 'importlib.metadata', "
-                 "'packaging', 'dataclasses', 'npu_inject.runtime') if m in sys.modules))")
-        loaded = subprocess.run([python, "-c", probe], env=enabled_env, capture_output=True, text=True, check=True)
-        print(f"   heavy modules imported  {loaded.stdout.strip()}   (goal: [])")
+            print("\n2. start-up, runtime enabled (TORCHTITAN_NPU=cpu), before torchtitan is imported:")
+            enabled = interleaved(python, {"enabled": ("pass", enabled_env), "disabled": ("pass", base_env)}, args.runs)
+            print(f"   disabled                {describe(enabled['disabled'])}")
+            print(f"   enabled                 {describe(enabled['enabled'])}")
+            print(f"   extra                   {statistics.median(enabled['enabled']) - statistics.median(enabled['disabled']):+8.3f} ms   (goal <= 2 ms)")
+            probe = ("import sys; print(sorted(m for m in ('torch', 'wrapt', 'importlib.metadata', "
+                     "'packaging', 'dataclasses', 'npu_inject.runtime') if m in sys.modules))")
+            loaded = subprocess.run([python, "-c", probe], env=enabled_env, capture_output=True, text=True, check=True)
+            print(f"   heavy modules imported  {loaded.stdout.strip()}   (goal: [])")
 
-        print("\n3. import torchtitan (after torch is imported), runtime enabled vs disabled:")
+        print("\n3. import torchtitan (after torch is imported), runtime enabled vs disabled; breakdown of\n"
+              "   import torchtitan.train with the modules outside torchtitan it imports preloaded:")
         code = "import torch, time; t = time.perf_counter(); import torchtitan.trainer; print((time.perf_counter() - t) * 1e3)"
         imports = {"disabled": [], "enabled": []}
         for _ in range(max(5, args.runs // 4)):
@@ -139,12 +142,36 @@ def main() -> None:
                 imports[name].append(float(out.stdout.strip().splitlines()[-1]))
         print(f"   disabled                {describe(imports['disabled'])}")
         print(f"   enabled                 {describe(imports['enabled'])}")
-        report_code = ("import torch, json, torchtitan.trainer; from npu_inject import runtime; r = runtime.current().report; "
-                       "print(json.dumps({'timings': r.timings_ms, 'apply': {k: v.apply_ms for k, v in r.patches.items()}}))")
+        # A patch applied at a trigger may import modules (torch._dynamo, torchtitan's loss) that
+        # training imports anyway a moment later; that is not the runtime's cost. So the breakdown
+        # is taken with the modules outside torchtitan that torchtitan.train imports already loaded.
+        closure_code = ("import sys, json; before = set(sys.modules); import torchtitan.train; "
+                        "print(json.dumps(sorted(m for m in set(sys.modules) - before "
+                        "if m.split('.')[0] not in ('torchtitan', 'npu_inject') and not m.startswith('__'))))")
+        out = subprocess.run([python, "-c", closure_code], env=base_env, capture_output=True, text=True, check=True)
+        preload = json.loads(out.stdout.strip().splitlines()[-1])
+        extra_code = ("import sys, json, importlib; before = set(sys.modules); import torchtitan.train; "
+                      "print(json.dumps(sorted(set(sys.modules) - before)))")
+        imported = {}
+        for name, env in (("disabled", base_env), ("enabled", enabled_env)):
+            out = subprocess.run([python, "-c", extra_code], env=env, capture_output=True, text=True, check=True)
+            imported[name] = set(json.loads(out.stdout.strip().splitlines()[-1]))
+        only_enabled = sorted(m for m in imported["enabled"] - imported["disabled"]
+                              if not m.startswith(("npu_inject", "wrapt")))
+        report_code = ("import importlib, json\n"
+                       "skipped = 0\n"
+                       f"for name in {preload!r}:\n"
+                       "    try: importlib.import_module(name)\n"
+                       "    except ImportError: skipped += 1  # C submodules, cython helpers: no finder\n"
+                       "import torchtitan.train; from npu_inject import runtime; r = runtime.current().report\n"
+                       "print(json.dumps({'timings': r.timings_ms, 'apply': {k: v.apply_ms for k, v in r.patches.items()}, "
+                       "'skipped': skipped}))")
         breakdowns = []
         for _ in range(max(5, args.runs // 4)):
             out = subprocess.run([python, "-c", report_code], env=enabled_env, capture_output=True, text=True, check=True)
             breakdowns.append(json.loads(out.stdout.strip().splitlines()[-1]))
+        print(f"   preloaded {len(preload) - breakdowns[0]['skipped']} modules "
+              f"({breakdowns[0]['skipped']} not importable by name)")
         wrapt_ms = statistics.median(b["timings"]["wrapt_import"] for b in breakdowns)
         activate_ms = statistics.median(b["timings"]["activate"] for b in breakdowns)
         # install_hooks includes wrapt's import and the patches whose trigger ("torchtitan") fired at once.
@@ -158,6 +185,9 @@ def main() -> None:
         for patch_id in breakdowns[0]["apply"]:
             print(f"     {patch_id:22}{statistics.median(b['apply'][patch_id] for b in breakdowns):8.2f} ms")
         print(f"   runtime total w/o wrapt {activate_ms + hooks_ms + apply_ms:8.2f} ms   (goal <= 30 ms)")
+        print(f"   modules only the enabled runtime imports (besides npu_inject, wrapt): {len(only_enabled)}")
+        for name in only_enabled:
+            print(f"     {name}")
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
 
