@@ -98,6 +98,17 @@ def main() -> None:
         check(torch.equal(received.cpu(), torch.arange(5) * 10), f"recv on 1: {received.cpu()}")
         dist.send(torch.tensor([1.5, 2.5], device=device), dst=0)
 
+    # Crossing isend/irecv, as 1F1B issues them: both ranks send before they receive, so a
+    # send that blocked until its peer's recv was posted would stall here.
+    peer = 1 - rank
+    incoming = torch.empty(4, device=device)
+    works = dist.batch_isend_irecv([dist.P2POp(dist.isend, torch.full((4,), rank + 1.0, device=device), peer),
+                                    dist.P2POp(dist.irecv, incoming, peer)])
+    for work in works:
+        work.wait()
+    works[-1].wait()  # a second wait returns at once
+    check(torch.equal(incoming.cpu(), torch.full((4,), peer + 1.0)), f"crossing irecv on {rank}: {incoming.cpu()}")
+
     # Host tensors are not for hccl, as on a real NPU.
     try:
         dist.all_reduce(torch.ones(2))

@@ -2,7 +2,10 @@
 
 Each collective copies its npu tensors to host tensors, runs gloo on them,
 copies the results back and returns an already-completed Work: collectives are
-synchronous, like every other simulated kernel.
+synchronous, like every other simulated kernel. Point-to-point send/recv are the
+exception: like HCCL's isend/irecv they return at once and complete on wait()
+(a recv copies into its npu tensors then), so two ranks that both send before
+they receive -- 1F1B's crossing sends -- do not stall each other.
 
 Reductions: SUM, PRODUCT, MIN, MAX, BAND, BOR, BXOR go to gloo; AVG (which
 gloo lacks, and which FSDP2 uses for fp32/bf16 gradients) is a SUM followed by
@@ -60,6 +63,26 @@ def _divide_for_average(hosts: Sequence[torch.Tensor], size: int, collective: st
             raise ValueError(
                 f"ReduceOp.AVG needs floating-point tensors ({collective} got {host.dtype})."
             )
+
+
+class _P2PWork(dist.Work):
+    """An in-flight gloo send/recv; wait() finishes it (once: waiting on a finished gloo
+    send/recv again would block) and then runs `done`, e.g. a recv's copy into npu tensors."""
+
+    def __init__(self, inner: dist.Work, done=None) -> None:
+        super().__init__()
+        self._inner, self._done, self._finished = inner, done, False
+
+    def wait(self, timeout: timedelta | None = None) -> bool:
+        if not self._finished:
+            self._inner.wait() if timeout is None else self._inner.wait(timeout)
+            if self._done is not None:
+                self._done()
+            self._finished = True
+        return True
+
+    def is_completed(self) -> bool:
+        return self._finished
 
 
 class HcclSimBackend(_C10dBackend):
@@ -305,16 +328,13 @@ class HcclSimBackend(_C10dBackend):
 
     def send(self, tensors: list[torch.Tensor], dst_rank: int, tag: int) -> dist.Work:
         self._check_peer(dst_rank, "send")
-        hosts = [_to_host(t) for t in tensors]
-        self._run(self._gloo.send(hosts, dst_rank, tag))
-        return _completed(tensors)
+        # The gloo work keeps the host copies alive until the send completes.
+        return _P2PWork(self._gloo.send([_to_host(t) for t in tensors], dst_rank, tag))
 
     def recv(self, tensors: list[torch.Tensor], src_rank: int, tag: int) -> dist.Work:
         self._check_peer(src_rank, "recv")
         hosts = [_to_host(t) for t in tensors]
-        self._run(self._gloo.recv(hosts, src_rank, tag))
-        _copy_back(tensors, hosts)
-        return _completed(tensors)
+        return _P2PWork(self._gloo.recv(hosts, src_rank, tag), lambda: _copy_back(tensors, hosts))
 
     def barrier(self, opts: _c10d.BarrierOptions) -> dist.Work:
         self._run(self._gloo.barrier(_c10d.BarrierOptions()))
