@@ -8,9 +8,9 @@ command line. Several families and configs need things the core install does not
 have, and failed deep inside that path. This patch wraps ``parse_args`` and, on
 both targets:
 
-* before the import: checks the family's optional packages (kimi_k2_7: torchvision,
-  flux: transformers) and families no target here can run (qwen3_5: its gated
-  delta-net layers are flash-linear-attention's Triton/CUDA kernels);
+* before the import: checks the family's optional packages (kimi_k2_7, qwen3_5:
+  torchvision; flux: transformers) and that qwen3_5's ``fla`` imports are served by
+  the gated_delta_net patch's stand-in (fla itself is Triton/CUDA kernels);
 * while the config function runs: a quantization converter (float8, MXFP8,
   NVFP4) that refuses the device becomes a line naming the recipe and its needs;
 * after the command line is merged: local data the config reads
@@ -48,14 +48,15 @@ class Needs:
 FAMILY_NEEDS = {
     "kimi_k2_7": (Needs("torchvision", "torchvision", "its multimodal data loader decodes images"),),
     "flux": (Needs("transformers", "transformers", "its CLIP/T5 text encoders and tokenizers"),),
+    "qwen3_5": (Needs("torchvision", "torchvision", "its multimodal data loader decodes images"),),
 }
-# Families whose compute no target here runs, whatever is installed.
-UNSUPPORTED_FAMILIES = {
-    "qwen3_5": (
-        "its gated delta-net layers call flash-linear-attention's Triton/CUDA kernels "
-        "(package flash-linear-attention, import fla), which neither the NPU nor the CPU rehearsal runs, "
-        "and npu_inject has no gated delta rule path for it yet"
-    ),
+# Families whose model imports a package only a patch's stand-in makes runnable here:
+# family -> (import name, spec.origin of the stand-in, why the real package cannot run).
+STANDIN_FAMILIES = {
+    "qwen3_5": ("fla", "npu_inject.patches.gated_delta_net",
+                "its gated delta-net layers call flash-linear-attention's Triton/CUDA kernels (import fla), "
+                "which neither the NPU nor the CPU rehearsal runs; enable patch gated_delta_net (on by default) "
+                "to run them in chunked PyTorch"),
 }
 # torchtitan 0.3.0's data sets read from the working directory (its repository's tests/assets).
 LOCAL_DATASETS = {
@@ -87,8 +88,10 @@ def selection(args: list[str]) -> tuple[str | None, str | None]:
 
 
 def family_problem(family: str | None, target: str) -> str | None:
-    if family in UNSUPPORTED_FAMILIES:
-        return f"--module {family} cannot train on target {target}: {UNSUPPORTED_FAMILIES[family]}"
+    if family in STANDIN_FAMILIES:
+        import_name, origin, why = STANDIN_FAMILIES[family]
+        if getattr(importlib.util.find_spec(import_name), "origin", None) != origin:
+            return f"--module {family} cannot train on target {target}: {why}"
     missing = [needs for needs in FAMILY_NEEDS.get(family, ()) if importlib.util.find_spec(needs.import_name) is None]
     if not missing:
         return None
