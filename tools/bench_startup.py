@@ -184,7 +184,12 @@ def main() -> None:
         print(f"   all patch apply         {apply_ms:8.2f} ms")
         for patch_id in breakdowns[0]["apply"]:
             print(f"     {patch_id:22}{statistics.median(b['apply'][patch_id] for b in breakdowns):8.2f} ms")
-        print(f"   runtime total w/o wrapt {activate_ms + hooks_ms + apply_ms:8.2f} ms   (goal <= 30 ms)")
+        at_import_ms = activate_ms + hooks_ms + statistics.median(b["apply"].get("triton_guard", 0.0)
+                                                                  for b in breakdowns)
+        print(f"   at import torchtitan    {at_import_ms:8.2f} ms   (activation + hooks + patches triggered by "
+              "torchtitan itself; goal <= 30 ms)")
+        print(f"   runtime total w/o wrapt {activate_ms + hooks_ms + apply_ms:8.2f} ms   (also every patch's apply "
+              "at its own trigger; goal <= 30 ms)")
         print(f"   modules only the enabled runtime imports (besides npu_inject, wrapt): {len(only_enabled)}")
         for name in only_enabled:
             print(f"     {name}")
