@@ -24,14 +24,22 @@ opaque ops with fake implementations (:mod:`npu_inject.ops.fakes`), and the
 runtime's one-time fallback warnings, logged from inside compiled blocks, are
 registered with dynamo as reorderable (logged after the graph), so the runtime
 adds no graph break to the compiled blocks.
+
+Inductor's on-disk caches (FX graph, AOT autograd) key on the traced graph, not
+on the Python behind a custom op: a compiled graph bakes in the output strides
+our fakes gave when it was cached, so after the kernels or fakes change a cache
+hit asserts the old strides against the new kernel. The patch appends a digest
+of the ``npu_inject.ops`` sources to ``torch.compiler.config.cache_key_tag``.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import importlib
 import importlib.util
 import logging
+import pathlib
 import shutil
 
 from npu_inject.patching import PatchContext
@@ -98,11 +106,37 @@ def _reorder_runtime_warnings(ctx: PatchContext) -> None:
         ctx.add_cleanup(lambda: functions.discard(warning))
 
 
+def ops_source_digest(root: pathlib.Path | None = None) -> str:
+    """Digest of the custom ops' Python under ``root`` (default: ``npu_inject.ops``; implementations,
+    fakes, autograd): what a cached graph depends on beyond the graph itself."""
+    if root is None:
+        import npu_inject.ops
+
+        root = pathlib.Path(npu_inject.ops.__file__).parent
+    digest = hashlib.sha256()
+    for path in sorted(root.rglob("*.py")):
+        digest.update(path.relative_to(root).as_posix().encode() + b"\0" + path.read_bytes() + b"\0")
+    return digest.hexdigest()[:16]
+
+
+def _tag_compile_caches(ctx: PatchContext) -> None:
+    """Inductor's caches miss when our ops change (see the module docstring); a user's tag is kept."""
+    import torch.compiler.config as compiler_config
+
+    previous = compiler_config.cache_key_tag
+    tag = f"npu_inject.ops:{ops_source_digest()}"
+    compiler_config.cache_key_tag = f"{previous}+{tag}" if previous else tag
+    ctx.add_cleanup(lambda: setattr(compiler_config, "cache_key_tag", previous))
+    ctx.note(f"torch.compile cache key tag: {compiler_config.cache_key_tag}")
+
+
 def apply(ctx: PatchContext) -> None:
     _reorder_runtime_warnings(ctx)
     resolved: dict[str, tuple[str, str, str]] = {}
 
     def backend_for(requested: str, component: str) -> str:
+        if not resolved:  # only runs that compile pay for the digest
+            _tag_compile_caches(ctx)
         if requested not in resolved:
             resolved[requested] = resolve_backend(requested, ctx.options["backend"], ctx.target)
         backend, why, problem = resolved[requested]

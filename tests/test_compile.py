@@ -61,6 +61,29 @@ def test_registry_rejects_an_unknown_backend_option(tmp_path):
         runtime.activate(clean_env(TORCHTITAN_NPU="cpu", TORCHTITAN_NPU_REGISTRY=str(user)), install_hooks=False)
 
 
+def test_compile_caches_are_keyed_on_the_ops_sources(tmp_path, monkeypatch):
+    """A cached inductor graph bakes in our fakes' output strides: changing an op must miss the cache
+    (a stale entry failed the deepseek compiled run with a stride assertion in the grouped matmul backward)."""
+    import torch.compiler.config as compiler_config
+
+    compile_patch = _compile_patch()
+    (tmp_path / "fakes.py").write_text("def fake(x): return x.new_empty(x.shape)\n")
+    before = compile_patch.ops_source_digest(tmp_path)
+    (tmp_path / "fakes.py").write_text("def fake(x): return torch.empty_like(x)\n")
+    assert compile_patch.ops_source_digest(tmp_path) != before
+
+    class Context:
+        cleanups, notes = [], []
+        add_cleanup, note = cleanups.append, notes.append
+
+    monkeypatch.setattr(compiler_config, "cache_key_tag", "user-tag")
+    compile_patch._tag_compile_caches(Context)
+    assert compiler_config.cache_key_tag == f"user-tag+npu_inject.ops:{compile_patch.ops_source_digest()}"
+    (cleanup,) = Context.cleanups
+    cleanup()
+    assert compiler_config.cache_key_tag == "user-tag"
+
+
 # -- kernels are opaque ops under compile --------------------------------------------------
 
 
@@ -111,19 +134,50 @@ def _kernel_samples():
           "softmax_layout": "TND"}),
         ("npu_grouped_matmul", ([randn(10, 6)], [randn(3, 6, 5)]),
          {"group_list": torch.tensor([2, 2, 10]), "group_list_type": 0, "group_type": 0, "split_item": 3}),
+        # torchtitan passes B_t = w.transpose(-2, -1): gradients of a strided view, returned contiguous
+        # as the fake says (a mismatch fails inductor's assert_tensor_metadata at run time).
+        ("npu_grouped_matmul", ([randn(10, 6)], [randn(3, 5, 6).transpose(-2, -1)]),
+         {"group_list": torch.tensor([2, 2, 10]), "group_list_type": 0, "group_type": 0, "split_item": 3}),
         ("npu_moe_token_permute", (randn(4, 6), torch.tensor([[0, 2], [1, 0], [2, 2], [1, 1]])), {}),
         ("npu_moe_token_unpermute", (randn(8, 6), torch.tensor([3, 0, 5, 1, 7, 2, 6, 4], dtype=torch.int32),
                                      randn(4, 2)), {}),
     ]
 
 
-@pytest.mark.parametrize("index", range(5))
+@pytest.mark.parametrize("index", range(6))
 def test_kernel_ops_pass_torch_library_opcheck(index):
     """Schema, fake vs real outputs, autograd registration and AOT dispatch, per kernel (torch's own checker)."""
     from npu_inject.ops import rehearsal  # noqa: F401  (registers torch.ops.npu_inject.*)
 
     name, args, kwargs = _kernel_samples()[index]
     torch.library.opcheck(getattr(torch.ops.npu_inject, name).default, args, kwargs)
+
+
+@pytest.mark.parametrize("index", range(6))
+def test_kernel_backward_op_fakes_give_the_real_outputs_strides(index):
+    """Inductor asserts each opaque op's output sizes and strides against its fake at run time.
+
+    Not through opcheck: its schema, fake and AOT checks run the real op under a dispatch mode,
+    which cannot read functorch's wrappers inside the backward op's torch.func.vjp
+    ("Cannot access storage of TensorWrapper").
+    """
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    from npu_inject.ops import rehearsal  # noqa: F401  (registers torch.ops.npu_inject.*)
+
+    name, args, kwargs = _kernel_samples()[index]
+    outputs = getattr(torch.ops.npu_inject, name)(*args, **kwargs)
+    grad_outputs = [torch.randn_like(outputs if isinstance(outputs, torch.Tensor) else outputs[0])]
+    backward = getattr(torch.ops.npu_inject, f"{name}_backward")
+    real = backward(grad_outputs, *args, **kwargs)
+    mode = FakeTensorMode()
+    fake_args = torch.utils._pytree.tree_map_only(torch.Tensor, lambda t: mode.from_tensor(t.detach()),
+                                                  (grad_outputs, args, kwargs))
+    with mode:
+        fake = backward(fake_args[0], *fake_args[1], **fake_args[2])
+    assert real and len(real) == len(fake)
+    for got, expected in zip(fake, real):
+        assert (got.shape, got.stride(), got.dtype) == (expected.shape, expected.stride(), expected.dtype), name
 
 
 # -- graph breaks: the runtime adds none -----------------------------------------------------
