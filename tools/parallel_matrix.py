@@ -108,7 +108,7 @@ CASES = [
     Case("deepseek_ep_x_fsdp", "deepseek_v3", 4, _p(dp_shard=4, ep=2)),
     # Simulated NPUs: "hccl" sub-groups (TP x FSDP), point-to-point (PP), all-to-all (CP Ulysses).
     Case("sim_fsdp_x_tp", "llama3", 4, _p(dp_shard=2, tp=2), target="sim"),
-    # Not in CI: the simulated hccl's blocking send/recv stall 1F1B's crossing sends (~300 s a step).
+    # 1F1B's crossing sends need the simulated hccl's asynchronous send/recv.
     Case("sim_pp_1f1b", "llama3", 2, _p(pp=2) + PP_1F1B, target="sim"),
     Case("sim_cp_allgather_flex", "llama3", 2, _p(cp=2), target="sim", options=ALLGATHER, ci=True),
     Case("sim_cp_ulysses_varlen", "llama3_varlen", 2, _p(cp=2), target="sim", options=ULYSSES, ci=True),
@@ -155,11 +155,12 @@ def train(model: str, ranks: int, arguments: list[str], env: dict, dump: str, st
     result = torchrun(args + TAIL, env, nproc=ranks, timeout=1800)
     if result.returncode != 0:
         raise RuntimeError(f"{model} {' '.join(arguments)} failed:\n{result.stdout[-5000:]}")
-    # Pipeline ranks without the last stage log the placeholder loss -1.0: keep the real ones.
+    # Pipeline ranks without the last stage log the placeholder loss -1.0, summed over the loss
+    # mesh (-2.0 under PP x FSDP 2): cross-entropy is never negative, so keep the others.
     losses: dict[int, float] = {}
     for line in result.stdout.splitlines():
         for step, loss in parse_losses(line).items():
-            if loss != -1.0:
+            if loss >= 0.0:
                 losses[step] = loss
     return losses, result.stdout
 
@@ -203,7 +204,9 @@ class Matrix:
 
     def run(self, case: Case) -> dict:
         expected = self.baseline(case.model, case.data_parallel)
-        dump = os.path.join(self.workdir, case.name)
+        # A fresh dump folder each run: one left by an earlier run holds its last checkpoint, which
+        # the run would resume from (training no step, so no loss to compare).
+        dump = tempfile.mkdtemp(prefix=f"{case.name}_", dir=self.workdir)
         env = _environment(case.target, case.ranks, case.options, self.workdir)
         started = time.monotonic()
         losses, log = train(case.model, case.ranks, case.arguments, env, dump, self.steps, self.seed(case.model))
