@@ -85,10 +85,10 @@ ULYSSES, ALLGATHER = {"context_parallel": {"scheme": "ulysses"}}, {"context_para
 
 CASES = [
     # FSDP on d ranks is the baseline of every case with data-parallel degree d (see Matrix.baseline).
-    Case("ddp", "llama3", 2, _p(dp_replicate=2)),
+    Case("ddp", "llama3", 2, _p(dp_replicate=2), ci=True),
     Case("hsdp", "llama3", 4, _p(dp_replicate=2, dp_shard=2)),
-    Case("tp_sp", "llama3", 2, _p(tp=2)),
-    Case("pp_1f1b", "llama3", 2, _p(pp=2) + PP_1F1B),
+    Case("tp_sp", "llama3", 2, _p(tp=2), ci=True),
+    Case("pp_1f1b", "llama3", 2, _p(pp=2) + PP_1F1B, ci=True),
     Case("pp_interleaved", "llama3", 2, _p(pp=2) + PP_INTERLEAVED),
     Case("cp_ulysses_flex", "llama3", 2, _p(cp=2), options=ULYSSES, ci=True),
     Case("cp_allgather_flex", "llama3", 2, _p(cp=2), options=ALLGATHER),
@@ -107,9 +107,9 @@ CASES = [
     Case("deepseek_ep", "deepseek_v3", 2, _p(dp_shard=2, ep=2)),
     Case("deepseek_ep_x_fsdp", "deepseek_v3", 4, _p(dp_shard=4, ep=2)),
     # Simulated NPUs: "hccl" sub-groups (TP x FSDP), point-to-point (PP), all-to-all (CP Ulysses).
-    Case("sim_fsdp_x_tp", "llama3", 4, _p(dp_shard=2, tp=2), target="sim"),
+    Case("sim_fsdp_x_tp", "llama3", 4, _p(dp_shard=2, tp=2), target="sim", ci=True),
     # 1F1B's crossing sends need the simulated hccl's asynchronous send/recv.
-    Case("sim_pp_1f1b", "llama3", 2, _p(pp=2) + PP_1F1B, target="sim"),
+    Case("sim_pp_1f1b", "llama3", 2, _p(pp=2) + PP_1F1B, target="sim", ci=True),
     Case("sim_cp_allgather_flex", "llama3", 2, _p(cp=2), target="sim", options=ALLGATHER, ci=True),
     Case("sim_cp_ulysses_varlen", "llama3_varlen", 2, _p(cp=2), target="sim", options=ULYSSES, ci=True),
 ]

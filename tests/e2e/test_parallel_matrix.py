@@ -1,8 +1,10 @@
 """The parallelism matrix (tools/parallel_matrix.py) against 1-rank runs from one seed checkpoint.
 
 ``bash tools/test.sh -m parallel`` runs every case and prints the table; CI (``-m e2e``)
-runs the cases marked ``ci`` in tools/parallel_matrix.py: context parallel in the
-rehearsal and on 2 simulated NPUs (flex and varlen, both schemes between them).
+runs the cases marked ``ci`` in tools/parallel_matrix.py: one per dimension in the rehearsal
+(replicate/DDP, TP with sequence parallel, PP 1F1B, CP flex and varlen with both schemes between
+them; EP runs in tests/e2e/test_moe_train.py) and every simulated-NPU case (FSDP x TP, PP 1F1B,
+CP flex and varlen).
 Each case must keep every step's loss within 1e-4 relative of the 1-rank run.
 """
 
