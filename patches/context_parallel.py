@@ -45,10 +45,14 @@ def model_family(obj) -> str | None:
     return parts[2] if len(parts) > 2 and parts[:2] == ["torchtitan", "models"] else None
 
 
+def configured_model(config):
+    """The trainer config's model config (``config.model_spec.model``), or None."""
+    return getattr(getattr(config, "model_spec", None), "model", None)
+
+
 def query_heads(config) -> int | None:
     """Query heads per layer of the configured model (None if the model does not say)."""
-    model_spec = getattr(config, "model_spec", None)
-    layers = getattr(getattr(model_spec, "model", None), "layers", None)
+    layers = getattr(configured_model(config), "layers", None)
     if not layers:
         return None
     return getattr(getattr(layers[0], "attention", None), "n_heads", None)
@@ -82,7 +86,7 @@ def apply(ctx: PatchContext) -> None:
                 f"by context_parallel_degree={cp}; use scheme 'allgather' or 'auto', or a CP degree "
                 f"dividing {heads // tp}"
             )
-        family = model_family(getattr(getattr(config, "model_spec", None), "model", None))
+        family = model_family(configured_model(config))
         configured_family[:] = [family]
         if cp > 1 and family in _VARLEN_CHECKING_CONFIGS:
             target = (f"torchtitan.models.{family}.model:{_VARLEN_CHECKING_CONFIGS[family]}"
