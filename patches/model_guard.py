@@ -61,8 +61,8 @@ STANDIN_FAMILIES = {
 # torchtitan 0.3.0's data sets read from the working directory (its repository's tests/assets).
 LOCAL_DATASETS = {
     "c4_test": ("tests/assets/c4_test", "python tools/make_assets.py writes it"),
-    "cc12m-test": ("tests/assets/cc12m_test", "an image-text set shipped in torchtitan's source repository "
-                                              "(not in its wheel): copy it from a torchtitan checkout"),
+    "cc12m-test": ("tests/assets/cc12m_test", "python tools/make_mm_assets.py writes a small image-text set "
+                                              "there (torchtitan's own is in its source repository, not its wheel)"),
 }
 QUANTIZATION_RECIPES = {
     "float8.py": "float8 (torchao Float8Linear), which needs torchao and an NVIDIA SM89+ or AMD MI300 GPU",

@@ -54,3 +54,9 @@ def test_missing_local_data_is_named_with_its_absolute_path(tmp_path, monkeypatc
     assert "tools/make_assets.py" in model_guard.data_problem(text, "llama3_debugmodel")
     os.makedirs("tests/assets/c4_test")
     assert model_guard.data_problem(text, "llama3_debugmodel") is None
+    image_text = types.SimpleNamespace(dataloader=types.SimpleNamespace(dataset="cc12m-test"))
+    problem = model_guard.data_problem(image_text, "qwen35_debugmodel")
+    assert os.path.join(str(tmp_path), "tests/assets/cc12m_test") in problem, problem
+    assert "tools/make_mm_assets.py" in problem, problem
+    os.makedirs("tests/assets/cc12m_test")
+    assert model_guard.data_problem(image_text, "qwen35_debugmodel") is None

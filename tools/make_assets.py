@@ -7,7 +7,9 @@ neither ships in torchtitan's wheel. This script writes both, deterministically:
 * text: documents generated from a small English grammar with a fixed seed, so
   there is structure to learn and the loss falls clearly within a few steps;
 * tokenizer: a byte-level BPE trained on that text with the ``tokenizers`` library,
-  vocabulary under the debug model's 2048 entries, with BOS/EOS special tokens.
+  vocabulary under the debug model's 2048 entries, with BOS/EOS special tokens, and
+  the vision special tokens the multimodal configs (qwen3_5, kimi_k2_7) name, appended
+  after the trained vocabulary so every text token keeps its id.
 
 Usage: python tools/make_assets.py [--out tests/assets] [--documents 2000]
 """
@@ -21,6 +23,10 @@ import random
 
 BOS, EOS = "<|begin_of_text|>", "<|end_of_text|>"
 VOCAB_SIZE = 2000  # the llama3 debug model has 2048 embedding rows
+# torchtitan 0.3.0's MultiModalTokenizer requires these as added tokens of the tokenizer
+# (QWEN3_5_SPECIAL_TOKENS, KIMI_K2_5_SPECIAL_TOKENS); no text the grammar makes contains them.
+VISION_TOKENS = ["<|image_pad|>", "<|video_pad|>", "<|vision_start|>", "<|vision_end|>", "<|endoftext|>",
+                 "<|media_pad|>", "<|media_begin|>", "<|media_end|>", "[PAD]"]
 
 SUBJECTS = ["the engineer", "a small team", "the cluster", "every rank", "the scheduler",
             "the optimizer", "a careful reviewer", "the runtime", "the compiler", "each node",
@@ -73,13 +79,14 @@ def write_tokenizer(out_dir: str, documents: list[str]) -> str:
         show_progress=False,
     )
     tokenizer.train_from_iterator(documents, trainer=trainer)
+    tokenizer.add_special_tokens(VISION_TOKENS)  # ids after the trained vocabulary
     directory = os.path.join(out_dir, "tokenizer")
     os.makedirs(directory, exist_ok=True)
     tokenizer.save(os.path.join(directory, "tokenizer.json"))
     special = {
         str(tokenizer.token_to_id(token)): {"content": token, "special": True, "lstrip": False,
                                              "rstrip": False, "normalized": False, "single_word": False}
-        for token in (BOS, EOS)
+        for token in (BOS, EOS, *VISION_TOKENS)
     }
     config = {"bos_token": BOS, "eos_token": EOS, "added_tokens_decoder": special,
               "model_max_length": 131072, "tokenizer_class": "PreTrainedTokenizerFast"}
