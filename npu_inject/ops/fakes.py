@@ -53,6 +53,19 @@ def fusion_attention_fake(query, key, value, head_num, input_layout, pse=None, p
     return out, softmax_max, softmax_sum, query.new_empty((0,))
 
 
+def fusion_attention_v3_fake(query, key, value, head_num, input_layout, pse=None, padding_mask=None,
+                             atten_mask=None, scale=1.0, keep_prob=1.0, pre_tockens=2147483647,
+                             next_tockens=2147483647, inner_precise=0, prefix=None, actual_seq_qlen=None,
+                             actual_seq_kvlen=None, sparse_mode=0, gen_mask_parallel=True, sync=False,
+                             softmax_layout="", sink=None):
+    """Shapes of npu_fusion_attention_v3 (torch_npu/op_plugin/meta/_fake_registrations.py): v1's four
+    tensors, then seed and offset as int64 tensors of shape (1,) on query's device."""
+    tensors = fusion_attention_fake(query, key, value, head_num, input_layout)
+    seed = query.new_empty((1,), dtype=torch.int64)
+    offset = query.new_empty((1,), dtype=torch.int64)
+    return (*tensors, seed, offset)
+
+
 def grouped_matmul_fake(x, weight, *, bias=None, scale=None, offset=None, antiquant_scale=None,
                         antiquant_offset=None, per_token_scale=None, group_list=None, activation_input=None,
                         activation_quant_scale=None, activation_quant_offset=None, split_item=0, group_type=None,
@@ -125,6 +138,21 @@ KERNELS: dict[str, KernelSpec] = {
         differentiable_inputs=("query", "key", "value"),
         differentiable_outputs=(0,),
         extra_outputs=(0, 0, 0),  # seed, offset, numels: no dropout
+    ),
+    "npu_fusion_attention_v3": KernelSpec(
+        # torch_npu 2.14.0's schema: v1's arguments with the TND lengths as (CPU) tensors, plus sink.
+        schema=(
+            "(Tensor query, Tensor key, Tensor value, int head_num, str input_layout, Tensor? pse=None, "
+            "Tensor? padding_mask=None, Tensor? atten_mask=None, float scale=1., float keep_prob=1., "
+            "int pre_tockens=2147483647, int next_tockens=2147483647, int inner_precise=0, "
+            "SymInt[]? prefix=None, Tensor? actual_seq_qlen=None, Tensor? actual_seq_kvlen=None, "
+            "int sparse_mode=0, bool gen_mask_parallel=True, bool sync=False, str softmax_layout=\"\", "
+            "Tensor? sink=None) -> (Tensor, Tensor, Tensor, Tensor, Tensor, Tensor)"
+        ),
+        fake=fusion_attention_v3_fake,
+        reference_module="fusion_attention",
+        differentiable_inputs=("query", "key", "value"),
+        differentiable_outputs=(0,),
     ),
 }
 

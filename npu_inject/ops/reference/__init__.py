@@ -15,7 +15,7 @@ different from the kernel.
 
 from __future__ import annotations
 
-from npu_inject.ops.reference.fusion_attention import npu_fusion_attention
+from npu_inject.ops.reference.fusion_attention import npu_fusion_attention, npu_fusion_attention_v3
 from npu_inject.ops.reference.gated_delta_rule import npu_chunk_gated_delta_rule
 from npu_inject.ops.reference.grouped_matmul import npu_grouped_matmul
 from npu_inject.ops.reference.moe_token_permute import npu_moe_token_permute, npu_moe_token_unpermute
@@ -26,6 +26,7 @@ from npu_inject.ops.reference.swiglu import npu_swiglu, npu_swiglu_backward
 __all__ = [
     "npu_chunk_gated_delta_rule",
     "npu_fusion_attention",
+    "npu_fusion_attention_v3",
     "npu_grouped_matmul",
     "npu_moe_token_permute",
     "npu_moe_token_unpermute",

@@ -1,4 +1,4 @@
-"""Reference ``torch_npu.npu_fusion_attention``: the layouts and sparse modes npu_inject uses.
+"""Reference ``torch_npu.npu_fusion_attention`` (and v3): the layouts and sparse modes npu_inject uses.
 
 :mod:`npu_inject.ops.attention` calls the kernel with BSND (one sequence per row) or
 TND (packed documents) and sparse_mode 0 without a mask (full attention), 2/3
@@ -8,7 +8,8 @@ semantics; every mode is tested against SDPA or explicit loops
 (tests/test_ops_fusion_attention.py). Documented arguments nothing here calls
 (BSH/SBH layouts, pse, prefix and sparse_mode 5-8, dropout) raise
 NotImplementedError naming the argument. ``tools/torch_npu_docs.md`` digests the
-documented semantics.
+documented semantics. ``npu_fusion_attention_v3`` is the same kernel with the TND
+lengths as CPU tensors (what npu_inject passes for packed documents), computed by v1.
 """
 
 from __future__ import annotations
@@ -411,3 +412,83 @@ def _varlen_attention(
     softmax_max = smax.unsqueeze(-1).expand(t_q, n, 8).contiguous()
     softmax_sum = ssum.unsqueeze(-1).expand(t_q, n, 8).contiguous()
     return attention_out, softmax_max, softmax_sum
+
+
+def _host_cumulative_lengths(name: str, lengths: Optional[torch.Tensor]) -> Optional[list[int]]:
+    """A v3 length tensor as the host list npu_fusion_attention takes (None stays None).
+
+    torch_npu's v3 kernel reads the tensor's memory on the host (op-plugin's ToIntArrayRef:
+    "tensor must be on CPU", 1-D; int64 is read in place, other integer dtypes are converted).
+    """
+    if lengths is None:
+        return None
+    if not isinstance(lengths, torch.Tensor):
+        raise TypeError(
+            f"npu_fusion_attention_v3: {name} must be a 1-D CPU integer tensor of cumulative end offsets, "
+            f"got {type(lengths).__name__}; npu_fusion_attention (v1) is the variant taking a list"
+        )
+    if lengths.device.type != "cpu" or lengths.dim() != 1 or lengths.dtype.is_floating_point \
+            or lengths.dtype.is_complex or lengths.dtype == torch.bool:
+        raise ValueError(
+            f"npu_fusion_attention_v3: {name} must be a 1-D CPU integer tensor (torch_npu reads it on the host), "
+            f"got a {lengths.dim()}-D {lengths.dtype} tensor on {lengths.device}; pass e.g. "
+            "cu_seqlens[1:].to('cpu', torch.int64)"
+        )
+    return lengths.tolist()
+
+
+def fusion_attention_v3_via(v1, query, key, value, head_num, input_layout, *, actual_seq_qlen=None,
+                            actual_seq_kvlen=None, sink=None, **arguments):
+    """npu_fusion_attention_v3 computed by ``v1`` (an npu_fusion_attention: the reference, or
+    selective AC's dispatcher op): the length tensors read to host lists, seed/offset as tensors."""
+    if sink is not None:
+        raise NotImplementedError("npu_fusion_attention_v3: sink is not implemented in the reference; pass None")
+    attention_out, softmax_max, softmax_sum, softmax_out, seed, offset, _ = v1(
+        query, key, value, head_num, input_layout,
+        actual_seq_qlen=_host_cumulative_lengths("actual_seq_qlen", actual_seq_qlen),
+        actual_seq_kvlen=_host_cumulative_lengths("actual_seq_kvlen", actual_seq_kvlen), **arguments,
+    )
+    seed_1, offset_1 = (torch.full((1,), value, dtype=torch.int64, device=query.device) for value in (seed, offset))
+    return attention_out, softmax_max, softmax_sum, softmax_out, seed_1, offset_1
+
+
+def npu_fusion_attention_v3(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    head_num: int,
+    input_layout: str,
+    pse: Optional[torch.Tensor] = None,
+    padding_mask: Optional[torch.Tensor] = None,
+    atten_mask: Optional[torch.Tensor] = None,
+    scale: float = 1.0,
+    keep_prob: float = 1.0,
+    pre_tockens: int = 2147483647,
+    next_tockens: int = 2147483647,
+    inner_precise: int = 0,
+    prefix: Optional[Sequence[int]] = None,
+    actual_seq_qlen: Optional[torch.Tensor] = None,
+    actual_seq_kvlen: Optional[torch.Tensor] = None,
+    sparse_mode: int = 0,
+    gen_mask_parallel: bool = True,
+    sync: bool = False,
+    softmax_layout: str = "",
+    sink: Optional[torch.Tensor] = None,
+):
+    """Reference for ``torch_npu.npu_fusion_attention_v3``: :func:`npu_fusion_attention` with tensor lengths.
+
+    The same computation and arguments as v1, except that ``actual_seq_qlen`` and
+    ``actual_seq_kvlen`` are 1-D CPU integer tensors (read on the host inside the
+    kernel, so under torch.compile the document boundaries are data, not constants
+    of the graph), and the six outputs are all tensors: ``(attention_out, softmax_max,
+    softmax_sum, softmax_out, seed, offset)``, seed and offset int64 of shape (1,) on
+    query's device (torch_npu's fake registration), 0 since no dropout mask is drawn.
+    ``sink`` raises NotImplementedError (npu_inject passes none).
+    """
+    return fusion_attention_v3_via(
+        npu_fusion_attention, query, key, value, head_num, input_layout, pse=pse, padding_mask=padding_mask,
+        atten_mask=atten_mask, scale=scale, keep_prob=keep_prob, pre_tockens=pre_tockens,
+        next_tockens=next_tockens, inner_precise=inner_precise, prefix=prefix, actual_seq_qlen=actual_seq_qlen,
+        actual_seq_kvlen=actual_seq_kvlen, sparse_mode=sparse_mode, gen_mask_parallel=gen_mask_parallel,
+        sync=sync, softmax_layout=softmax_layout, sink=sink,
+    )

@@ -52,6 +52,7 @@ def _fused(name: str):
 
 
 npu_fusion_attention = _fused("npu_fusion_attention")
+npu_fusion_attention_v3 = _fused("npu_fusion_attention_v3")
 npu_grouped_matmul = _fused("npu_grouped_matmul")
 npu_moe_token_permute = _fused("npu_moe_token_permute")
 npu_moe_token_unpermute = _fused("npu_moe_token_unpermute")
@@ -64,6 +65,7 @@ __all__ = [
     "optim",
     "distributed",
     "npu_fusion_attention",
+    "npu_fusion_attention_v3",
     "npu_grouped_matmul",
     "npu_moe_token_permute",
     "npu_moe_token_unpermute",

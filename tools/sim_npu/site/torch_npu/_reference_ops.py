@@ -41,6 +41,10 @@ def npu_fusion_attention(*args: Any, **kwargs: Any) -> Any:
     return _reference("npu_fusion_attention")(*args, **kwargs)
 
 
+def npu_fusion_attention_v3(*args: Any, **kwargs: Any) -> Any:
+    return _reference("npu_fusion_attention_v3")(*args, **kwargs)
+
+
 def npu_grouped_matmul(*args: Any, **kwargs: Any) -> Any:
     return _reference("npu_grouped_matmul")(*args, **kwargs)
 
