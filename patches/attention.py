@@ -13,6 +13,10 @@ CPU backward) and VarlenAttention (CUDA flash attention). This patch:
   one-time warning and a report entry;
 * replaces ``VarlenAttention.forward``: TND with the cumulative lengths from
   torchtitan's VarlenMetadata; ``window_size`` maps to causal, band or full.
+
+Packed documents reach the kernel (``npu_fusion_attention_v3``) as a CPU int64
+tensor of document ends, never as host ints inside a compiled block: dynamo
+would specialize on every offset and recompile each batch.
 """
 
 from __future__ import annotations
@@ -37,7 +41,7 @@ def _mask_mod_codes():
 
 def plan_for_mask_mods(mask_mods, positions_BL, codes):
     """An AttentionPlan for ANDed mask mods, or None when the kernel cannot express them."""
-    from npu_inject.ops.attention import AttentionPlan, document_ends_from_positions
+    from npu_inject.ops.attention import AttentionPlan, document_ends_from_positions, document_plan
 
     kinds, window = set(), None
     for mask_mod in mask_mods:
@@ -50,11 +54,13 @@ def plan_for_mask_mods(mask_mods, positions_BL, codes):
         kinds.add(kind)
     if "causal" not in kinds and "window" not in kinds:
         return None  # a document mask without causality is not one of the kernel's modes
-    document_ends = document_ends_from_positions(positions_BL) if "document" in kinds else None
-    return AttentionPlan(causal=True, window=window, document_ends=document_ends)
+    if "document" in kinds:
+        return document_plan(causal=True, window=window, document_ends=document_ends_from_positions(positions_BL))
+    return AttentionPlan(causal=True, window=window)
 
 
 def apply(ctx: PatchContext) -> None:
+    import torch
     from torch.nn.attention.flex_attention import create_mask
 
     from npu_inject.ops.cp import ContextParallelPlan, context_parallel_attention_BLNH
@@ -66,8 +72,8 @@ def apply(ctx: PatchContext) -> None:
     )
 
     codes = _mask_mod_codes()
-    # Every layer of one forward gets the same cu_seq tensor: read it to the host once.
-    last_offsets: dict = {"cu_seq": None, "host": None}
+    # Every layer of one forward gets the same cu_seq tensor: in eager, copy its ends to the host once.
+    last_ends: dict = {"cu_seq": None, "ends": None}
 
     def create_flex_attention_mask(original, decoder, positions, attn_config, mask_mods):
         plan = plan_for_mask_mods(mask_mods, positions, codes)
@@ -105,19 +111,23 @@ def apply(ctx: PatchContext) -> None:
             return create_mask(mask.mask_mod, B, None, L, S, device=q_BLNH.device)
         return plan_keep_mask(mask, B, L, S, q_BLNH.device)
 
+    def host_document_ends(cu_seq):
+        """cu_seq's document ends as the CPU int64 tensor torch_npu reads (a device-to-host copy on an NPU)."""
+        if torch.compiler.is_compiling():
+            # A compiled block copies its own: the cache below would put a tensor identity in its guards.
+            return cu_seq[1:].to(device="cpu", dtype=torch.int64)
+        if last_ends["cu_seq"] is not cu_seq:
+            last_ends.update(cu_seq=cu_seq, ends=cu_seq[1:].to(device="cpu", dtype=torch.int64))
+        return last_ends["ends"]
+
     def varlen_forward(original, varlen, q_BLNH, k_BLNH, v_BLNH, *, attention_masks, scale=None,
                        out_transform=None, **kwargs):
         metadata = attention_masks
-        offsets = metadata.cu_seq_q_host
-        if offsets is None:
-            if last_offsets["cu_seq"] is not metadata.cu_seq_q:
-                last_offsets.update(cu_seq=metadata.cu_seq_q, host=tuple(metadata.cu_seq_q.tolist()))
-            offsets = last_offsets["host"]
         left, right = varlen.window_size
         if (left, right) == (-1, -1):
-            plan = AttentionPlan(causal=False, document_ends=offsets[1:])
+            causal, window = False, None
         elif right == 0:
-            plan = AttentionPlan(window=None if left < 0 else left + 1, document_ends=offsets[1:])
+            causal, window = True, None if left < 0 else left + 1
         else:
             raise NotImplementedError(
                 f"VarlenAttention window_size={varlen.window_size}: the NPU kernel's band mode "
@@ -125,7 +135,11 @@ def apply(ctx: PatchContext) -> None:
             )
         if isinstance(metadata, ContextParallelPlan):
             _check_no_cp_extras(None, out_transform)
+            # Context parallel cuts documents into per-rank segments on the host: it keeps host offsets.
+            plan = AttentionPlan(causal=causal, window=window, document_ends=metadata.cu_seq_q_host[1:])
             return context_parallel_attention_BLNH(q_BLNH, k_BLNH, v_BLNH, metadata, plan, scale)
+        plan = AttentionPlan(causal=causal, window=window,
+                             document_ends_tensor=host_document_ends(metadata.cu_seq_q))
         if out_transform is not None:
             ctx.fallback("VarlenAttention with an out_transform runs on reference attention "
                          "(needs a differentiable log-sum-exp, which the kernel does not return)")

@@ -24,16 +24,16 @@ def apply(ctx: PatchContext) -> None:
     from torchtitan.models.common.attention import FlexAttention
     from torchtitan.models.muse_glimmer.model import _window_mask_key
 
-    from npu_inject.ops.attention import AttentionPlan, document_ends_from_positions
+    from npu_inject.ops.attention import document_ends_from_positions, document_plan
 
     def get_attention_masks(original, model, positions):
         if not isinstance(model.config.first_attention.inner_attention, FlexAttention.Config):
             return original(model, positions)
         document_ends = document_ends_from_positions(positions)
         windows = {layer.attention.window_size for layer in model.config.layers} - {None}
-        masks = {_window_mask_key(None): AttentionPlan(causal=True, document_ends=document_ends)}
+        masks = {_window_mask_key(None): document_plan(causal=True, window=None, document_ends=document_ends)}
         for window in sorted(windows):
-            masks[_window_mask_key(window)] = AttentionPlan(causal=True, window=window, document_ends=document_ends)
+            masks[_window_mask_key(window)] = document_plan(causal=True, window=window, document_ends=document_ends)
         return masks
 
     ctx.wrap("torchtitan.models.muse_glimmer.model:MuseGlimmerModel.get_attention_masks", get_attention_masks)

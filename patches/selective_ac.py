@@ -13,7 +13,7 @@ step and re-reads MoE split sizes from the device. This patch:
   that copies from the target device to the host are saved on any device type;
 * where the kernel is not a dispatcher op -- the CPU rehearsal and the simulated
   NPU run ``npu_inject.ops.reference`` in Python -- routes the reference
-  ``npu_fusion_attention`` through one dispatcher op
+  ``npu_fusion_attention`` (and its TND variant ``npu_fusion_attention_v3``) through one dispatcher op
   (:mod:`npu_inject.ops.sac_dispatch`) and saves that, so the rehearsal applies
   the same policy the NPU does: one fused-attention forward per layer per step.
 """
@@ -26,7 +26,9 @@ _TORCH_NPU_SAVED_OPS = (
     "npu_fusion_attention", "npu_fusion_attention_v2", "npu_fusion_attention_v3",
     "npu_grouped_matmul",
 )
-_REFERENCE_TARGET = "npu_inject.ops.reference:npu_fusion_attention"
+# The reference kernels routed through the dispatcher op: v1 (BSND, context parallel) and v3 (TND).
+_REFERENCE_TARGETS = ("npu_inject.ops.reference:npu_fusion_attention",
+                      "npu_inject.ops.reference:npu_fusion_attention_v3")
 
 
 def _torch_npu_dispatcher_ops() -> list:
@@ -63,7 +65,8 @@ def apply(ctx: PatchContext) -> None:
 
             if not reference_routed:
                 reference_routed.append(True)
-                ctx.replace(_REFERENCE_TARGET, sac_dispatch.npu_fusion_attention)
+                for target in _REFERENCE_TARGETS:
+                    ctx.replace(target, getattr(sac_dispatch, target.rsplit(":", 1)[1]))
                 ctx.note("selective AC saves the reference npu_fusion_attention as one dispatcher op "
                          f"({sac_dispatch.FUSION_ATTENTION_OP_NAME}): the kernel runs in Python on "
                          f"target {ctx.target}")

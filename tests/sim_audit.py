@@ -29,17 +29,18 @@ STEP_SYNCS = {
     (".item() / bool() / tolist()", "torchtitan/distributed/utils.py"):
         "loss metrics: dist_mean/dist_max read with .item() for the metrics line (torchtitan)",
     ("data-dependent shape", "npu_inject/ops/attention.py"):
-        "document boundaries (nonzero) for npu_fusion_attention's actual_seq lengths, a host list "
-        "in torch_npu; once per forward, shared by every layer",
+        "document boundaries (nonzero) for npu_fusion_attention_v3's TND lengths, which torch_npu reads "
+        "from a CPU tensor; once per forward, shared by every layer",
     ("device-to-host copy", "npu_inject/ops/attention.py"):
-        "the same document boundaries read with .tolist()",
+        "the same document boundaries read with .tolist() (host ints for context parallel; the kernel's "
+        "CPU tensor is built from them)",
     ("data-dependent shape", "torchtitan/models/common/attention.py"):
         "varlen metadata: document starts per batch row with nonzero (torchtitan, once per forward)",
     (".item() / bool() / tolist()", "torchtitan/models/common/attention.py"):
         "varlen metadata: max_seqlen read with .item() (torchtitan, once per forward)",
     ("device-to-host copy", "npu_inject/patches/attention.py"):
-        "varlen: cumulative sequence lengths to the host for npu_fusion_attention's TND layout "
-        "(once per forward, reused by every layer)",
+        "varlen: document ends copied to a CPU int64 tensor, where torch_npu's npu_fusion_attention_v3 "
+        "reads its TND lengths (once per forward in eager, reused by every layer)",
     ("device-to-host copy", "torchtitan/models/common/token_dispatcher.py"):
         "MoE all-to-all split sizes, needed on the host by the collective (torchtitan)",
 }

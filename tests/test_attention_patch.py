@@ -105,6 +105,9 @@ def test_flex_packed_documents_use_tnd(patched):
     mods = [attention.get_causal_mask_mod(), attention.get_efficient_causal_mask_mod_for_packed_document(positions)]
     plan = flex_case(attention, decoder, mods, positions)
     assert plan.document_ends == (10, 24, 29, 41, 48)
+    # What the kernel (npu_fusion_attention_v3) and compiled blocks read: the same ends as a CPU int64 tensor.
+    ends = plan.document_ends_tensor
+    assert (ends.device.type, ends.dtype, ends.tolist()) == ("cpu", torch.int64, [10, 24, 29, 41, 48])
 
 
 def test_flex_sliding_window_uses_band(patched):
@@ -288,10 +291,16 @@ def test_varlen_out_transform_gets_logsumexp(patched):
         (False, None, (10, 24, 29, 41, 48)),  # full inside documents (varlen (-1, -1))
     ],
 )
-def test_plan_keep_mask_matches_explicit_loops(causal, window, document_ends):
+@pytest.mark.parametrize("ends_as", ["host ints", "tensor"])
+def test_plan_keep_mask_matches_explicit_loops(causal, window, document_ends, ends_as):
     from npu_inject.ops.attention import AttentionPlan, plan_keep_mask
 
-    plan = AttentionPlan(causal=causal, window=window, document_ends=document_ends)
+    if ends_as == "tensor":  # varlen's plan inside a compiled block carries the tensor only
+        if document_ends is None:
+            pytest.skip("no documents")
+        plan = AttentionPlan(causal=causal, window=window, document_ends_tensor=torch.tensor(document_ends))
+    else:
+        plan = AttentionPlan(causal=causal, window=window, document_ends=document_ends)
     keep_B1LL = plan_keep_mask(plan, B, L, L, torch.device("cpu"))
     assert keep_B1LL.shape == (B, 1, L, L) and keep_B1LL.dtype == torch.bool
     assert torch.equal(keep_B1LL[:, 0], explicit_keep(B, L, causal, window, document_ends))

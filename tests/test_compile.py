@@ -242,3 +242,54 @@ def test_moe_block_has_no_graph_break_of_the_runtime(monkeypatch, module, flavor
     print(f"\n{module} MoE block graph breaks: runtime {runtime_breaks[0]} {runtime_breaks[1]}, "
           f"plain PyTorch {plain_breaks[0]} {plain_breaks[1]}")
     assert runtime_breaks[0] - plain_breaks[0] == 0, runtime_breaks[1]
+
+
+# -- recompiles: packed-document boundaries are data, not constants of the graph ---------------
+
+
+@pytest.mark.parametrize("varlen", [False, True], ids=["flex", "varlen"])
+def test_llama3_block_compiles_at_most_twice_over_document_layouts(monkeypatch, varlen):
+    """Each batch packs a different number of documents. The document ends reach the kernel
+    (npu_fusion_attention_v3) as a tensor: dynamo compiles the block once with static shapes and
+    once with a dynamic document count, never per batch (host ints recompiled every new count,
+    past dynamo's recompile limit within 10 varlen steps). The compressed causal mask is first
+    made inside the trace, as in a training run (a cache filled then must not recompile)."""
+    monkeypatch.setattr("npu_inject.ops.attention._compressed_masks", {})
+    rt = runtime.activate(clean_env(TORCHTITAN_NPU="cpu", TORCHTITAN_NPU_PATCHES="device,attention,compile"),
+                          install_hooks=False)
+    try:
+        for trigger in ("torchtitan.tools.utils", "torchtitan.models.common.decoder",
+                        "torchtitan.distributed.compile"):
+            importlib.import_module(trigger)
+        for patch_id in ("device", "attention", "compile"):
+            assert rt.apply(patch_id), rt.report.patches[patch_id]
+        model_registry = importlib.import_module("torchtitan.models.llama3").model_registry
+        spec = model_registry("debugmodel", attn_backend="varlen") if varlen else model_registry("debugmodel")
+        config = spec.model
+        config.layers = config.layers[:2]
+        torch.manual_seed(0)
+        model = config.build()
+        model.init_states()
+        graphs = []
+
+        def counting_backend(graph_module, example_inputs):
+            graphs.append(graph_module)
+            return graph_module.forward
+
+        torch._dynamo.reset()
+        # Two blocks, compiled one by one as torchtitan does: they share one code object and its graphs.
+        blocks = [torch.compile(block, fullgraph=True, backend=counting_backend) for block in model.layers.values()]
+        # Documents per row: 2, 3, 1, 4, 5, 2 (64 tokens each).
+        for lengths in ([24, 40], [10, 20, 34], [64], [5, 5, 5, 49], [1, 2, 3, 4, 54], [7, 57]):
+            positions = torch.cat([torch.arange(n) for n in lengths]).repeat(2, 1)
+            h = torch.randn(2, 64, config.dim)
+            masks = model.get_attention_masks(positions)
+            # capture_scalar_outputs as torchtitan's apply_compile sets it.
+            with torch.no_grad(), torch._dynamo.config.patch(capture_scalar_outputs=True):
+                for block in blocks:
+                    h = block(h, masks, positions)
+        print(f"\nllama3, 2 blocks ({'varlen' if varlen else 'flex'}) over 6 document layouts: {len(graphs)} compiles")
+        assert len(graphs) <= 2
+    finally:
+        runtime.deactivate()
+        torch._dynamo.reset()

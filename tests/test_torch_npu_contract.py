@@ -76,9 +76,9 @@ def _calls(paths):
 def test_every_npu_op_we_call_exists_with_the_names_we_pass(schemas):
     calls = list(_calls(OUR_SOURCES + STAND_IN_SOURCES))
     called = {name for _, name, _, _ in calls}
-    assert {"npu_fusion_attention", "npu_grouped_matmul", "npu_moe_token_permute", "npu_moe_token_unpermute",
-            "npu_rms_norm", "npu_rms_norm_backward", "npu_rotary_mul", "npu_rotary_mul_backward", "npu_swiglu",
-            "npu_swiglu_backward"} <= called
+    assert {"npu_fusion_attention", "npu_fusion_attention_v3", "npu_grouped_matmul", "npu_moe_token_permute",
+            "npu_moe_token_unpermute", "npu_rms_norm", "npu_rms_norm_backward", "npu_rotary_mul",
+            "npu_rotary_mul_backward", "npu_swiglu", "npu_swiglu_backward"} <= called
     problems = []
     for where, name, positional, keywords in calls:
         if name not in schemas:
@@ -110,8 +110,9 @@ def test_reference_kernels_accept_only_real_parameter_names(schemas):
     for path in glob.glob(os.path.join(REPO, "npu_inject", "ops", "reference", "*.py")):
         tree = ast.parse(open(path, encoding="utf-8").read())
         functions += [n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name.startswith("npu_")]
-    assert {f.name for f in functions} >= {"npu_fusion_attention", "npu_grouped_matmul", "npu_moe_token_permute",
-                                          "npu_moe_token_unpermute", "npu_rms_norm", "npu_rms_norm_backward",
+    assert {f.name for f in functions} >= {"npu_fusion_attention", "npu_fusion_attention_v3", "npu_grouped_matmul",
+                                          "npu_moe_token_permute", "npu_moe_token_unpermute", "npu_rms_norm",
+                                          "npu_rms_norm_backward",
                                           "npu_rotary_mul", "npu_rotary_mul_backward", "npu_swiglu",
                                           "npu_swiglu_backward"}
     for function in functions:
@@ -129,3 +130,44 @@ def test_python_apis_we_use_exist(wheel):
     assert not missing, f"torch.npu (torch_npu/npu/__init__.py) lacks {missing}"
     assert "NpuFusedAdamW" in torch_npu_wheel.module_names(wheel, "torch_npu/optim/__init__.py")
     assert "is_hccl_available" in torch_npu_wheel.module_names(wheel, "torch_npu/distributed/__init__.py")
+
+
+# Kernels whose custom-op schema (npu_inject/ops/fakes.py) types every argument as torch_npu does.
+# npu_grouped_matmul's is not checked: ours types split_item & co. as int, output_dtype as ScalarType?
+# where torch_npu's are int? (the reference never receives None there).
+SCHEMA_CHECKED_KERNELS = ("npu_fusion_attention", "npu_fusion_attention_v3", "npu_moe_token_permute",
+                          "npu_moe_token_unpermute")
+
+
+def test_kernel_schemas_match_torch_npus(wheel):
+    """Every argument of our custom-op schemas has torch_npu's type and default: e.g.
+    npu_fusion_attention_v3 takes its TND lengths as Tensor, v1 as int[]."""
+    from npu_inject.ops import fakes
+
+    text = wheel.read("torch_npu/csrc/aten/npu_native_functions_by_codegen.yaml").decode()
+    theirs: dict[str, list[dict[str, tuple[str, str | None]]]] = {}
+    for match in re.finditer(r"func:\s*(\w+)(?:\.(\w+))?\((.*?)\)\s*->", text):
+        if match.group(1) not in fakes.KERNELS or match.group(2):  # .out overloads take the outputs too
+            continue
+        theirs.setdefault(match.group(1), []).append(_schema_arguments(match.group(3)))
+    problems = []
+    for name in SCHEMA_CHECKED_KERNELS:
+        spec = fakes.KERNELS[name]
+        ours = _schema_arguments(spec.schema[1:spec.schema.index(") ->")])
+        if not any(all(theirs_overload.get(argument) == typed for argument, typed in ours.items())
+                   for theirs_overload in theirs.get(name, [])):
+            problems.append(f"{name}: ours {ours}\n  torch_npu's {theirs.get(name)}")
+    assert not problems, "\n".join(problems)
+
+
+def _schema_arguments(text: str) -> dict[str, tuple[str, str | None]]:
+    """argument name -> (type, default) of a schema's argument list; SymInt reads as int (a tracing detail)."""
+    arguments = {}
+    for argument in re.split(r",(?![^\[]*\])", text):  # commas outside list defaults ("int[] x=[1, 1]")
+        argument = argument.strip()
+        if not argument or argument == "*":
+            continue
+        declaration, _, default = argument.partition("=")
+        kind, name = declaration.rsplit(None, 1)
+        arguments[name] = (kind.replace("SymInt", "int"), default.strip().rstrip(".") or None)
+    return arguments

@@ -7,12 +7,17 @@ use the TND layout with cumulative per-document end offsets.
 
 Masks are never built per call: the causal and band sparse modes (2, 3, 4) take
 torch_npu's compressed 2048x2048 upper-triangular mask, made once per device.
+
+Packed documents run on ``npu_fusion_attention_v3``, which takes the cumulative
+document ends as a CPU int64 tensor (torch_npu reads it on the host): under
+torch.compile the boundaries are then graph data, not host ints that dynamo would
+specialize on (one recompile per new document count).
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -24,6 +29,9 @@ SPARSE_LEFT_UP_CAUSAL, SPARSE_RIGHT_DOWN_CAUSAL, SPARSE_BAND = 2, 3, 4
 _compressed_masks: dict[torch.device, torch.Tensor] = {}
 
 
+# A constant of the compiled graph: otherwise dynamo guards on the cache's contents, and the block
+# traced before the first mask existed recompiles once the cache holds it.
+@torch.compiler.assume_constant_result
 def compressed_causal_mask(device: torch.device) -> torch.Tensor:
     """The 2048x2048 mask sparse modes 2/3/4 take (True = masked out), cached per device."""
     mask = _compressed_masks.get(device)
@@ -38,7 +46,11 @@ class AttentionPlan:
     """Which kernel call a torchtitan mask amounts to.
 
     ``document_ends`` are cumulative end offsets of every packed document over the
-    flattened B*L tokens (TND's actual_seq_qlen); None means one sequence per row.
+    flattened B*L tokens (TND's actual_seq_qlen) as host ints, for context parallel and
+    the dense fallback mask; ``document_ends_tensor`` the same ends as a 1-D CPU int64
+    tensor, what the kernel takes. A plan built for a compiled block carries the
+    tensor (alone for varlen): code there reads only the tensor, so dynamo guards on
+    its shape instead of every offset. Neither: one sequence per row.
     ``window`` is the sliding-window size in tokens including the query itself
     (None: unbounded). ``causal`` False means full bidirectional attention.
     """
@@ -46,6 +58,19 @@ class AttentionPlan:
     causal: bool = True
     window: int | None = None
     document_ends: tuple[int, ...] | None = None
+    # Left out of equality and hashing (a tensor has neither): context parallel caches by plan.
+    document_ends_tensor: torch.Tensor | None = field(default=None, compare=False)
+
+    @property
+    def packed(self) -> bool:
+        """Packed documents (TND). Tests the tensor first, so a plan carrying it is never read for host ends."""
+        return self.document_ends_tensor is not None or self.document_ends is not None
+
+    def ends_tensor(self) -> torch.Tensor:
+        """The document ends as the kernel takes them (built from the host ends when the plan has no tensor)."""
+        if self.document_ends_tensor is not None:
+            return self.document_ends_tensor
+        return torch.tensor(self.document_ends, dtype=torch.int64, device="cpu")
 
 
 def document_ends_from_positions(positions_BL: torch.Tensor) -> tuple[int, ...]:
@@ -60,13 +85,19 @@ def document_ends_from_positions(positions_BL: torch.Tensor) -> tuple[int, ...]:
     return tuple(starts[1:]) + (positions_BL.numel(),)
 
 
+def document_plan(causal: bool, window: int | None, document_ends: tuple[int, ...]) -> AttentionPlan:
+    """A packed-document plan carrying its ends both ways (host ints and the kernel's CPU tensor, no sync)."""
+    return AttentionPlan(causal=causal, window=window, document_ends=document_ends,
+                         document_ends_tensor=torch.tensor(document_ends, dtype=torch.int64, device="cpu"))
+
+
 def _sparse_arguments(plan: AttentionPlan) -> dict:
     if not plan.causal:
         return {"sparse_mode": 0, "atten_mask": None}
     if plan.window is None:
         # Equal query/key lengths: left-up and right-down causal coincide; TND needs
         # right-down (mode 3) so each packed document is causal on its own.
-        mode = SPARSE_RIGHT_DOWN_CAUSAL if plan.document_ends else SPARSE_LEFT_UP_CAUSAL
+        mode = SPARSE_RIGHT_DOWN_CAUSAL if plan.packed else SPARSE_LEFT_UP_CAUSAL
         return {"sparse_mode": mode}
     return {"sparse_mode": SPARSE_BAND, "pre_tockens": plan.window - 1, "next_tockens": 0}
 
@@ -91,15 +122,15 @@ def fusion_attention_BLNH(
     arguments = {"scale": scale, "atten_mask": compressed_causal_mask(q_BLNH.device)}
     arguments.update(_sparse_arguments(plan))
     ops = kernels()
-    if plan.document_ends is None:
+    if not plan.packed:
         out_BLNH, softmax_max_BNL8, softmax_sum_BNL8, *_ = ops.npu_fusion_attention(
             q_BLNH, k_BLNH, v_BLNH, N, "BSND", **arguments
         )
         lse_BLN = (softmax_max_BNL8[..., 0] + softmax_sum_BNL8[..., 0].log()).transpose(1, 2)
     else:
         T = B * L
-        ends = list(plan.document_ends)
-        out_TNH, softmax_max_TN8, softmax_sum_TN8, *_ = ops.npu_fusion_attention(
+        ends = plan.ends_tensor()
+        out_TNH, softmax_max_TN8, softmax_sum_TN8, *_ = ops.npu_fusion_attention_v3(
             q_BLNH.reshape(T, N, H),
             k_BLNH.reshape(T, k_BLNH.shape[2], H),
             v_BLNH.reshape(T, v_BLNH.shape[2], value_head_dim),
@@ -157,11 +188,9 @@ def plan_keep_mask(plan: AttentionPlan, B: int, L: int, S: int, device: torch.de
     if plan.window is not None:
         keep_LS &= q_idx - kv_idx < plan.window
     keep_BLS = keep_LS.expand(B, L, S).clone()
-    if plan.document_ends is not None:
-        starts = (0,) + plan.document_ends[:-1]
-        document_T = torch.zeros(B * L, dtype=torch.long, device=device)
-        for number, (start, end) in enumerate(zip(starts, plan.document_ends)):
-            document_T[start:end] = number
-        document_BL = document_T.view(B, L)
+    if plan.packed:
+        # A token's document is the number of ends at or before it (tensor ops: no host read).
+        ends = plan.ends_tensor().to(device)
+        document_BL = torch.bucketize(torch.arange(B * L, device=device), ends, right=True).view(B, L)
         keep_BLS &= document_BL.unsqueeze(2) == document_BL.unsqueeze(1)
     return keep_BLS.unsqueeze(1)

@@ -98,3 +98,9 @@ def npu_fusion_attention(
         as_list(actual_seq_qlen), as_list(actual_seq_kvlen), sparse_mode, softmax_layout,
     )
     return out, softmax_max, softmax_sum, torch.empty(0, dtype=query.dtype, device=query.device), 0, 0, 0
+
+
+def npu_fusion_attention_v3(query, key, value, head_num, input_layout, **arguments):
+    """torch_npu's v3 (TND lengths as host tensors) through the same dispatcher op."""
+    return reference.fusion_attention_v3_via(npu_fusion_attention, query, key, value, head_num, input_layout,
+                                             **arguments)
