@@ -159,10 +159,12 @@ def npu_grouped_matmul(
     if sum(counts) > rows:
         raise ValueError(f"{fn}: group_list covers {sum(counts)} rows but x has only {rows}")
     cdt = compute_dtype(x_dtype)
-    pieces, start = [], 0
-    for group, count in enumerate(counts):
-        pieces.append(torch.matmul(x_MK[start : start + count].to(cdt), w_EKN[group].to(cdt)))
-        start += count
-    if start < rows:
-        pieces.append(x_MK.new_zeros(rows - start, w_EKN.shape[2], dtype=cdt))
+    # One cast, split and unbind for all groups: autograd then stacks the weight gradient once,
+    # where indexing w[g] per group zero-filled a whole (E, K, N) gradient per group (most of a
+    # qwen3 MoE step in the rehearsal).
+    tail = rows - sum(counts)
+    x_groups = x_MK.to(cdt).split([*counts, tail])
+    pieces = [torch.matmul(x_g, w_KN) for x_g, w_KN in zip(x_groups, w_EKN.to(cdt).unbind(0))]
+    if tail:
+        pieces.append(x_MK.new_zeros(tail, w_EKN.shape[2], dtype=cdt))
     return [torch.cat(pieces, dim=0).to(x_dtype)]
