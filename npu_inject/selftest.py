@@ -56,6 +56,7 @@ class Case:
     dtypes: tuple[str, ...] = ALL_DTYPES
     tolerance_scale: float = 1.0  # for long reductions (attention backward)
     used_by: str = ""  # which ops/ module calls it this way
+    host_kwargs: tuple[str, ...] = ()  # tensor arguments torch_npu reads on the host: never moved to the device
 
 
 # -- inputs ---------------------------------------------------------------------------------
@@ -88,13 +89,16 @@ def _attention_bsnd(sparse: dict):
     return make
 
 
-def _attention_tnd(sparse: dict):
+def _attention_tnd(sparse: dict, lengths_as_tensor: bool = False):
     def make(dtype):
+        import torch
+
         T = B * L
         q, k, v = (_randn(T, heads, H, dtype=dtype) for heads in (N, N_KV, N_KV))
+        # v3 takes the lengths as a CPU int64 tensor (torch_npu reads it on the host), v1 as a list.
+        ends = torch.tensor(DOCUMENT_ENDS, dtype=torch.int64) if lengths_as_tensor else DOCUMENT_ENDS
         kwargs = {"scale": 1.0 / math.sqrt(H), "atten_mask": _compressed_mask(),
-                  "actual_seq_qlen": DOCUMENT_ENDS, "actual_seq_kvlen": DOCUMENT_ENDS,
-                  "softmax_layout": "TND", **sparse}
+                  "actual_seq_qlen": ends, "actual_seq_kvlen": ends, "softmax_layout": "TND", **sparse}
         return (q, k, v, N, "TND"), kwargs
 
     return make
@@ -194,10 +198,17 @@ CASES: list[Case] = [
          _attention_bsnd({"sparse_mode": 0, "atten_mask": None}), outputs=(0, 1, 2), tolerance_scale=2.0,
          used_by="ops/attention.py"),
     Case("fusion_attention TND documents (sparse_mode 3)", "npu_fusion_attention",
-         _attention_tnd({"sparse_mode": 3}), outputs=(0, 1, 2), tolerance_scale=2.0, used_by="ops/attention.py"),
+         _attention_tnd({"sparse_mode": 3}), outputs=(0, 1, 2), tolerance_scale=2.0, used_by="ops/cp.py"),
     Case("fusion_attention TND documents + window (sparse_mode 4)", "npu_fusion_attention",
          _attention_tnd({"sparse_mode": 4, "pre_tockens": WINDOW - 1, "next_tockens": 0}),
-         outputs=(0, 1, 2), tolerance_scale=2.0, used_by="ops/attention.py"),
+         outputs=(0, 1, 2), tolerance_scale=2.0, used_by="ops/cp.py"),
+    Case("fusion_attention_v3 TND documents (sparse_mode 3), lengths as a CPU tensor", "npu_fusion_attention_v3",
+         _attention_tnd({"sparse_mode": 3}, lengths_as_tensor=True), outputs=(0, 1, 2), tolerance_scale=2.0,
+         used_by="ops/attention.py", host_kwargs=("actual_seq_qlen", "actual_seq_kvlen")),
+    Case("fusion_attention_v3 TND documents + window (sparse_mode 4)", "npu_fusion_attention_v3",
+         _attention_tnd({"sparse_mode": 4, "pre_tockens": WINDOW - 1, "next_tockens": 0}, lengths_as_tensor=True),
+         outputs=(0, 1, 2), tolerance_scale=2.0, used_by="ops/attention.py",
+         host_kwargs=("actual_seq_qlen", "actual_seq_kvlen")),
     Case("grouped_matmul group_type 0 (experts forward, dx)", "npu_grouped_matmul", _gmm_along_m,
          backward=False, used_by="ops/moe.py"),
     Case("grouped_matmul group_type 2 (expert weight gradient)", "npu_grouped_matmul", _gmm_along_k,
@@ -294,7 +305,8 @@ def run_case(case: Case, dtype_name: str, device, torch_npu, reference, simulate
     host_args = _map_tensors(args, leaf)
     device_args = _map_tensors(host_args, lambda t: t.detach().to(device).requires_grad_(t.requires_grad))
     host_kwargs = kwargs
-    device_kwargs = _map_tensors(kwargs, lambda t: t.to(device))
+    device_kwargs = {name: value if name in case.host_kwargs else _map_tensors(value, lambda t: t.to(device))
+                     for name, value in kwargs.items()}
     try:
         reference_out = _flatten(reference_op(*host_args, **host_kwargs))
     except Exception as exc:  # the host reference itself cannot run this case: the table says so

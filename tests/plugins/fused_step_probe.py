@@ -18,8 +18,8 @@ import json
 import os
 from collections import Counter
 
-KERNELS = ("npu_rms_norm", "npu_rotary_mul", "npu_swiglu", "npu_fusion_attention", "npu_grouped_matmul",
-           "npu_moe_token_permute", "npu_moe_token_unpermute")
+KERNELS = ("npu_rms_norm", "npu_rotary_mul", "npu_swiglu", "npu_fusion_attention", "npu_fusion_attention_v3",
+           "npu_grouped_matmul", "npu_moe_token_permute", "npu_moe_token_unpermute")
 
 
 def apply(ctx):
