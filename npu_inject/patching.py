@@ -140,15 +140,11 @@ class PatchContext:
 
     def fallback(self, reason: str) -> None:
         """Record (once per reason) that a slower or reference path is taken, and why."""
-        if reason in self.fallbacks:
-            return
-        self.fallbacks.append(reason)
-        logger.warning("npu_inject: patch %s falls back: %s", self.patch_id, reason)
+        _record_fallback(self, reason)
 
     def note(self, message: str) -> None:
         """A fact for the report (e.g. which optimizer implementation was picked)."""
-        if message not in self.notes:
-            self.notes.append(message)
+        _record_note(self, message)
 
     def restore(self) -> None:
         """Undo every recorded change, newest first; leaves the context reusable."""
@@ -176,3 +172,25 @@ class PatchContext:
                 f"patch {self.patch_id} changes {target!r}, which registry.json does not list "
                 f"in its 'targets' ({', '.join(self.declared_targets)})"
             )
+
+
+# Patches record fallbacks and notes from inside compiled blocks too (moe_dispatch's grouped
+# matmul, attention). Traced, the membership test became a guard on the list, which the first
+# trace's own append broke: every block recompiled once, and again whenever any patch recorded
+# something. Marked as torch.compiler.assume_constant_result does (the attribute alone: this
+# module does not import torch), dynamo runs them once while tracing and guards on nothing inside.
+def _record_fallback(context: PatchContext, reason: str) -> bool:
+    if reason not in context.fallbacks:
+        context.fallbacks.append(reason)
+        logger.warning("npu_inject: patch %s falls back: %s", context.patch_id, reason)
+    return True
+
+
+def _record_note(context: PatchContext, message: str) -> bool:
+    if message not in context.notes:
+        context.notes.append(message)
+    return True
+
+
+_record_fallback._dynamo_marked_constant = True  # type: ignore[attr-defined]
+_record_note._dynamo_marked_constant = True  # type: ignore[attr-defined]

@@ -158,3 +158,37 @@ def test_report_summary_and_json(fake_target, tmp_path):
     data = json.load(open(written))
     assert data["patches"]["fake_broken"]["state"] == "failed"
     assert data["versions"]["torch"] and data["target"] == "cpu"
+
+
+def test_fallbacks_and_notes_recorded_inside_a_compiled_function_cause_no_recompile():
+    """Patches record from inside compiled blocks (moe_dispatch's grouped matmul): traced, the
+    membership test guarded on the list, and the trace's own append made every block recompile once,
+    and again whenever any patch recorded something new."""
+    import torch
+
+    from npu_inject.patching import PatchContext
+
+    context, other = PatchContext("p", "cpu", {}), PatchContext("q", "cpu", {})
+    graphs = []
+
+    def counting_backend(graph_module, example_inputs):
+        graphs.append(graph_module)
+        return graph_module.forward
+
+    @torch.compile(fullgraph=True, backend=counting_backend)
+    def block(x):
+        context.fallback(f"reference path for {x.dim()}-D input")
+        context.note("a note")
+        return x * 2
+
+    torch._dynamo.reset()
+    try:
+        for step in range(3):
+            torch.testing.assert_close(block(torch.ones(3)), torch.full((3,), 2.0))
+            context.fallback(f"recorded eagerly at step {step}")
+            other.fallback(f"another patch at step {step}")
+    finally:
+        torch._dynamo.reset()
+    assert len(graphs) == 1
+    assert context.fallbacks == ["reference path for 1-D input", *(f"recorded eagerly at step {s}" for s in range(3))]
+    assert context.notes == ["a note"]
