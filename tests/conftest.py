@@ -12,12 +12,14 @@ import pytest
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # makes tests/testkit.py importable
 
 from testkit import (  # noqa: E402
+    NO_ACTIVATION_CHECKPOINTING,
     PLUGINS,
     clean_env,
     from_seed,
     reference_attention_env,
     sim_npu_env,
     train_llama,
+    train_moe,
 )
 
 @pytest.fixture(autouse=True)
@@ -105,5 +107,25 @@ def llama_runs(tmp_path_factory, seed_checkpoint):
             losses, log = train_llama(config, dump, env, extra=from_seed(seed_checkpoint))
             cache[config, variant] = losses, log, dump
         return cache[config, variant]
+
+    return get
+
+
+@pytest.fixture(scope="session")
+def moe_rehearsal_runs(tmp_path_factory):
+    """Each eager MoE rehearsal run (module, config, extra arguments, steps; runtime defaults,
+    activation checkpointing off) trains once per session: tests/e2e/test_moe_train.py's patched
+    deepseek_v3 run is also tests/e2e/test_compile_train.py's eager baseline. Returns
+    (step -> loss, dump folder)."""
+    cache = {}
+
+    def get(module: str, config: str, extra=(), steps: int = 10):
+        key = module, config, tuple(extra), steps
+        if key not in cache:
+            dump = str(tmp_path_factory.mktemp(f"{config}_rehearsal"))
+            losses = train_moe(module, config, dump, clean_env(TORCHTITAN_NPU="cpu"), steps=steps, extra=extra,
+                               tail=NO_ACTIVATION_CHECKPOINTING, timeout=1200)
+            cache[key] = losses, dump
+        return cache[key]
 
     return get

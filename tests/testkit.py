@@ -6,6 +6,7 @@ A module of its own (not conftest.py): several conftest.py files live under test
 
 from __future__ import annotations
 
+import math
 import os
 import re
 import subprocess
@@ -116,3 +117,24 @@ def sim_npu_env(**overrides: str) -> dict[str, str]:
 
 def from_seed(seed: str) -> list[str]:
     return ["--checkpoint.enable", "--checkpoint.interval", "1000", "--checkpoint.initial_load_path", seed]
+
+
+# -- MoE rehearsal runs (tests/e2e/test_moe_train.py, test_compile_train.py) ---------------
+
+MOE_STEPS = 10
+MOE_SHORT = ["--training.seq_len", "128", "--training.local_batch_size", "1", "--validator.no-enable",
+             "--checkpoint.no-enable"]
+NO_ACTIVATION_CHECKPOINTING = ["activation-checkpoint:none"]  # a subcommand: must come last
+
+
+def train_moe(module: str, config: str, dump: str, env: dict, steps: int = MOE_STEPS, extra=(), tail=(),
+              timeout: int = 600) -> dict[int, float]:
+    """A deterministic fp32 MoE debug run on 2 ranks; returns step -> loss (every step, finite)."""
+    args = ["--module", module, "--config", config, "--training.steps", str(steps), *MOE_SHORT,
+            *DETERMINISTIC, "--dump_folder", dump, *extra, *tail]
+    result = torchrun(args, env, nproc=2, timeout=timeout)
+    assert result.returncode == 0, result.stdout[-6000:]
+    losses = parse_losses(result.stdout)
+    assert sorted(losses) == list(range(1, steps + 1)), result.stdout[-3000:]
+    assert all(math.isfinite(loss) for loss in losses.values()), losses
+    return losses

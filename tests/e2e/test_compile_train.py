@@ -2,7 +2,8 @@
 
 Same target, same seed, fp32, deterministic: the compiled run's per-step losses must
 equal the eager run's within 1e-4 relative. llama3 runs start from the session's seed
-checkpoint; MoE runs from the same seed on the same target (as tests/e2e/test_moe_train.py).
+checkpoint; MoE runs from the same seed on the same target, and their eager run is the
+session's (``moe_rehearsal_runs``: deepseek_v3's is also tests/e2e/test_moe_train.py's run).
 
 In CI (marker e2e), one case per model family, measured on 2 loaded CPU cores
 (torch's C++ inductor compiles each block's forward and backward once, about
@@ -23,16 +24,14 @@ import os
 
 import pytest
 
-from testkit import LLAMA_STEPS, clean_env, from_seed, parse_losses, sim_npu_env, torchrun, train_llama
+from testkit import (LLAMA_STEPS, MOE_STEPS, NO_ACTIVATION_CHECKPOINTING, clean_env, from_seed, sim_npu_env,
+                     train_llama, train_moe)
 
 COMPILE = ["--compile.enable"]
-# A recompile on one rank (new MoE token counts) can keep the other waiting past the 100 s default.
+# A rank that compiles while the other has moved on (a batch with a new packed-document count
+# makes one rank recompile its blocks) keeps the other waiting, possibly past the 100 s default.
 MOE_COMPILE = [*COMPILE, "--comm.train_timeout_seconds", "1200"]
-MOE_STEPS = 4
-MOE_ARGS = ["--training.seq_len", "128", "--training.local_batch_size", "1", "--validator.no-enable",
-            "--checkpoint.no-enable", "--debug.seed", "42", "--debug.deterministic",
-            "--training.mixed_precision_param", "float32"]
-NO_ACTIVATION_CHECKPOINTING = ["activation-checkpoint:none"]  # a subcommand: must come last
+MOE_SHORT_STEPS = 4
 
 
 def max_relative_difference(losses: dict[int, float], baseline: dict[int, float]) -> float:
@@ -96,20 +95,12 @@ def test_llama3_compiled_on_simulated_npus_falls_back_to_aot_eager_and_trains_li
     assert worst <= 1e-4
 
 
-def _moe_run(module: str, config: str, dump: str, steps: int, extra=()):
-    args = ["--module", module, "--config", config, "--training.steps", str(steps), *MOE_ARGS,
-            "--dump_folder", dump, *extra, *NO_ACTIVATION_CHECKPOINTING]
-    result = torchrun(args, clean_env(TORCHTITAN_NPU="cpu"), nproc=2, timeout=1200)
-    assert result.returncode == 0, result.stdout[-6000:]
-    losses = parse_losses(result.stdout)
-    assert sorted(losses) == list(range(1, steps + 1)), result.stdout[-3000:]
-    return losses
-
-
-def _moe_compiled_vs_eager(tmp_path, module: str, config: str, steps: int, extra=()):
-    eager = _moe_run(module, config, str(tmp_path / "eager"), steps, extra)
+def _moe_compiled_vs_eager(moe_rehearsal_runs, tmp_path, module: str, config: str, steps: int, extra=()):
+    # The eager run is the session's (shared with tests/e2e/test_moe_train.py where the arguments agree).
+    eager, _ = moe_rehearsal_runs(module, config, extra, steps)
     compiled_dump = str(tmp_path / "compiled")
-    compiled = _moe_run(module, config, compiled_dump, steps, [*extra, *MOE_COMPILE])
+    compiled = train_moe(module, config, compiled_dump, clean_env(TORCHTITAN_NPU="cpu"), steps=steps,
+                         extra=[*extra, *MOE_COMPILE], tail=NO_ACTIVATION_CHECKPOINTING, timeout=1200)
     assert_backend(compiled_dump, "inductor", fallback=False)
     worst = max_relative_difference(compiled, eager)
     print(f"{config} rehearsal, compiled vs eager: max relative loss difference {worst:.2e}\n"
@@ -118,16 +109,16 @@ def _moe_compiled_vs_eager(tmp_path, module: str, config: str, steps: int, extra
 
 
 @pytest.mark.compile_long  # its CI failure (2026-11-23) was a stale inductor cache entry; see patches/compile.py
-def test_deepseek_v3_moe_compiled_in_the_rehearsal_trains_like_eager(tmp_path):
-    _moe_compiled_vs_eager(tmp_path, "deepseek_v3", "deepseek_v3_debugmodel", MOE_STEPS)
+def test_deepseek_v3_moe_compiled_in_the_rehearsal_trains_like_eager(moe_rehearsal_runs, tmp_path):
+    _moe_compiled_vs_eager(moe_rehearsal_runs, tmp_path, "deepseek_v3", "deepseek_v3_debugmodel", MOE_SHORT_STEPS)
 
 
 @pytest.mark.compile_long
-def test_qwen3_moe_ep2_compiled_in_the_rehearsal_trains_like_eager(tmp_path):
-    _moe_compiled_vs_eager(tmp_path, "qwen3", "qwen3_moe_debug", LLAMA_STEPS,
+def test_qwen3_moe_ep2_compiled_in_the_rehearsal_trains_like_eager(moe_rehearsal_runs, tmp_path):
+    _moe_compiled_vs_eager(moe_rehearsal_runs, tmp_path, "qwen3", "qwen3_moe_debug", MOE_STEPS,
                            ["--parallelism.expert_parallel_degree", "2"])
 
 
 @pytest.mark.compile_long
-def test_deepseek_v3_moe_compiled_ten_steps(tmp_path):
-    _moe_compiled_vs_eager(tmp_path, "deepseek_v3", "deepseek_v3_debugmodel", LLAMA_STEPS)
+def test_deepseek_v3_moe_compiled_ten_steps(moe_rehearsal_runs, tmp_path):
+    _moe_compiled_vs_eager(moe_rehearsal_runs, tmp_path, "deepseek_v3", "deepseek_v3_debugmodel", MOE_STEPS)

@@ -20,22 +20,16 @@ all-to-all dispatcher unless CUDA graphs are off, even on devices without them.
 from __future__ import annotations
 
 import json
-import math
 import os
 
 import pytest
 
 from sim_audit import assert_audit_clean
-from testkit import REPO, clean_env, parse_losses, sim_env, torchrun
+from testkit import MOE_STEPS, NO_ACTIVATION_CHECKPOINTING, REPO, clean_env, sim_env, train_moe
 
 pytestmark = pytest.mark.e2e
 
-MOE_STEPS = 10
-MOE_DETERMINISTIC = ["--debug.seed", "42", "--debug.deterministic", "--training.mixed_precision_param", "float32"]
-MOE_SHORT = ["--training.seq_len", "128", "--training.local_batch_size", "1", "--validator.no-enable",
-             "--checkpoint.no-enable"]
 MOE_EP2 = ["--parallelism.expert_parallel_degree", "2", "--training.disable_cuda_graphs"]
-NO_ACTIVATION_CHECKPOINTING = ["activation-checkpoint:none"]  # a subcommand: must come last
 MOE_PLUGINS = os.path.join(REPO, "tests", "plugins")
 
 
@@ -48,17 +42,6 @@ def moe_reference_env(target: str = "cpu") -> dict[str, str]:
         TORCHTITAN_NPU_STRICT="1",
         PYTHONPATH=os.pathsep.join(p for p in (MOE_PLUGINS, os.environ.get("PYTHONPATH")) if p),
     )
-
-
-def moe_train(module: str, config: str, dump: str, env: dict, steps: int = MOE_STEPS, extra=(), tail=()):
-    args = ["--module", module, "--config", config, "--training.steps", str(steps), *MOE_SHORT,
-            *MOE_DETERMINISTIC, "--dump_folder", dump, *extra, *tail]
-    result = torchrun(args, env, nproc=2)
-    assert result.returncode == 0, result.stdout[-6000:]
-    losses = parse_losses(result.stdout)
-    assert sorted(losses) == list(range(1, steps + 1)), result.stdout[-3000:]
-    assert all(math.isfinite(loss) for loss in losses.values()), losses
-    return losses
 
 
 def moe_reports(dump: str) -> list[dict]:
@@ -84,13 +67,13 @@ def max_relative_loss_difference(losses: dict[int, float], baseline: dict[int, f
     return max(abs(losses[step] - baseline[step]) / abs(baseline[step]) for step in baseline)
 
 
-def test_deepseek_v3_local_dispatch_rehearsal_parity_with_independent_moe(tmp_path):
-    patched_dump, reference_dump = str(tmp_path / "patched"), str(tmp_path / "reference")
-    patched = moe_train("deepseek_v3", "deepseek_v3_debugmodel", patched_dump, clean_env(TORCHTITAN_NPU="cpu"),
-                        tail=NO_ACTIVATION_CHECKPOINTING)
+def test_deepseek_v3_local_dispatch_rehearsal_parity_with_independent_moe(tmp_path, moe_rehearsal_runs):
+    reference_dump = str(tmp_path / "reference")
+    # The session's run: also the eager baseline of test_compile_train's deepseek_v3 case.
+    patched, patched_dump = moe_rehearsal_runs("deepseek_v3", "deepseek_v3_debugmodel")
     assert_moe_dispatch_applied(patched_dump)
     assert patched[MOE_STEPS] < patched[1] - 1.5, patched
-    reference = moe_train("deepseek_v3", "deepseek_v3_debugmodel", reference_dump, moe_reference_env(),
+    reference = train_moe("deepseek_v3", "deepseek_v3_debugmodel", reference_dump, moe_reference_env(),
                           tail=NO_ACTIVATION_CHECKPOINTING)
     for patches in moe_reports(reference_dump):
         assert patches["moe_reference"]["state"] == "applied" and patches["moe_dispatch"]["state"] == "disabled"
@@ -102,14 +85,14 @@ def test_deepseek_v3_local_dispatch_rehearsal_parity_with_independent_moe(tmp_pa
 def test_deepseek_v3_ep2_on_simulated_npus_parity_with_independent_moe(tmp_path):
     steps = 6  # the simulated device is slower; two runs of 6 steps keep the file within budget
     patched_dump, reference_dump = str(tmp_path / "patched"), str(tmp_path / "reference")
-    patched = moe_train("deepseek_v3", "deepseek_v3_debugmodel", patched_dump,
+    patched = train_moe("deepseek_v3", "deepseek_v3_debugmodel", patched_dump,
                         sim_env(clean_env(TORCHTITAN_NPU="1", TORCHTITAN_NPU_SIM_AUDIT="1"), devices=2),
                         steps=steps, extra=MOE_EP2, tail=NO_ACTIVATION_CHECKPOINTING)
     assert_moe_dispatch_applied(patched_dump)
     assert_audit_clean(patched_dump, steps=steps)
     for report_patches in moe_reports(patched_dump):
         assert report_patches["device"]["notes"] == ["device npu x2: Ascend910B-sim"], report_patches["device"]
-    reference = moe_train("deepseek_v3", "deepseek_v3_debugmodel", reference_dump,
+    reference = train_moe("deepseek_v3", "deepseek_v3_debugmodel", reference_dump,
                           sim_env(moe_reference_env("1"), devices=2), steps=steps,
                           extra=MOE_EP2, tail=NO_ACTIVATION_CHECKPOINTING)
     worst = max_relative_loss_difference(patched, reference)
@@ -120,11 +103,11 @@ def test_deepseek_v3_ep2_on_simulated_npus_parity_with_independent_moe(tmp_path)
 @pytest.mark.models  # 220 s on 2 cores; CI keeps qwen3 EP2 on simulated NPUs and deepseek EP2 parity
 def test_qwen3_moe_ep2_loss_parity_with_independent_moe(tmp_path):
     patched_dump, reference_dump = str(tmp_path / "patched"), str(tmp_path / "reference")
-    patched = moe_train("qwen3", "qwen3_moe_debug", patched_dump, clean_env(TORCHTITAN_NPU="cpu"),
+    patched = train_moe("qwen3", "qwen3_moe_debug", patched_dump, clean_env(TORCHTITAN_NPU="cpu"),
                         extra=MOE_EP2, tail=NO_ACTIVATION_CHECKPOINTING)
     assert_moe_dispatch_applied(patched_dump)
     assert patched[MOE_STEPS] < patched[1] - 1.0, patched
-    reference = moe_train("qwen3", "qwen3_moe_debug", reference_dump, moe_reference_env(),
+    reference = train_moe("qwen3", "qwen3_moe_debug", reference_dump, moe_reference_env(),
                           extra=MOE_EP2, tail=NO_ACTIVATION_CHECKPOINTING)
     worst = max_relative_loss_difference(patched, reference)
     print(f"qwen3 EP2 patched {patched}\nreference {reference}\nmax relative difference {worst:.2e}")
@@ -135,7 +118,7 @@ def test_qwen3_moe_ep2_on_simulated_npus_runs_what_an_npu_runs(tmp_path):
     """qwen3_moe_debug with EP 2 on 2 simulated NPUs, 2 steps for the audit (loss parity is the
     rehearsal test above): only the explained host-fallback ops and syncs, no stream finding."""
     dump = str(tmp_path / "sim")
-    moe_train("qwen3", "qwen3_moe_debug", dump,
+    train_moe("qwen3", "qwen3_moe_debug", dump,
               sim_env(clean_env(TORCHTITAN_NPU="1", TORCHTITAN_NPU_SIM_AUDIT="1"), devices=2), steps=2,
               extra=MOE_EP2, tail=NO_ACTIVATION_CHECKPOINTING)
     assert_moe_dispatch_applied(dump)
