@@ -69,3 +69,33 @@ def test_dtensor_random_ops_default_to_rehearsal_semantics() -> None:
     assert os.environ.get("TORCHTITAN_NPU_SIM_DTENSOR_RNG", "local") == "local"
     assert dtensor_random._rng_tracker is not None
     assert dtensor_random._rng_tracker.distribute_region_enabled is False
+
+
+def test_fusion_attention_v3_reads_its_lengths_from_the_host_and_compiles_with_its_fake() -> None:
+    """torch_npu reads v3's actual_seq_qlen/kvlen on the host (a device tensor is rejected, as
+    op-plugin's "tensor must be on CPU"); npu::npu_fusion_attention_v3 has a fake, so a compiled call
+    traces it as one op and the document count stays a dynamic input, not a constant of the graph."""
+    mask = torch.triu(torch.ones(2048, 2048, dtype=torch.bool, device="npu"), diagonal=1)
+    q, k, v = (torch.randn(12, heads, 8, device="npu") for heads in (4, 2, 2))
+
+    def attention(q, k, v, ends):
+        return torch_npu.npu_fusion_attention_v3(q, k, v, 4, "TND", atten_mask=mask, sparse_mode=3,
+                                                 actual_seq_qlen=ends, actual_seq_kvlen=ends)[0]
+
+    eager = attention(q, k, v, torch.tensor([5, 12]))
+    assert eager.device.type == "npu" and eager.shape == (12, 4, 8)
+    with pytest.raises(ValueError, match="actual_seq_qlen must be a 1-D CPU integer tensor"):
+        attention(q, k, v, torch.tensor([5, 12], device="npu"))
+    graphs = []
+
+    def backend(graph_module, example_inputs):
+        graphs.append(graph_module)
+        return graph_module.forward
+
+    compiled = torch.compile(attention, fullgraph=True, backend=backend)
+    torch.testing.assert_close(compiled(q, k, v, torch.tensor([5, 12])).cpu(), eager.cpu())
+    # At least two documents, as with two batch rows: dynamo specializes a size of 1 (a third graph).
+    for ends in ([3, 7, 12], [6, 12], [1, 2, 3, 12]):
+        compiled(q, k, v, torch.tensor(ends))
+    assert len(graphs) == 2  # static, then a dynamic document count
+    assert any("npu_fusion_attention_v3" in str(node.target) for node in graphs[0].graph.nodes)
