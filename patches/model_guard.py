@@ -13,7 +13,8 @@ both targets:
   the gated_delta_net patch's stand-in (fla itself is Triton/CUDA kernels);
 * while the config function runs: a quantization converter (float8, MXFP8,
   NVFP4) that refuses the device becomes a line naming the recipe and its needs;
-* after the command line is merged: local data the config reads
+* after the command line is merged: an optimizer torchtitan runs on CUDA only
+  (kimi_k2_7's DistMuon) stops, and local data the config reads
   (``tests/assets/...`` data sets, SFT ``data_files``, Flux's autoencoder) must exist.
 
 Each stop is ``SystemExit`` with one line that names what is missing and how to
@@ -64,6 +65,11 @@ LOCAL_DATASETS = {
     "cc12m-test": ("tests/assets/cc12m_test", "python tools/make_mm_assets.py writes a small image-text set "
                                               "there (torchtitan's own is in its source repository, not its wheel)"),
 }
+# Optimizers (a param group's optimizer_name) that torchtitan 0.3.0 builds for CUDA parameters only.
+CUDA_ONLY_OPTIMIZERS = {
+    "DistMuon": ("DistMuon (torchtitan.distributed.flex_shard), which refuses parameters off CUDA "
+                 "(\"DistMuon requires one CUDA device per process\")"),
+}
 QUANTIZATION_RECIPES = {
     "float8.py": "float8 (torchao Float8Linear), which needs torchao and an NVIDIA SM89+ or AMD MI300 GPU",
     "mx.py": ("MXFP8 (torchao MXFP8Linear), which needs torchao and an NVIDIA SM100 GPU (Ascend 950's "
@@ -109,6 +115,15 @@ def quantization_problem(exc: BaseException, config: str | None, target: str) ->
     return None
 
 
+def optimizer_problem(config, config_name: str | None, target: str) -> str | None:
+    groups = getattr(getattr(config, "optimizer", None), "param_groups", None) or ()
+    for name in dict.fromkeys(getattr(group, "optimizer_name", None) for group in groups):
+        if name in CUDA_ONLY_OPTIMIZERS:
+            return (f"--config {config_name} optimizes with {CUDA_ONLY_OPTIMIZERS[name]}; target {target} "
+                    f"has no {name} (not implemented by npu_inject)")
+    return None
+
+
 def data_problem(config, config_name: str | None) -> str | None:
     dataloader = getattr(config, "dataloader", None)
     dataset = getattr(dataloader, "dataset", None)
@@ -143,7 +158,7 @@ def apply(ctx: PatchContext) -> None:
                     raise
             else:
                 # After the command line is merged: a --dataloader.* override may point elsewhere.
-                problem = data_problem(config, config_name)
+                problem = optimizer_problem(config, config_name, ctx.target) or data_problem(config, config_name)
                 if problem is None:
                     return config
         raise SystemExit(f"npu_inject model_guard: {problem}")

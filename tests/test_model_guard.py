@@ -60,3 +60,15 @@ def test_missing_local_data_is_named_with_its_absolute_path(tmp_path, monkeypatc
     assert "tools/make_mm_assets.py" in problem, problem
     os.makedirs("tests/assets/cc12m_test")
     assert model_guard.data_problem(image_text, "qwen35_debugmodel") is None
+
+
+def test_cuda_only_optimizer_is_named_with_the_target():
+    group = lambda name: types.SimpleNamespace(optimizer_name=name)  # noqa: E731
+    muon = types.SimpleNamespace(optimizer=types.SimpleNamespace(param_groups=[group("DistMuon"), group("AdamW")]))
+    problem = model_guard.optimizer_problem(muon, "kimi_k2_5_debugmodel", "npu")
+    assert problem.startswith("--config kimi_k2_5_debugmodel optimizes with DistMuon "
+                              "(torchtitan.distributed.flex_shard)"), problem
+    assert "target npu has no DistMuon" in problem, problem
+    adamw = types.SimpleNamespace(optimizer=types.SimpleNamespace(param_groups=[group("AdamW")]))
+    assert model_guard.optimizer_problem(adamw, "llama3_debugmodel", "npu") is None
+    assert model_guard.optimizer_problem(types.SimpleNamespace(), "c", "npu") is None

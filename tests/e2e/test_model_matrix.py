@@ -39,7 +39,7 @@ def target_env(target: str) -> dict[str, str]:
 def train_row(row, target: str, steps: int, dump: str) -> dict[int, float]:
     args = ["--module", row.module, "--config", row.config, "--training.steps", str(steps), *SHORT,
             *DETERMINISTIC, "--dump_folder", dump, *row.extra]
-    result = torchrun(args, target_env(target), nproc=2)
+    result = torchrun(args, target_env(target), nproc=2, timeout=row.timeout_s)
     assert result.returncode == 0, result.stdout[-5000:]
     losses = parse_losses(result.stdout)
     assert sorted(losses) == list(range(1, steps + 1)), result.stdout[-3000:]
@@ -49,8 +49,9 @@ def train_row(row, target: str, steps: int, dump: str) -> dict[int, float]:
         patches = json.load(handle)["patches"]
     fallbacks = {patch_id: record["fallbacks"] for patch_id, record in patches.items() if record["fallbacks"]}
     print(f"{row.config} on {target}: losses {losses}; fallbacks {fallbacks}")
-    if row.module == "muse_glimmer":  # its masks must reach the fused kernel, not the reference fallback
-        assert patches["muse_glimmer_masks"]["state"] == "applied", patches["muse_glimmer_masks"]
+    masks_patch = {"muse_glimmer": "muse_glimmer_masks", "qwen3_5": "qwen3_5_masks"}.get(row.module)
+    if masks_patch is not None:  # its masks must reach the fused kernel, not the reference fallback
+        assert patches[masks_patch]["state"] == "applied", patches[masks_patch]
         assert not patches["attention"]["fallbacks"], patches["attention"]
     return losses
 
