@@ -52,7 +52,7 @@ def apply(ctx: PatchContext) -> None:
     from torchtitan.models.common.decoder import Decoder
     from torchtitan.models.common.vision_encoder import get_vision_block_mask_mod
 
-    from npu_inject.ops.attention import AttentionPlan
+    from npu_inject.ops.attention import document_plan
 
     model_module = importlib.import_module("torchtitan.models.qwen3_5.model")
     vision_mask_code = get_vision_block_mask_mod(torch.ones(1, dtype=torch.long)).__code__
@@ -75,7 +75,8 @@ def apply(ctx: PatchContext) -> None:
         num_patches = cells["num_patches"].cell_contents.tolist()  # one host read per encoder forward
         if len(num_patches) != B:
             raise ValueError(f"qwen3_5 vision encoder: {len(num_patches)} patch counts for a batch of {B} images")
-        return AttentionPlan(causal=False, document_ends=vision_document_ends(num_patches, Q_LEN))
+        # With the ends as a tensor too, a compiled encoder does not specialise on the patch counts.
+        return document_plan(causal=False, window=None, document_ends=vision_document_ends(num_patches, Q_LEN))
 
     ctx.wrap("torchtitan.models.qwen3_5.model:Qwen35Model.get_attention_masks", get_attention_masks)
     ctx.wrap("torchtitan.models.qwen3_5.vision_encoder:compiled_create_block_mask", create_block_mask)
