@@ -87,8 +87,12 @@ def document_ends_from_positions(positions_BL: torch.Tensor) -> tuple[int, ...]:
 
 def document_plan(causal: bool, window: int | None, document_ends: tuple[int, ...]) -> AttentionPlan:
     """A packed-document plan carrying its ends both ways (host ints and the kernel's CPU tensor, no sync)."""
-    return AttentionPlan(causal=causal, window=window, document_ends=document_ends,
-                         document_ends_tensor=torch.tensor(document_ends, dtype=torch.int64, device="cpu"))
+    ends_T = torch.tensor(document_ends, dtype=torch.int64, device="cpu")
+    # The document count changes every batch: a compiled block takes it as dynamic from its first
+    # trace, instead of compiling static first and again at the next count (which also left one
+    # rank recompiling while the other waited in a collective).
+    torch._dynamo.maybe_mark_dynamic(ends_T, 0)
+    return AttentionPlan(causal=causal, window=window, document_ends=document_ends, document_ends_tensor=ends_T)
 
 
 def _sparse_arguments(plan: AttentionPlan) -> dict:
