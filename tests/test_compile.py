@@ -250,9 +250,10 @@ def test_moe_block_has_no_graph_break_of_the_runtime(monkeypatch, module, flavor
 @pytest.mark.parametrize("varlen", [False, True], ids=["flex", "varlen"])
 def test_llama3_block_compiles_at_most_twice_over_document_layouts(monkeypatch, varlen):
     """Each batch packs a different number of documents. The document ends reach the kernel
-    (npu_fusion_attention_v3) as a tensor: dynamo compiles the block once with static shapes and
-    once with a dynamic document count, never per batch (host ints recompiled every new count,
-    past dynamo's recompile limit within 10 varlen steps). The compressed causal mask is first
+    (npu_fusion_attention_v3) as a tensor, never per batch (host ints recompiled every new count,
+    past dynamo's recompile limit within 10 varlen steps). Flex plans mark the count dynamic
+    before the first trace: one compile. Varlen's tensor is made inside the block from
+    torchtitan's metadata: one compile with static shapes, one with a dynamic count. The compressed causal mask is first
     made inside the trace, as in a training run (a cache filled then must not recompile)."""
     monkeypatch.setattr("npu_inject.ops.attention._compressed_masks", {})
     rt = runtime.activate(clean_env(TORCHTITAN_NPU="cpu", TORCHTITAN_NPU_PATCHES="device,attention,compile"),
@@ -289,7 +290,7 @@ def test_llama3_block_compiles_at_most_twice_over_document_layouts(monkeypatch, 
                 for block in blocks:
                     h = block(h, masks, positions)
         print(f"\nllama3, 2 blocks ({'varlen' if varlen else 'flex'}) over 6 document layouts: {len(graphs)} compiles")
-        assert len(graphs) <= 2
+        assert len(graphs) <= (2 if varlen else 1)
     finally:
         runtime.deactivate()
         torch._dynamo.reset()
