@@ -280,24 +280,25 @@ def test_varlen_out_transform_gets_logsumexp(patched):
 # ---- plan_keep_mask: the dense mask of a plan, for the fallbacks ---------------------
 
 
+PLAN_CASES = [
+    (True, None, None),  # causal
+    (True, 5, None),  # sliding window
+    (True, None, (10, 24, 29, 41, 48)),  # packed documents
+    (True, 3, (10, 24, 29, 41, 48)),  # sliding window inside documents
+    (False, None, None),  # full
+    (False, None, (10, 24, 29, 41, 48)),  # full inside documents (varlen (-1, -1))
+]
+
+
+# Packed plans also as varlen's plan inside a compiled block, which carries the ends tensor only.
 @pytest.mark.parametrize(
-    "causal,window,document_ends",
-    [
-        (True, None, None),  # causal
-        (True, 5, None),  # sliding window
-        (True, None, (10, 24, 29, 41, 48)),  # packed documents
-        (True, 3, (10, 24, 29, 41, 48)),  # sliding window inside documents
-        (False, None, None),  # full
-        (False, None, (10, 24, 29, 41, 48)),  # full inside documents (varlen (-1, -1))
-    ],
+    "causal,window,document_ends,ends_as",
+    [(*case, "host ints") for case in PLAN_CASES] + [(*case, "tensor") for case in PLAN_CASES if case[2]],
 )
-@pytest.mark.parametrize("ends_as", ["host ints", "tensor"])
 def test_plan_keep_mask_matches_explicit_loops(causal, window, document_ends, ends_as):
     from npu_inject.ops.attention import AttentionPlan, plan_keep_mask
 
-    if ends_as == "tensor":  # varlen's plan inside a compiled block carries the tensor only
-        if document_ends is None:
-            pytest.skip("no documents")
+    if ends_as == "tensor":
         plan = AttentionPlan(causal=causal, window=window, document_ends_tensor=torch.tensor(document_ends))
     else:
         plan = AttentionPlan(causal=causal, window=window, document_ends=document_ends)
