@@ -111,13 +111,19 @@ def apply(ctx: PatchContext) -> None:
             return create_mask(mask.mask_mod, B, None, L, S, device=q_BLNH.device)
         return plan_keep_mask(mask, B, L, S, q_BLNH.device)
 
-    def host_document_ends(cu_seq):
-        """cu_seq's document ends as the CPU int64 tensor torch_npu reads (a device-to-host copy on an NPU)."""
+    def host_document_ends(metadata):
+        """The document ends as the CPU int64 tensor torch_npu reads: from torchtitan's host offsets
+        when the metadata has them, else a device-to-host copy of cu_seq_q (on an NPU)."""
+        cu_seq = metadata.cu_seq_q
         if torch.compiler.is_compiling():
-            # A compiled block copies its own: the cache below would put a tensor identity in its guards.
+            # A compiled block copies its own: the cache below would put a tensor identity in its guards,
+            # and host offsets would be ints it specializes on.
             return cu_seq[1:].to(device="cpu", dtype=torch.int64)
         if last_ends["cu_seq"] is not cu_seq:
-            last_ends.update(cu_seq=cu_seq, ends=cu_seq[1:].to(device="cpu", dtype=torch.int64))
+            host = metadata.cu_seq_q_host
+            ends = (torch.tensor(host[1:], dtype=torch.int64) if host is not None
+                    else cu_seq[1:].to(device="cpu", dtype=torch.int64))
+            last_ends.update(cu_seq=cu_seq, ends=ends)
         return last_ends["ends"]
 
     def varlen_forward(original, varlen, q_BLNH, k_BLNH, v_BLNH, *, attention_masks, scale=None,
@@ -139,7 +145,7 @@ def apply(ctx: PatchContext) -> None:
             plan = AttentionPlan(causal=causal, window=window, document_ends=metadata.cu_seq_q_host[1:])
             return context_parallel_attention_BLNH(q_BLNH, k_BLNH, v_BLNH, metadata, plan, scale)
         plan = AttentionPlan(causal=causal, window=window,
-                             document_ends_tensor=host_document_ends(metadata.cu_seq_q))
+                             document_ends_tensor=host_document_ends(metadata))
         if out_transform is not None:
             ctx.fallback("VarlenAttention with an out_transform runs on reference attention "
                          "(needs a differentiable log-sum-exp, which the kernel does not return)")
