@@ -18,6 +18,7 @@ PLUGINS = os.path.join(REPO, "tests", "plugins")
 if REPO not in sys.path:
     sys.path.insert(0, REPO)  # tools/ is not installed
 
+import forklaunch  # noqa: E402  (tests/ is on sys.path wherever testkit is imported)
 from tools.sim_npu import sim_env  # noqa: E402  (the one simulated-NPU environment)
 
 
@@ -62,13 +63,30 @@ def parse_losses(log: str) -> dict[int, float]:
     return {int(m.group(1)): float(m.group(2)) for m in LOSS_LINE.finditer(log)}
 
 
-def torchrun(args: list[str], env: dict[str, str], nproc: int = 2, timeout: int = 600):
+def torchrun(args: list[str], env: dict[str, str], nproc: int = 2, timeout: int = 600, real: bool = False):
     """Run ``torchrun -m torchtitan.train`` from the repo root (where the debug configs find
-    tests/assets). Returns the CompletedProcess; stdout holds both streams."""
+    tests/assets). Returns the CompletedProcess; stdout holds both streams.
+
+    The ranks are forked from a warm process (tests/forklaunch.py: the same bootstrap and
+    imports, without paying torch's import per rank) unless ``real`` is set, the run changes a
+    variable read at import time, or NPU_INJECT_TEST_LAUNCHER=torchrun."""
+    env = {"HF_HUB_OFFLINE": "1", **env}
+    port = _free_port()
+    if not real and os.environ.get(forklaunch.LAUNCHER_VAR, "fork") != "torchrun":
+        if _LAUNCHER.process is None:
+            _LAUNCHER.start(clean_env(HF_HUB_OFFLINE="1"))
+        differences = forklaunch.import_time_differences(env, _LAUNCHER.server_env)
+        if not differences:
+            return _LAUNCHER.run(list(args), env, REPO, nproc, port, timeout)
+        print(f"testkit.torchrun: real torchrun, the run sets {differences} differently from the warm launcher",
+              file=sys.stderr)
     command = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(nproc),
-               "--master_port", str(_free_port()), "-m", "torchtitan.train", *args]
-    return subprocess.run(command, env={"HF_HUB_OFFLINE": "1", **env}, cwd=REPO, timeout=timeout,
+               "--master_port", str(port), "-m", "torchtitan.train", *args]
+    return subprocess.run(command, env=env, cwd=REPO, timeout=timeout,
                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
+
+_LAUNCHER = forklaunch.Launcher()
 
 
 def _free_port() -> int:
