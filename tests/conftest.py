@@ -22,6 +22,35 @@ from testkit import (  # noqa: E402
     train_moe,
 )
 
+# tools/test.sh runs two pytest-xdist workers (--dist loadgroup): a 2-rank run leaves a quarter of
+# two cores idle (ranks waiting on each other, start-up, torchtitan's 2 s end-of-run sleep). Tests
+# that share session or module runs stay on one worker, so each run is still made once; the heaviest
+# groups are queued first, the unit tests last (they fill the tail).
+SHARED_RUN_GROUPS = (("moe_rehearsal_runs", "moe_runs"), ("llama_runs", "llama_runs"))
+MODULE_GROUPS = ("test_parallel_matrix.py", "test_checkpoint_resume.py", "test_compare_runs.py")
+GROUP_ORDER = ("moe_runs", "llama_runs", "test_parallel_matrix.py", "test_checkpoint_resume.py",
+               "test_compare_runs.py")
+
+
+def _run_group(item) -> str | None:
+    fixtures = getattr(item, "fixturenames", ())
+    for fixture, group in SHARED_RUN_GROUPS:
+        if fixture in fixtures:
+            return group
+    return item.path.name if item.path.name in MODULE_GROUPS else None
+
+
+@pytest.hookimpl(tryfirst=True)  # before xdist reads the marks
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        group = _run_group(item)
+        if group is not None:
+            item.add_marker(pytest.mark.xdist_group(group))
+    position = {group: index for index, group in enumerate(GROUP_ORDER)}
+    items.sort(key=lambda item: (position.get(_run_group(item), len(position)),
+                                 "e2e" not in item.keywords))  # stable: collection order within
+
+
 @pytest.fixture(autouse=True)
 def _clean_runtime():
     """Every test starts and ends with no active runtime (patches reverted)."""

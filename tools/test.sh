@@ -19,4 +19,12 @@ case " $* " in
   *" -m "*) ;;
   *) set -- -m "not (models or fused_matrix or compile_long) and (e2e or not parallel)" "$@" ;;
 esac
+# Two workers by default (tests/conftest.py groups the tests that share runs); -n 0 runs in one process.
+# One OpenMP thread per process, as torchrun sets for multi-rank runs: a 1-rank run's two spinning
+# threads beside the other worker's ranks were 4-7x slower (oversubscribed OpenMP barriers).
+export OMP_NUM_THREADS="${OMP_NUM_THREADS:-1}"
+case " $* " in
+  *" -n "*) ;;
+  *) set -- -n "${TEST_WORKERS:-2}" --dist loadgroup --no-loadscope-reorder "$@" ;;
+esac
 exec "$PY" -m pytest "$@"
