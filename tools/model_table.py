@@ -33,6 +33,8 @@ class Row:
     note: str = ""
     ci: tuple[str, ...] = TARGETS  # targets the e2e (CI) run covers; the `models` marker runs all
     extra: tuple[str, ...] = ()  # training flags this row needs beyond the common short run
+    ci_extra: tuple[str, ...] = ()  # flags for its CI run only (a cheaper run of a costly row; later flags win)
+    ci_elsewhere: tuple[tuple[str, str], ...] = ()  # (target, e2e test file) training this row in CI instead
     timeout_s: int = 600  # torchrun timeout for one run of this row (10 steps on a loaded 2-core machine)
 
     @property
@@ -41,21 +43,24 @@ class Row:
 
 
 ROWS = (
-    Row("llama3", "llama3", "llama3_debugmodel", ci=()),  # CI: tests/e2e/test_train_*.py
-    Row("llama3 (SFT)", "llama3", "sft_debugmodel", ci=("rehearsal",),
-        note="tests/assets/sft_test (tools/make_sft_assets.py)"),
-    Row("qwen3", "qwen3", "qwen3_debugmodel", ci=("rehearsal",)),
-    Row("qwen3 MoE", "qwen3", "qwen3_moe_debug", ci=(),  # CI: tests/e2e/test_moe_train.py (EP 2)
+    Row("llama3", "llama3", "llama3_debugmodel", ci=(),
+        ci_elsewhere=(("rehearsal", "test_train_rehearsal.py"), ("sim_npu", "test_train_sim_npu.py"))),
+    Row("llama3 (SFT)", "llama3", "sft_debugmodel", note="tests/assets/sft_test (tools/make_sft_assets.py)"),
+    Row("qwen3", "qwen3", "qwen3_debugmodel"),
+    Row("qwen3 MoE", "qwen3", "qwen3_moe_debug", ci=(),
+        ci_elsewhere=(("rehearsal", "test_compile_train.py, EP 2"), ("sim_npu", "test_moe_train.py, EP 2")),
         note="64 experts: about 2.5 min per run on 2 CPU cores"),
-    Row("deepseek_v3", "deepseek_v3", "deepseek_v3_debugmodel", ci=()),  # CI: tests/e2e/test_moe_train.py
-    Row("gpt_oss", "gpt_oss", "gpt_oss_debugmodel", ci=(),
+    Row("deepseek_v3", "deepseek_v3", "deepseek_v3_debugmodel", ci=(),
+        ci_elsewhere=(("rehearsal", "test_moe_train.py"), ("sim_npu", "test_moe_train.py, EP 2"))),
+    Row("gpt_oss", "gpt_oss", "gpt_oss_debugmodel",
         note="its attention sinks (out_transform) run on reference attention"),
     Row("muse_glimmer", "muse_glimmer", "muse_glimmer_debugmodel",
-        ci=("sim_npu",), note="loss falls slowly: the final norm's gain starts at 0 (logits are 0 at step 1)"),
-    Row("qwen3_5", "qwen3_5", "qwen35_debugmodel", ci=(),  # CI time: tests/test_qwen3_5_masks.py, test_gated_delta_net.py
+        note="loss falls slowly: the final norm's gain starts at 0 (logits are 0 at step 1)"),
+    Row("qwen3_5", "qwen3_5", "qwen35_debugmodel",
         note="10 steps: loss 13.07 -> 0.54 (rehearsal), 12.88 -> 0.70 (simulated NPUs); 248k vocabulary: about "
-             "2 min per step on 2 loaded CPU cores (3 steps at seq_len 128, batch 1: about 25 s each); "
-             "tests/assets/cc12m_test (tools/make_mm_assets.py)", timeout_s=2400),
+             "2 min per step on 2 loaded CPU cores (CI: 3 steps at seq_len 128, batch 1, about 20 s each); "
+             "tests/assets/cc12m_test (tools/make_mm_assets.py)", timeout_s=2400,
+        ci_extra=("--training.seq_len", "128", "--training.local_batch_size", "1")),
     Row("kimi_k2_7", "kimi_k2_7", "kimi_k2_5_debugmodel", stop="optimizes with DistMuon",
         note="torchtitan's DistMuon takes CUDA parameters only (no NPU/CPU DistMuon here); its torchvision "
              "and tests/assets/cc12m_test are in place"),
@@ -70,6 +75,9 @@ ROWS = (
 
 def cell(row: Row, target: str) -> str:
     if row.trains:
+        elsewhere = dict(row.ci_elsewhere).get(target)
+        if elsewhere:
+            return f"trains (CI: tests/e2e/{elsewhere})"
         return "trains" + (" (CI)" if target in row.ci else "")
     return f"stops: `{row.stop}` (CI)" if target in row.ci else f"stops: `{row.stop}`"
 

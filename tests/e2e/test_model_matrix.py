@@ -36,9 +36,9 @@ def target_env(target: str) -> dict[str, str]:
     return clean_env(TORCHTITAN_NPU="cpu") if target == "rehearsal" else sim_npu_env()
 
 
-def train_row(row, target: str, steps: int, dump: str) -> dict[int, float]:
+def train_row(row, target: str, steps: int, dump: str, extra=()) -> dict[int, float]:
     args = ["--module", row.module, "--config", row.config, "--training.steps", str(steps), *SHORT,
-            *DETERMINISTIC, "--dump_folder", dump, *row.extra]
+            *DETERMINISTIC, "--dump_folder", dump, *row.extra, *extra]
     result = torchrun(args, target_env(target), nproc=2, timeout=row.timeout_s)
     assert result.returncode == 0, result.stdout[-5000:]
     losses = parse_losses(result.stdout)
@@ -98,7 +98,7 @@ def test_unsupported_rows_stop_with_one_clear_line(target):
 @pytest.mark.parametrize("row,target", [(row, target) for row in ROWS if row.trains for target in row.ci],
                          ids=lambda value: getattr(value, "config", value))
 def test_row_trains_in_ci(row, target, tmp_path):
-    train_row(row, target, CI_STEPS, str(tmp_path / "dump"))
+    train_row(row, target, CI_STEPS, str(tmp_path / "dump"), row.ci_extra)
 
 
 @pytest.mark.models
