@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 
 import pytest
 
@@ -33,6 +34,7 @@ def run(launcher_is_real: bool, dump: str):
     result = torchrun(args, sim_npu_env(), real=launcher_is_real)
     assert result.returncode == 0, result.stdout[-4000:]
     reports = [json.load(open(os.path.join(dump, "npu_inject", f"report_rank{rank}.json"))) for rank in (0, 1)]
+    assert (result.args[0] == "forklaunch") != launcher_is_real, result.args  # each ran where it should
     return parse_losses(result.stdout), result.stdout, reports
 
 
@@ -40,8 +42,6 @@ def run(launcher_is_real: bool, dump: str):
 def test_forked_ranks_train_like_torchrun_on_simulated_npus(tmp_path):
     forked, forked_log, forked_reports = run(False, str(tmp_path / "forked"))
     real, real_log, real_reports = run(True, str(tmp_path / "real"))
-    banner = "Setting OMP_NUM_THREADS environment variable"  # torchrun's own, so each ran where it should
-    assert banner in real_log and banner not in forked_log
     assert sorted(forked) == [1, 2] and forked == real, (forked, real)
     for forked_report, real_report in zip(forked_reports, real_reports):
         assert forked_report["target"] == real_report["target"] == "npu"
@@ -55,4 +55,5 @@ def test_forked_ranks_train_like_torchrun_on_simulated_npus(tmp_path):
 def test_a_failing_rank_fails_the_launch_with_its_exit_code(tmp_path):
     result = torchrun(["--module", "llama3", "--config", "no_such_config"], clean_env(TORCHTITAN_NPU="cpu"))
     assert result.returncode == 1, result.stdout[-3000:]
-    assert "forklaunch: rank 0 failed: exitcode:" in result.stdout, result.stdout[-3000:]
+    # Whichever rank fails first is reported with its exit code (the other may be reported as SIGTERMed).
+    assert re.search(r"forklaunch: rank [01] failed: exitcode: [1-9]", result.stdout), result.stdout[-3000:]
