@@ -20,8 +20,7 @@ upstream modules were imported before the run's environment was set. A run whose
 differs from the server's in a variable those modules could read at import (TORCH*, HF_*,
 OMP_*, ...) is therefore launched with the real torchrun, as is any run that asks for it
 (``testkit.torchrun(..., real=True)``, for tests about torchrun's own behaviour) and every run
-when NPU_INJECT_TEST_LAUNCHER=torchrun. The bootstrap tests and the quickstart always use real
-interpreters.
+when NPU_INJECT_TEST_LAUNCHER=torchrun. The bootstrap tests always use fresh interpreters.
 
 Failure handling follows torchrun: when a rank fails, the others get SIGTERM, then SIGKILL
 after 30 s; the launch exits 1 and prints which rank failed with which exit code or signal.
@@ -157,6 +156,7 @@ def _launch(conn: socket.socket, request: dict, server_path: list[str]) -> None:
     log_fd = os.open(request["log"], os.O_WRONLY | os.O_APPEND)
     os.dup2(log_fd, 1)
     os.dup2(log_fd, 2)
+    os.close(log_fd)
     conn.sendall(f"{os.getpgid(0)}\n".encode())
     nproc = request["nproc"]
     ranks = {}
@@ -227,16 +227,12 @@ def _run_rank(rank: int, request: dict, server_path: list[str]) -> None:
 
 
 def _run_bootstrap_line() -> None:
-    """Execute the installed ``.pth`` bootstrap line, as ``site`` does for each import line."""
+    """Process the installed bootstrap ``.pth`` with ``site``'s own reader, as at interpreter start."""
     import site
 
     for folder in site.getsitepackages():
-        path = os.path.join(folder, PTH_NAME)
-        if os.path.exists(path):
-            with open(path) as pth:
-                for line in pth:
-                    if line.startswith(("import ", "import\t")):
-                        exec(line)  # noqa: S102 -- exactly what site.addpackage does with the line
+        if os.path.exists(os.path.join(folder, PTH_NAME)):
+            site.addpackage(folder, PTH_NAME, set())
             return
     raise RuntimeError(f"tests/forklaunch.py: {PTH_NAME} is not in {site.getsitepackages()}")
 
