@@ -2,6 +2,6 @@
 
 import sys
 
-from npu_inject.cli import main
+from npu_inject.commands.cli import main
 
 sys.exit(main())

@@ -16,11 +16,14 @@ from __future__ import annotations
 
 import functools
 import importlib
+import importlib.abc
+import importlib.machinery
 import inspect
 import logging
+import sys
 import types
 from dataclasses import dataclass, field
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Iterable, Mapping
 
 from npu_inject.registry import split_target
 
@@ -86,7 +89,7 @@ class PatchContext:
     """Handed to a patch's ``apply`` (and optional ``revert``); records every change it makes."""
 
     patch_id: str
-    target: str  # "npu" or "cpu"
+    device_kind: str  # "npu" or "cpu" (the run's TORCHTITAN_NPU target)
     options: Mapping[str, Any]
     declared_targets: tuple[str, ...] = ()
     changes: list[_Change] = field(default_factory=list)
@@ -96,11 +99,16 @@ class PatchContext:
 
     @property
     def rehearsal(self) -> bool:
-        return self.target == "cpu"
+        return self.device_kind == "cpu"
 
     def replace(self, target: str, value: Any) -> Any:
-        """Set ``target`` to ``value``; returns the previous (raw) value."""
-        self._check_declared(target)
+        """Set ``target`` to ``value``; returns the previous (raw) value.
+
+        ``target`` is one of the patch's declared targets, named by its qualname alone
+        (``"OptimizersContainer.__init__"``) when that names one of them: the module lives
+        in registry.json, not restated here. Full ``module:qualname`` strings work too.
+        """
+        target = self.declared(target)
         owner, attribute = resolve_owner(target)
         raw = _raw_get(owner, attribute)
         if raw is _MISSING:
@@ -117,6 +125,7 @@ class PatchContext:
         wrapper declares the original's parameters after ``original`` and Python binds them.
         Returns what was installed.
         """
+        target = self.declared(target)
         owner, attribute = resolve_owner(target)
         raw = _raw_get(owner, attribute)
         if raw is _MISSING:
@@ -133,6 +142,29 @@ class PatchContext:
             )
         self.replace(target, installed)
         return installed
+
+    def serve_modules(self, names: Iterable[str], fill: Callable[[types.ModuleType], None], *,
+                      missing: Callable[[str, str], Any], packages: Iterable[str] = (),
+                      origin: str | None = None) -> None:
+        """Serve the modules ``names`` from this patch, ahead of every installed one, until revert.
+
+        For modules whose real import cannot work here (they need triton, or fla's CUDA kernels).
+        Each is created when first imported and handed to ``fill(module)``; an attribute it lacks
+        is ``missing(module_name, attribute)`` (return a value or raise). ``packages`` are served as
+        packages whose submodules come from this finder only. Reverting removes the finder and the
+        served modules from ``sys.modules``.
+        """
+        finder = _ServingFinder(tuple(names), frozenset(packages), _ServingLoader(fill, missing),
+                                origin or f"npu_inject patch {self.patch_id}")
+        sys.meta_path.insert(0, finder)
+
+        def remove() -> None:
+            sys.meta_path.remove(finder)
+            for name in finder.names:
+                if getattr(getattr(sys.modules.get(name), "__spec__", None), "loader", None) is finder.loader:
+                    del sys.modules[name]
+
+        self.add_cleanup(remove)
 
     def add_cleanup(self, cleanup: Callable[[], None]) -> None:
         """Run on revert, for state that is not an attribute (registries, env vars)."""
@@ -165,13 +197,62 @@ class PatchContext:
         if errors:
             raise RuntimeError(f"patch {self.patch_id}: restoring failed: {'; '.join(errors)}")
 
-    def _check_declared(self, target: str) -> None:
-        # Keeps registry.json honest: a patch may only touch what it declares.
-        if target not in self.declared_targets:
-            raise ValueError(
-                f"patch {self.patch_id} changes {target!r}, which registry.json does not list "
-                f"in its 'targets' ({', '.join(self.declared_targets)})"
-            )
+    def declared(self, name: str) -> str:
+        """The declared ``module:qualname`` target ``name`` stands for (a qualname, or the full target).
+
+        Keeps registry.json honest: a patch may only touch what it declares there.
+        """
+        if ":" in name:
+            matches = [name] if name in self.declared_targets else []
+        else:
+            matches = self.targets_named(name)
+        if len(matches) == 1:
+            return matches[0]
+        problem = "names more than one" if matches else "is not one"
+        raise ValueError(
+            f"patch {self.patch_id} changes {name!r}, which {problem} of the 'targets' registry.json "
+            f"lists for it ({', '.join(self.declared_targets)}); name a listed 'module:qualname'"
+        )
+
+    def targets_named(self, qualname: str) -> list[str]:
+        """Every declared target whose qualname is ``qualname`` (one per module that defines it)."""
+        return [target for target in self.declared_targets if split_target(target)[1] == qualname]
+
+
+class _ServedModule(types.ModuleType):
+    """A module served by :meth:`PatchContext.serve_modules`; what it lacks, the patch says."""
+
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith("__"):
+            raise AttributeError(name)
+        return self.__spec__.loader.missing(self.__name__, name)
+
+
+class _ServingLoader(importlib.abc.Loader):
+    def __init__(self, fill: Callable[[types.ModuleType], None], missing: Callable[[str, str], Any]) -> None:
+        self.fill = fill
+        self.missing = missing
+
+    def create_module(self, spec):
+        return _ServedModule(spec.name)
+
+    def exec_module(self, module):
+        self.fill(module)
+
+
+class _ServingFinder(importlib.abc.MetaPathFinder):
+    def __init__(self, names: tuple[str, ...], packages: frozenset[str], loader: _ServingLoader,
+                 origin: str) -> None:
+        self.names, self.packages, self.loader, self.origin = names, packages, loader, origin
+
+    def find_spec(self, fullname, path=None, target=None):
+        if fullname not in self.names:
+            return None
+        is_package = fullname in self.packages
+        spec = importlib.machinery.ModuleSpec(fullname, self.loader, origin=self.origin, is_package=is_package)
+        if is_package:
+            spec.submodule_search_locations = []  # submodules come from this finder only
+        return spec
 
 
 # Patches record fallbacks and notes from inside compiled blocks too (moe_dispatch's grouped

@@ -58,7 +58,7 @@ def install(runtime: Any):
     """Hook ``Trainer.init_distributed``; returns the PatchContext that undoes it."""
     from npu_inject.patching import PatchContext
 
-    context = PatchContext(patch_id="runtime", target=runtime.settings.target, options={},
+    context = PatchContext(patch_id="runtime", device_kind=runtime.settings.target, options={},
                            declared_targets=(TARGET,))
 
     def init_distributed(original, trainer, *args, **kwargs):

@@ -27,7 +27,8 @@ _ENTRY_FIELDS: dict[str, tuple[type | tuple[type, ...], bool, str]] = {
     "module": (str, True, "dotted module path of the patch code"),
     "triggers": (list, True, "list of module names whose import applies the patch"),
     "targets": (list, True, "list of 'module:qualname' strings the patch changes"),
-    "supports": (dict, True, "mapping of distribution -> PEP 440 specifier"),
+    # Optional where the document's "defaults" give it: an entry's own specifiers override those.
+    "supports": (dict, False, "mapping of distribution -> PEP 440 specifier"),
     "requires": (list, False, "list of patch ids applied first"),
     "default": (bool, True, "true or false: enabled unless the selection says otherwise"),
     "options": (dict, False, "mapping of option name -> default value"),
@@ -39,6 +40,8 @@ _ENTRY_FIELDS: dict[str, tuple[type | tuple[type, ...], bool, str]] = {
 _OVERRIDABLE = ("default", "options", "supports", "description")
 _TARGET_KINDS = ("npu", "cpu")
 _RULE_KEYS = ("min", "max", "choices")
+# What a document's top-level "defaults" may give every full entry it holds.
+_DEFAULTABLE = ("supports",)
 # Ids that were patches once: selecting them names what replaced them instead of "unknown".
 RETIRED_IDS = {
     "rank_sync": "cross-rank agreement and per-rank reports are runtime services now, always on",
@@ -198,15 +201,20 @@ def _check_supports(where: str, supports: Mapping[str, Any]) -> None:
             ) from None
 
 
-def _full_entry(where: str, patch_id: str, raw: Any, source: str) -> PatchSpec:
+def _full_entry(where: str, patch_id: str, raw: Any, source: str,
+                defaults: Mapping[str, Any] = MappingProxyType({})) -> PatchSpec:
     if not isinstance(raw, dict):
         raise ConfigError(f"{where}: entry must be a JSON object, got {type(raw).__name__}")
     unknown = sorted(set(raw) - set(_ENTRY_FIELDS))
     if unknown:
         raise ConfigError(f"{where}: unknown key(s) {', '.join(map(repr, unknown))}; allowed: {', '.join(_ENTRY_FIELDS)}")
     missing = [key for key, (_, required, _) in _ENTRY_FIELDS.items() if required and key not in raw]
+    if "supports" not in raw and "supports" not in defaults:
+        missing.append("supports")
     if missing:
-        raise ConfigError(f"{where}: missing key(s) {', '.join(map(repr, missing))}")
+        defaultable = [key for key in missing if key in _DEFAULTABLE]
+        hint = f" ({', '.join(defaultable)} may instead be given once in the document's 'defaults')" if defaultable else ""
+        raise ConfigError(f"{where}: missing key(s) {', '.join(map(repr, missing))}{hint}")
     for key, value in raw.items():
         _check_type(where, key, value)
     check_options(where, raw.get("options", {}), raw.get("option_rules", {}))
@@ -215,7 +223,7 @@ def _full_entry(where: str, patch_id: str, raw: Any, source: str) -> PatchSpec:
         module=raw["module"],
         triggers=tuple(raw["triggers"]),
         targets=tuple(raw["targets"]),
-        supports=MappingProxyType(dict(raw["supports"])),
+        supports=MappingProxyType({**defaults.get("supports", {}), **raw.get("supports", {})}),
         requires=tuple(raw.get("requires", ())),
         default=raw["default"],
         options=MappingProxyType(dict(raw.get("options", {}))),
@@ -267,25 +275,41 @@ def _override(where: str, base: PatchSpec, raw: Any, source: str) -> PatchSpec:
     )
 
 
+def _read_defaults(source: str, defaults: Any) -> Mapping[str, Any]:
+    """A document's "defaults": fields every new entry of that document takes unless it gives its own."""
+    where = f"{source}: 'defaults'"
+    if not isinstance(defaults, dict):
+        raise ConfigError(f"{where} must be an object, got {type(defaults).__name__}")
+    not_allowed = sorted(set(defaults) - set(_DEFAULTABLE))
+    if not_allowed:
+        raise ConfigError(f"{where}: key(s) {', '.join(map(repr, not_allowed))} cannot have a default; "
+                          f"allowed: {', '.join(_DEFAULTABLE)}")
+    for key, value in defaults.items():
+        _check_type(where, key, value)
+    return defaults
+
+
 def merge_document(registry: Registry, document: Any, source: str) -> None:
     """Merge one registry document: new ids need full entries, known ids take overrides."""
     if not isinstance(document, dict):
         raise ConfigError(f"{source}: top level must be a JSON object with a 'patches' key")
-    unknown = sorted(set(document) - {"schema", "patches"})
+    unknown = sorted(set(document) - {"schema", "defaults", "patches"})
     if unknown:
-        raise ConfigError(f"{source}: unknown top-level key(s) {', '.join(map(repr, unknown))}; allowed: 'schema', 'patches'")
+        raise ConfigError(f"{source}: unknown top-level key(s) {', '.join(map(repr, unknown))}; "
+                          "allowed: 'schema', 'defaults', 'patches'")
     schema = document.get("schema", SCHEMA_VERSION)
     if schema != SCHEMA_VERSION:
         raise ConfigError(f"{source}: 'schema' is {schema!r}; this runtime reads schema {SCHEMA_VERSION}")
     patches = document.get("patches")
     if not isinstance(patches, dict):
         raise ConfigError(f"{source}: 'patches' must be an object mapping patch id -> entry")
+    defaults = _read_defaults(source, document.get("defaults", {}))
     for patch_id, raw in patches.items():
         where = f"{source}: patches[{patch_id!r}]"
         if patch_id in registry.patches:
             registry.patches[patch_id] = _override(where, registry.patches[patch_id], raw, source)
         else:
-            registry.patches[patch_id] = _full_entry(where, patch_id, raw, source)
+            registry.patches[patch_id] = _full_entry(where, patch_id, raw, source, defaults)
     registry.sources.append(source)
 
 

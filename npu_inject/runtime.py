@@ -22,6 +22,7 @@ import time
 from dataclasses import dataclass
 from typing import Any, Callable
 
+from npu_inject import plan as plan_mod
 from npu_inject import registry as registry_mod
 from npu_inject import settings as settings_mod
 from npu_inject.errors import ConfigError, PatchError
@@ -47,23 +48,22 @@ class PatchState:
 
 
 class Runtime:
-    def __init__(self, settings: settings_mod.Settings, registry: registry_mod.Registry,
-                 enabled: dict[str, bool]) -> None:
-        self.settings = settings
-        self.registry = registry
-        self.enabled = enabled
+    def __init__(self, plan: plan_mod.Plan) -> None:
+        self.plan = plan
+        self.settings = plan.settings
+        self.registry = plan.registry
         self.active = True
         self.rank = int(os.environ.get("RANK", "0"))
         self.states: dict[str, PatchState] = {}
         self.modules: dict[str, Any] = {}
-        self.versions: dict[str, str | None] = {}
+        self.versions: dict[str, str | None] = {
+            dist: version for dist, version in plan.versions.items() if dist != "torch_npu"}
         self.timings_ms: dict[str, float] = {}
         self.dump_dir: str | None = None
         self.services: Any = None  # PatchContext of the runtime's own hooks
         self._applying: list[str] = []
         self._hooked: set[str] = set()
-        for patch_id, spec in registry.patches.items():
-            state, reason = registry_mod.initial_state(spec, enabled, settings.target)
+        for patch_id, (state, reason) in plan.initial.items():
             self.states[patch_id] = PatchState(state, reason)
 
     # -- the report: a view of the state -----------------------------------------
@@ -94,10 +94,7 @@ class Runtime:
 
         atexit.register(_write_report_at_exit, self)
         self.timings_ms["wrapt_import"] = _ms(started)
-        triggers = [SERVICES_TRIGGER]
-        for patch_id in registry_mod.apply_order(self.registry, self.ids("pending")):
-            triggers.extend(self.registry.patches[patch_id].triggers)
-        for trigger in dict.fromkeys(triggers):
+        for trigger in dict.fromkeys((SERVICES_TRIGGER, *self.plan.triggers())):
             if trigger not in self._hooked:
                 self._hooked.add(trigger)
                 wrapt.register_post_import_hook(self._on_import, trigger)
@@ -108,8 +105,8 @@ class Runtime:
         if not self.active:
             return
         name = module.__name__
-        for patch_id in registry_mod.apply_order(self.registry, self.ids("pending")):
-            if name in self.registry.patches[patch_id].triggers:
+        for patch_id in self.plan.order:
+            if self.states[patch_id].state == "pending" and name in self.registry.patches[patch_id].triggers:
                 self.apply(patch_id, trigger=name)
         if name == SERVICES_TRIGGER and self.services is None:
             from npu_inject import rank_agreement
@@ -127,18 +124,12 @@ class Runtime:
         spec = self.registry.patches[patch_id]
         self._applying.append(patch_id)
         try:
-            reason = self._requirements_met(spec) or registry_mod.version_problem(
-                spec, self.settings.target, self._version_of)
+            reason = self._requirements_met(spec) or self.plan.version_problem(patch_id)
             if reason:
                 return self._not_applied(patch_id, "skipped", reason)
             return self._run_apply(patch_id, spec, trigger)
         finally:
             self._applying.remove(patch_id)
-
-    def _version_of(self, distribution: str) -> str | None:
-        if distribution not in self.versions:
-            self.versions[distribution] = registry_mod.installed_version(distribution)
-        return self.versions[distribution]
 
     def _requirements_met(self, spec: registry_mod.PatchSpec) -> str:
         for required in spec.requires:
@@ -156,7 +147,7 @@ class Runtime:
         started = time.perf_counter()
         context = PatchContext(
             patch_id=patch_id,
-            target=self.settings.target,
+            device_kind=self.settings.target,
             options=dict(spec.options),
             declared_targets=spec.targets,
         )
@@ -265,15 +256,11 @@ def activate(environ: dict | None = None, *, install_hooks: bool = True) -> Runt
     if _RUNTIME is not None and _RUNTIME.active:
         return _RUNTIME
     started = time.perf_counter()
-    settings = settings_mod.establish(environ)
-    if not settings.enabled:
+    plan = plan_mod.establish(environ)
+    if not plan.settings.enabled:
         return None
-    registry = registry_mod.load(settings.registry_path)
-    enabled = registry_mod.select(registry, settings.patches)
-    runtime = Runtime(settings, registry, enabled)
+    runtime = Runtime(plan)
     _import_backend(runtime)
-    for distribution in ("torchtitan", "torch"):
-        runtime._version_of(distribution)
     _RUNTIME = runtime
     if install_hooks:
         runtime.install_hooks()
@@ -286,7 +273,7 @@ def deactivate() -> None:
     if _RUNTIME is not None:
         _RUNTIME.deactivate()
     _RUNTIME = None
-    settings_mod.forget()
+    plan_mod.forget()
 
 
 def _write_report_at_exit(runtime: Runtime) -> None:

@@ -76,26 +76,3 @@ def load(environ: os._Environ | dict | None = None) -> Settings:
         strict=parse_flag(ENV_STRICT, env.get(ENV_STRICT)),
         report_dir=env.get(ENV_REPORT_DIR) or None,
     )
-
-
-# The process's settings: the one owner of "which target is this run for". The runtime
-# establishes them at activation; everything else (the ops layer's kernel choice, the
-# CLI) asks current(), which reads the environment once if nothing established them.
-_current: Settings | None = None
-
-
-def establish(environ: os._Environ | dict | None = None) -> Settings:
-    """Read the environment (or ``environ``) and make the result the process's settings."""
-    global _current
-    _current = load(environ)
-    return _current
-
-
-def current() -> Settings:
-    return _current if _current is not None else establish()
-
-
-def forget() -> None:
-    """Drop the established settings (tests; the runtime's deactivate)."""
-    global _current
-    _current = None

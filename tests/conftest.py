@@ -9,7 +9,7 @@ import textwrap
 
 import pytest
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # makes tests/testkit.py importable
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "support"))  # testkit, forklaunch, sim_audit
 
 from testkit import (  # noqa: E402
     NO_ACTIVATION_CHECKPOINTING,
@@ -63,7 +63,7 @@ def _clean_runtime():
 
 @pytest.fixture
 def fake_target(tmp_path, monkeypatch):
-    """A throwaway package 'faketitan' plus a registry whose patches live in tests/plugins.
+    """A throwaway package 'faketitan' plus a registry whose patches live in tests/support/plugins.
 
     Returns a function writing the registry (dict of patch id -> entry) and giving its path.
     """

@@ -172,7 +172,7 @@ def main() -> None:
         wrapt_ms = statistics.median(b["timings"]["wrapt_import"] for b in breakdowns)
         activate_ms = statistics.median(b["timings"]["activate"] for b in breakdowns)
         # install_hooks includes wrapt's import and the patches whose trigger ("torchtitan") fired at once.
-        with open(os.path.join(REPO, "registry.json"), encoding="utf-8") as handle:
+        with open(os.path.join(REPO, "npu_inject", "registry.json"), encoding="utf-8") as handle:
             at_torchtitan = [patch_id for patch_id, entry in json.load(handle)["patches"].items()
                              if "torchtitan" in entry["triggers"]]
         hooks_ms = statistics.median(b["timings"]["install_hooks"] - b["timings"]["wrapt_import"]

@@ -2,7 +2,7 @@
 
     python tools/bench_swap_optimizer.py [--slices 1,2,4,8] [--steps 5]
 
-Measures in a child process under the simulated NPU (tools/sim_npu), with
+Measures in a child process under the simulated NPU (verification/sim_npu), with
 single-threaded kernels and glibc keeping freed memory (see MEASURING_ENV). The model is torchtitan's llama3 debug model (6.2M parameters, 45 tensors) on
 ``npu:0``, its optimizer torchtitan's ``OptimizersContainer`` built from
 ``default_adamw`` through the runtime (TORCHTITAN_NPU=1), so the ``optimizer`` patch
@@ -56,7 +56,7 @@ MEASURING_ENV = {"OMP_NUM_THREADS": "1", "MALLOC_MMAP_MAX_": "0", "MALLOC_TRIM_T
 
 def _measuring_process(argv: list[str]) -> int:
     sys.path.insert(0, str(REPO))
-    from tools.sim_npu import sim_env
+    from verification.sim_npu import sim_env
 
     env = sim_env({k: v for k, v in os.environ.items() if not k.startswith("TORCHTITAN_NPU")}, devices=1)
     env.update(MEASURING_ENV)
@@ -89,7 +89,7 @@ def measure(slices: int | None, steps: int, registry_dir: str) -> dict:
     """One configuration: slices=None is the unswapped optimizer."""
     import torch
     from npu_inject import runtime
-    from npu_inject import swap_optimizer
+    from npu_inject.features import swap_optimizer
 
     registry = os.path.join(registry_dir, f"registry_{slices}.json")
     with open(registry, "w", encoding="utf-8") as handle:

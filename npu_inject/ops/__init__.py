@@ -5,7 +5,7 @@ torch_npu itself when the target is a (real or simulated) NPU, and
 :mod:`npu_inject.ops.reference` -- plain PyTorch following torch_npu's documented
 semantics -- in the CPU rehearsal. What the reference implements (and leaves
 NotImplemented) is digested, with the doc entries it came from, in
-``tools/torch_npu_docs.md``.
+``verification/torch_npu_docs.md``.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from types import ModuleType
 
 import torch
 
-from npu_inject import settings
+from npu_inject import plan
 
 
 @functools.lru_cache(maxsize=None)
@@ -32,10 +32,10 @@ def _kernels_for(target: str | None) -> ModuleType:
 def kernels() -> ModuleType:
     """torch_npu on an NPU target, the reference implementations otherwise.
 
-    Called for every kernel launch: the target comes from the process's settings,
-    which the runtime established (and validated) at activation.
+    Called for every kernel launch: the target comes from the process's plan, which the
+    runtime made (and validated) at activation.
     """
-    target = settings.current().target
+    target = plan.current_target()
     if target != "npu" and torch.compiler.is_compiling():
         # Under torch.compile the reference kernels are custom ops with fakes, as torch_npu's are.
         from npu_inject.ops import rehearsal

@@ -3,7 +3,7 @@
 torchtitan 0.3.0's qwen3_5 calls fla's Triton kernels for its linear-attention layers:
 a depthwise causal conv1d with SiLU that restarts at every packed document, and the
 chunked gated delta rule. Neither target runs Triton, and torch_npu 2.14 has no backward
-for ``npu_chunk_gated_delta_rule`` (tools/torch_npu_docs.md), so both are computed here
+for ``npu_chunk_gated_delta_rule`` (verification/torch_npu_docs.md), so both are computed here
 with ordinary torch ops and autograd gives the backward:
 
 * :func:`causal_conv1d` -- K shifted multiply-adds, each masked where the shift would

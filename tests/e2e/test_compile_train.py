@@ -121,6 +121,6 @@ def test_qwen3_moe_ep2_compiled_in_the_rehearsal_trains_like_eager(moe_rehearsal
                            ["--parallelism.expert_parallel_degree", "2"])
 
 
-@pytest.mark.e2e  # its CI failure (2026-11-23) was a stale inductor cache entry; see patches/compile.py
+@pytest.mark.e2e  # its CI failure (2026-11-23) was a stale inductor cache entry; see npu_inject/patches/compile.py
 def test_deepseek_v3_moe_compiled_in_the_rehearsal_trains_like_eager(moe_rehearsal_runs, tmp_path):
     _moe_compiled_vs_eager(moe_rehearsal_runs, tmp_path, "deepseek_v3", "deepseek_v3_debugmodel", MOE_STEPS)

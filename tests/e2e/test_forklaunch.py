@@ -1,4 +1,4 @@
-"""The test suite's warm launcher (tests/forklaunch.py) runs a training like torchrun does.
+"""The test suite's warm launcher (tests/support/forklaunch.py) runs a training like torchrun does.
 
 Every other end-to-end test relies on it, so it is checked against the real torchrun on the
 path with the most start-up work: the bootstrap, the simulated torch_npu, hccl and the runtime

@@ -4,7 +4,7 @@
   default patch on, and with the four fused-kernel patches off; fp32, deterministic,
   same seed, losses equal within 1e-4 relative. In the rehearsal the kernels are the
   reference (plain PyTorch); on the simulated NPU they are the stand-in's operators.
-* On the simulated NPU a test-only probe (tests/plugins/fused_step_probe.py) counts each
+* On the simulated NPU a test-only probe (tests/support/plugins/fused_step_probe.py) counts each
   step's torch_npu kernel calls and looks for complex tensors on the device (module outputs,
   tensors saved for backward, buffers): there is none, and the census is one npu_rms_norm
   per RMSNorm module, one npu_rotary_mul per q and per k of each RoPE, one npu_swiglu per
@@ -14,7 +14,7 @@
   default spmd_types backend, against TP=1 on one rank (same batch), all from one seed checkpoint.
 
 CI runs deepseek_v3 on the simulated NPU (MLA RoPE, MoE experts, router, census, no complex
-tensor; about 2-3 minutes) and, in tests/test_fused_dtensor.py, the sharding strategies on 2
+tensor; about 2-3 minutes) and, in tests/sim/test_fused_dtensor.py, the sharding strategies on 2
 ranks. The rest (the other models and targets, TP=2 training): ``pytest -m fused_matrix
 tests/e2e/test_fused_train.py`` (about 15 minutes on 2 cores).
 """

@@ -1,6 +1,6 @@
 """Every row of the model coverage matrix (tools/model_table.py ROWS) trains or stops clearly.
 
-The README's model table is rendered from the same rows (tests/test_model_table.py
+The README's model table is rendered from the same rows (tests/unit/tools/test_model_table.py
 checks it). Two depths:
 
 * ``-m e2e`` (CI): the rows' ``ci`` targets train for CI_STEPS steps on 2 ranks

@@ -3,11 +3,11 @@
 Parity is checked the way torchtitan checks itself: fixed seed, deterministic,
 fp32 parameters, per-step losses against a run of the same target whose grouped
 matmul, permutation and token exchange are independent plain PyTorch
-(tests/plugins/moe_reference.py):
+(tests/support/plugins/moe_reference.py):
 
 * deepseek_v3_debugmodel (8 experts, top-3, shared experts) in the CPU rehearsal
   with the local dispatcher (no expert parallelism);
-* the same model on 2 simulated NPUs (tools/sim_npu, TORCHTITAN_NPU=1) with expert
+* the same model on 2 simulated NPUs (verification/sim_npu, TORCHTITAN_NPU=1) with expert
   parallelism 2: the all-to-all dispatcher and the hccl process group;
 * qwen3_moe_debug (64 experts, top-8, 300M expert parameters) with EP 2 in the
   rehearsal (about 2.5 minutes on 2 CPU cores).
@@ -30,7 +30,7 @@ from testkit import MOE_STEPS, NO_ACTIVATION_CHECKPOINTING, REPO, clean_env, sim
 pytestmark = pytest.mark.e2e
 
 MOE_EP2 = ["--parallelism.expert_parallel_degree", "2", "--training.disable_cuda_graphs"]
-MOE_PLUGINS = os.path.join(REPO, "tests", "plugins")
+MOE_PLUGINS = os.path.join(REPO, "tests", "support", "plugins")
 
 
 def moe_reference_env(target: str = "cpu") -> dict[str, str]:

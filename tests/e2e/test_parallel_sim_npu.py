@@ -11,7 +11,7 @@ from pathlib import Path
 REPO_ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO_ROOT))
 
-from tools.sim_npu import sim_env  # noqa: E402
+from verification.sim_npu import sim_env  # noqa: E402
 
 P2P_WITH_GLOBAL_RANK = textwrap.dedent("""
     from datetime import timedelta

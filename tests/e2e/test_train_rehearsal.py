@@ -2,7 +2,7 @@
 
 Parity is checked the way torchtitan checks itself: deterministic, fixed seed,
 fp32, per-step losses compared with a run whose attention is independent plain
-PyTorch (tests/plugins/sdpa_reference_attention.py), and 1-rank vs 2-rank runs
+PyTorch (tests/support/plugins/sdpa_reference_attention.py), and 1-rank vs 2-rank runs
 from the same seed checkpoint.
 """
 

@@ -1,10 +1,10 @@
-"""TORCHTITAN_NPU=1 on 2 simulated NPUs (tools/sim_npu): the real NPU code path, end to end.
+"""TORCHTITAN_NPU=1 on 2 simulated NPUs (verification/sim_npu): the real NPU code path, end to end.
 
 torchtitan must see an "npu" device and report NPU memory from the simulated
 allocator, the process group must be hccl, and after set-up no parameter,
 gradient or optimizer state may live on the host. Losses must match the CPU
 rehearsal (same seed, fp32, deterministic) within 1e-4 relative per step. The
-simulator's audit (tests/sim_audit.py) must find no stream-order problem, and only
+simulator's audit (tests/support/sim_audit.py) must find no stream-order problem, and only
 the explained host-fallback ops and in-step host syncs.
 """
 

@@ -20,7 +20,7 @@ REPO_ROOT = Path(__file__).resolve().parents[2]
 if str(REPO_ROOT) not in sys.path:
     sys.path.insert(0, str(REPO_ROOT))
 
-from tools.sim_npu import sim_env  # noqa: E402
+from verification.sim_npu import sim_env  # noqa: E402
 
 WORKERS_DIR = Path(__file__).resolve().parent / "workers"
 

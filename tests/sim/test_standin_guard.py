@@ -14,7 +14,7 @@ import pytest
 REPO_ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO_ROOT))
 
-from tools.sim_npu import SITE_DIR, sim_env  # noqa: E402
+from verification.sim_npu import SITE_DIR, sim_env  # noqa: E402
 
 
 def test_import_without_opt_in_raises_clear_import_error(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -44,7 +44,7 @@ def test_sim_env_prepends_site_dir_once_and_opts_in() -> None:
 
 def test_env_cli_prints_export_line() -> None:
     result = subprocess.run(
-        [sys.executable, str(REPO_ROOT / "tools" / "sim_npu" / "env.py")],
+        [sys.executable, str(REPO_ROOT / "verification" / "sim_npu" / "env.py")],
         capture_output=True,
         text=True,
         check=True,

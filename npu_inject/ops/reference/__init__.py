@@ -4,7 +4,7 @@ One module per torch_npu kernel family; this package re-exports the kernels unde
 torch_npu's names, so :func:`npu_inject.ops.kernels` can return it in place of
 ``torch_npu``. Each function carries torch_npu 2.14.0's name, parameter names,
 defaults and return structure; semantics follow the wheel's ``_op_plugin_docs.py``
-and ``op_plugin/meta/_meta_registrations.py``, digested in ``tools/torch_npu_docs.md``.
+and ``op_plugin/meta/_meta_registrations.py``, digested in ``verification/torch_npu_docs.md``.
 
 Forward and backward go through ordinary torch autograd. Half-precision inputs are
 computed in float32 and cast back. Documented arguments and modes that npu_inject

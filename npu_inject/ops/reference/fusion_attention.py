@@ -5,9 +5,9 @@ TND (packed documents) and sparse_mode 0 without a mask (full attention), 2/3
 (causal) or 4 (sliding-window band). The reference implements those, BNSD (BSND's
 transpose), and the explicit masks of modes 0/1, which are the kernel's base
 semantics; every mode is tested against SDPA or explicit loops
-(tests/test_ops_fusion_attention.py). Documented arguments nothing here calls
+(tests/unit/ops/test_fusion_attention.py). Documented arguments nothing here calls
 (BSH/SBH layouts, pse, prefix and sparse_mode 5-8, dropout) raise
-NotImplementedError naming the argument. ``tools/torch_npu_docs.md`` digests the
+NotImplementedError naming the argument. ``verification/torch_npu_docs.md`` digests the
 documented semantics. ``npu_fusion_attention_v3`` is the same kernel with the TND
 lengths as CPU tensors (what npu_inject passes for packed documents), computed by v1.
 """

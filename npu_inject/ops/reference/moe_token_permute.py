@@ -4,9 +4,9 @@
 unpermutes with or without probs; the reference implements every documented
 argument except ``padded_mode=True`` and ``restore_shape``, which torch_npu itself
 does not support. ``num_out_tokens`` (dropping the last permuted rows), which nothing
-here passes, is tested against hand-computed rows (tests/test_ops_moe_token_permute.py).
+here passes, is tested against hand-computed rows (tests/unit/ops/test_moe_token_permute.py).
 The second registration of each op in torch_npu's docs is the one followed
-(``tools/torch_npu_docs.md`` says why).
+(``verification/torch_npu_docs.md`` says why).
 """
 
 from __future__ import annotations

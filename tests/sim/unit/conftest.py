@@ -4,7 +4,7 @@ tests/sim/test_unit_suites.py runs each test_*.py here in a child pytest with
 TORCHTITAN_NPU_SIM=1; a plain `pytest tests` process skips them (and so never
 imports the stand-in torch_npu, which changes process-wide torch state).
 Run one directly with:
-    eval "$(python tools/sim_npu/env.py)"; python -m pytest tests/sim/unit -q
+    eval "$(python verification/sim_npu/env.py)"; python -m pytest tests/sim/unit -q
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ SIM_ACTIVE = os.environ.get("TORCHTITAN_NPU_SIM") == "1"
 if not SIM_ACTIVE:
     collect_ignore_glob = ["test_*.py"]
 else:
-    _site = Path(__file__).resolve().parents[3] / "tools" / "sim_npu" / "site"
+    _site = Path(__file__).resolve().parents[3] / "verification" / "sim_npu" / "site"
     if str(_site) not in sys.path:
         sys.path.insert(0, str(_site))
     import torch_npu  # noqa: F401

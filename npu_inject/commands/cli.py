@@ -1,0 +1,233 @@
+"""``npu-inject`` / ``python -m npu_inject``: list, show, check, doctor.
+
+Nothing here imports torch, torchtitan or wrapt, nor activates the runtime:
+targets are checked by reading the installed torchtitan's source with :mod:`ast`,
+and torch_npu is probed in a child process, so ``doctor`` works even where
+importing torchtitan would fail (no triton, no NPU, no CANN).
+"""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import importlib.util
+import json
+import os
+import sys
+from typing import Any
+
+from npu_inject import plan as plan_mod
+from npu_inject import registry as registry_mod
+from npu_inject import settings as settings_mod
+from npu_inject.errors import ConfigError
+from npu_inject.registry import split_target
+
+EXIT_OK, EXIT_ERROR = 0, 2
+DOCTOR_DISTRIBUTIONS = ("torch", "torchtitan", "torch_npu", "triton", "triton-ascend", "wrapt")
+
+
+def _state(plan: plan_mod.Plan, patch_id: str) -> str:
+    """'on' (would apply at its trigger), 'off', or 'off (why)' when not by selection."""
+    state, reason = plan.initial[patch_id]
+    if state == "pending":
+        return "on"
+    return "off" if reason == "off by selection" else f"off ({reason})"
+
+
+def _supports_text(spec: registry_mod.PatchSpec) -> str:
+    return ", ".join(f"{dist}{specifier}" for dist, specifier in spec.supports.items())
+
+
+def cmd_list(args) -> int:
+    plan = plan_mod.make()  # what this environment would make a run do
+    registry = plan.registry
+    rows = [{**spec.to_json(), "state": _state(plan, patch_id)} for patch_id, spec in registry.patches.items()]
+    if args.json:
+        print(json.dumps({"target": plan.target, "patches": rows}, indent=2))
+        return EXIT_OK
+    headers = ("id", "state", "default", "triggers", "supports", "description")
+    table = [
+        (r["id"], r["state"], "on" if r["default"] else "off", ", ".join(r["triggers"]),
+         _supports_text(registry.patches[r["id"]]), r["description"])
+        for r in rows
+    ]
+    widths = [max(len(str(row[i])) for row in (headers, *table)) for i in range(len(headers) - 1)]
+    print(f"target: {plan.target or 'off (TORCHTITAN_NPU unset or 0)'}")
+    for row in (headers, *table):
+        print("  ".join(str(cell).ljust(width) for cell, width in zip(row, widths)) + "  " + row[-1])
+    return EXIT_OK
+
+
+def cmd_show(args) -> int:
+    plan = plan_mod.make()
+    spec = plan.registry.get(args.patch_id)
+    print(json.dumps({**spec.to_json(), "state": _state(plan, spec.id)}, indent=2))
+    return EXIT_OK
+
+
+def cmd_check(args) -> int:
+    plan = plan_mod.make()
+    on = [patch_id for patch_id in plan.registry.patches if plan.state(patch_id) == "pending"]
+    print(f"OK: target={plan.target or 'off'}, strict={int(plan.settings.strict)}, "
+          f"registries: {', '.join(plan.registry.sources)}")
+    print(f"enabled ({len(on)}): {', '.join(on) or '-'}")
+    return EXIT_OK
+
+
+# -- doctor ------------------------------------------------------------------
+
+def _module_source(module_name: str) -> str | None:
+    """Path of an installed module's source, found without importing any package.
+
+    ``find_spec`` of a top-level name imports nothing; with the runtime enabled it
+    does not activate it either (the bootstrap activates on execution only).
+    """
+    top, *rest = module_name.split(".")
+    spec = importlib.util.find_spec(top)
+    if spec is None or spec.origin is None:
+        return None
+    base = os.path.join(os.path.dirname(spec.origin), *rest) if rest else os.path.dirname(spec.origin)
+    for candidate in (base + ".py", os.path.join(base, "__init__.py")):
+        if os.path.isfile(candidate):
+            return candidate
+    return None
+
+
+def _defined_names(body: list[ast.stmt]) -> dict[str, ast.AST]:
+    names: dict[str, ast.AST] = {}
+    for node in body:
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            names[node.name] = node
+        elif isinstance(node, ast.Assign):
+            for target in node.targets:
+                for element in ast.walk(target):
+                    if isinstance(element, ast.Name):
+                        names[element.id] = node
+        elif isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name):
+            names[node.target.id] = node
+        elif isinstance(node, (ast.Import, ast.ImportFrom)):
+            for alias in node.names:
+                names[(alias.asname or alias.name).split(".")[0]] = node
+        elif isinstance(node, (ast.If, ast.Try)):
+            for block in (node.body, getattr(node, "orelse", []), getattr(node, "finalbody", [])):
+                names.update(_defined_names(block))
+    return names
+
+
+def target_status(target: str) -> str:
+    """'ok', 'ok (inherited ...)', or why a 'module:qualname' target is missing from the sources.
+
+    A method a class does not define itself may come from a base class in another
+    package (torchtitan's RMSNorm takes forward from nn.RMSNorm): without importing,
+    that is reported as inherited rather than missing.
+    """
+    module_name, qualname = split_target(target)
+    path = _module_source(module_name)
+    if path is None:
+        return f"module {module_name} not found"
+    if qualname == "*":
+        return "ok"
+    with open(path, encoding="utf-8") as handle:
+        tree = ast.parse(handle.read(), filename=path)
+    body: list[ast.stmt] = tree.body
+    owner: ast.AST | None = None
+    for part in qualname.split("."):
+        node = _defined_names(body).get(part)
+        if node is None:
+            if isinstance(owner, ast.ClassDef) and owner.bases:
+                bases = ", ".join(ast.unparse(base) for base in owner.bases)
+                return f"ok (inherited from {bases}; not checked without importing)"
+            return f"{part!r} not defined in {path}"
+        owner = node
+        body = node.body if isinstance(node, ast.ClassDef) else []
+    return "ok"
+
+
+def cmd_doctor(args) -> int:
+    plan = plan_mod.make()
+    versions = {dist: plan.versions[dist] if dist in plan.versions else registry_mod.installed_version(dist)
+                for dist in DOCTOR_DISTRIBUTIONS}
+    print("installed:")
+    for dist, version in versions.items():
+        print(f"  {dist:14} {version or '-'}")
+    problems = 0
+    if plan.target == "npu":
+        probe_ok, probe = _probe_torch_npu()
+        problems += not probe_ok
+        print(f"  torch_npu import: {probe if probe_ok else 'PROBLEM: ' + probe}")
+    print(f"patches enabled for target {plan.target or 'off'}:")
+    for spec in plan.registry.patches.values():
+        if plan.state(spec.id) != "pending":
+            continue
+        issues = []
+        version_issue = plan.version_problem(spec.id)
+        if version_issue:
+            issues.append(version_issue)
+        notes = []
+        for target in spec.targets:
+            status = target_status(target)
+            if not status.startswith("ok"):
+                issues.append(f"target {target}: {status}")
+            elif status != "ok":
+                notes.append(f"target {target}: {status[len('ok ('):-1]}")
+        problems += bool(issues)
+        verdict = "ok" if not issues else "PROBLEM: " + "; ".join(issues)
+        print(f"  {spec.id:18} {verdict}" + "".join(f" [note: {note}]" for note in notes))
+    if problems:
+        print(f"{problems} problem(s): a run with this environment would not apply every enabled patch")
+    return EXIT_OK if problems == 0 else EXIT_ERROR
+
+
+def _probe_torch_npu() -> tuple[bool, str]:
+    # A subprocess: importing torch_npu loads CANN and must not leak into this CLI.
+    import subprocess
+
+    probe = subprocess.run(
+        [sys.executable, "-c", "import torch_npu, torch; print(torch.npu.device_count())"],
+        capture_output=True, text=True, env={**os.environ, settings_mod.ENV_TARGET: "0"},
+    )
+    if probe.returncode == 0:
+        return True, f"ok, {probe.stdout.strip()} device(s)"
+    last_line = (probe.stderr.strip().splitlines() or ["(no output)"])[-1]
+    return False, (f"import torch_npu failed ({last_line}); TORCHTITAN_NPU=1 needs torch_npu with "
+                   "Ascend's CANN, or rehearse with TORCHTITAN_NPU=cpu")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="npu-inject",
+        description="Patches that let upstream torchtitan train on Ascend NPUs: "
+        "what is in the catalog, what the environment selects, and whether it fits this install.",
+    )
+    commands = parser.add_subparsers(dest="command", required=True)
+    listing = commands.add_parser("list", help="table of patches and their state")
+    listing.add_argument("--json", action="store_true", help="machine-readable output")
+    listing.set_defaults(run=cmd_list)
+    show = commands.add_parser("show", help="one patch in full")
+    show.add_argument("patch_id")
+    show.set_defaults(run=cmd_show)
+    commands.add_parser("check", help="validate environment and registries; exit 0 or 2").set_defaults(run=cmd_check)
+    commands.add_parser("doctor", help="installed versions; do the enabled patches fit them?").set_defaults(run=cmd_doctor)
+    from npu_inject.commands import compare  # stdlib-only at import, like this module
+
+    compare.add_parser(commands)
+    from npu_inject.commands import audit  # stdlib only, like compare
+
+    audit.add_parser(commands)
+    from npu_inject.commands import selftest  # imports torch only when the command runs
+
+    selftest.add_parser(commands)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return args.run(args)
+    except ConfigError as exc:
+        print(f"npu-inject: error: {exc}", file=sys.stderr)
+        return EXIT_ERROR
+
+
+def _entry() -> Any:
+    sys.exit(main())

@@ -1,0 +1,161 @@
+"""attention: torchtitan's inner attention runs on npu_fusion_attention semantics.
+
+torchtitan 0.3.0 language models accept only FlexAttention (no NPU kernel, no
+CPU backward) and VarlenAttention (CUDA flash attention). This patch:
+
+* replaces ``Decoder._create_flex_attention_mask``: when the mask mods are ones
+  the kernel can express -- causal, packed-document causal, sliding window --
+  it returns an :class:`AttentionPlan` (no BlockMask is built); any other mask
+  still gets upstream's BlockMask;
+* replaces ``FlexAttention.forward``: an AttentionPlan runs through
+  ``npu_fusion_attention`` (BSND causal, TND per document, band for windows);
+  a BlockMask or a score_mod falls back to explicit reference math, with a
+  one-time warning and a report entry;
+* replaces ``VarlenAttention.forward``: TND with the cumulative lengths from
+  torchtitan's VarlenMetadata; ``window_size`` maps to causal, band or full.
+
+Packed documents reach the kernel (``npu_fusion_attention_v3``) as a CPU int64
+tensor of document ends, never as host ints inside a compiled block: dynamo
+would specialize on every offset and recompile each batch.
+"""
+
+from __future__ import annotations
+
+from npu_inject.patching import PatchContext
+
+
+def _mask_mod_codes():
+    """Code objects of torchtitan's mask-mod closures, to recognise them without calling them."""
+    import torch
+    from torchtitan.models.common import attention
+
+    one_row, two_rows = torch.zeros(1, 2, dtype=torch.long), torch.zeros(2, 2, dtype=torch.long)
+    return {
+        attention.get_causal_mask_mod().__code__: "causal",
+        attention.get_document_mask_mod(one_row).__code__: "document",
+        attention.get_efficient_causal_mask_mod_for_packed_document(one_row).__code__: "document",
+        attention.get_efficient_causal_mask_mod_for_packed_document(two_rows).__code__: "document",
+        attention.get_sliding_window_mask_mod(1).__code__: "window",
+    }
+
+
+def plan_for_mask_mods(mask_mods, positions_BL, codes):
+    """An AttentionPlan for ANDed mask mods, or None when the kernel cannot express them."""
+    from npu_inject.ops.attention import AttentionPlan, document_ends_from_positions, document_plan
+
+    kinds, window = set(), None
+    for mask_mod in mask_mods:
+        kind = codes.get(getattr(mask_mod, "__code__", None))
+        if kind is None:
+            return None
+        if kind == "window":
+            cells = dict(zip(mask_mod.__code__.co_freevars, mask_mod.__closure__ or ()))
+            window = cells["window_size"].cell_contents
+        kinds.add(kind)
+    if "causal" not in kinds and "window" not in kinds:
+        return None  # a document mask without causality is not one of the kernel's modes
+    if "document" in kinds:
+        return document_plan(causal=True, window=window, document_ends=document_ends_from_positions(positions_BL))
+    return AttentionPlan(causal=True, window=window)
+
+
+def apply(ctx: PatchContext) -> None:
+    import torch
+    from torch.nn.attention.flex_attention import create_mask
+
+    from npu_inject.ops.cp import ContextParallelPlan, context_parallel_attention_BLNH
+    from npu_inject.ops.attention import (
+        AttentionPlan,
+        fusion_attention_BLNH,
+        plan_keep_mask,
+        reference_attention_BLNH,
+    )
+
+    codes = _mask_mod_codes()
+    # Every layer of one forward gets the same cu_seq tensor: in eager, copy its ends to the host once.
+    last_ends: dict = {"cu_seq": None, "ends": None}
+
+    def create_flex_attention_mask(original, decoder, positions, attn_config, mask_mods):
+        plan = plan_for_mask_mods(mask_mods, positions, codes)
+        return plan if plan is not None else original(decoder, positions, attn_config, mask_mods)
+
+    def flex_forward(original, flex, q_BLNH, k_BLNH, v_BLNH, *, attention_masks, score_mod=None,
+                     scale=None, enable_gqa=False, out_transform=None, **kwargs):
+        # enable_gqa needs no flag: the kernel takes fewer key/value heads than query heads.
+        mask = attention_masks
+        if isinstance(mask, ContextParallelPlan):
+            _check_no_cp_extras(score_mod, out_transform)
+            return context_parallel_attention_BLNH(q_BLNH, k_BLNH, v_BLNH, mask, mask.plan, scale)
+        if isinstance(mask, AttentionPlan) and score_mod is None and out_transform is None:
+            out_BLNH, _ = fusion_attention_BLNH(q_BLNH, k_BLNH, v_BLNH, mask, scale)
+            return out_BLNH
+        if score_mod is not None:
+            what = "a score_mod"
+        elif out_transform is not None:
+            what = "an out_transform (needs a differentiable log-sum-exp, which the kernel does not return)"
+        else:
+            what = "a mask the fused kernel cannot express"
+        ctx.fallback(f"FlexAttention with {what} runs on reference attention (explicit mask, slower)")
+        keep_BNLL = _dense_keep_mask(mask, q_BLNH, k_BLNH)
+        out_BLNH, lse_BLN = reference_attention_BLNH(q_BLNH, k_BLNH, v_BLNH, keep_BNLL, scale, score_mod)
+        return out_BLNH if out_transform is None else out_transform(out_BLNH, lse_BLN)
+
+    def _check_no_cp_extras(score_mod, out_transform):
+        if score_mod is not None or out_transform is not None:
+            raise NotImplementedError("context parallel (patch context_parallel) runs the fused kernel only: "
+                                      "a score_mod or out_transform needs context_parallel_degree 1")
+
+    def _dense_keep_mask(mask, q_BLNH, k_BLNH):
+        B, L, S = q_BLNH.shape[0], q_BLNH.shape[1], k_BLNH.shape[1]
+        if not isinstance(mask, AttentionPlan):
+            return create_mask(mask.mask_mod, B, None, L, S, device=q_BLNH.device)
+        return plan_keep_mask(mask, B, L, S, q_BLNH.device)
+
+    def host_document_ends(metadata):
+        """The document ends as the CPU int64 tensor torch_npu reads: from torchtitan's host offsets
+        when the metadata has them, else a device-to-host copy of cu_seq_q (on an NPU)."""
+        cu_seq = metadata.cu_seq_q
+        if torch.compiler.is_compiling():
+            # A compiled block copies its own: the cache below would put a tensor identity in its guards,
+            # and host offsets would be ints it specializes on.
+            return cu_seq[1:].to(device="cpu", dtype=torch.int64)
+        if last_ends["cu_seq"] is not cu_seq:
+            host = metadata.cu_seq_q_host
+            ends = (torch.tensor(host[1:], dtype=torch.int64) if host is not None
+                    else cu_seq[1:].to(device="cpu", dtype=torch.int64))
+            last_ends.update(cu_seq=cu_seq, ends=ends)
+        return last_ends["ends"]
+
+    def varlen_forward(original, varlen, q_BLNH, k_BLNH, v_BLNH, *, attention_masks, scale=None,
+                       out_transform=None, **kwargs):
+        metadata = attention_masks
+        left, right = varlen.window_size
+        if (left, right) == (-1, -1):
+            causal, window = False, None
+        elif right == 0:
+            causal, window = True, None if left < 0 else left + 1
+        else:
+            raise NotImplementedError(
+                f"VarlenAttention window_size={varlen.window_size}: the NPU kernel's band mode "
+                "needs right == 0 (causal or sliding window) or (-1, -1) (full)"
+            )
+        if isinstance(metadata, ContextParallelPlan):
+            _check_no_cp_extras(None, out_transform)
+            # Context parallel cuts documents into per-rank segments on the host: it keeps host offsets.
+            plan = AttentionPlan(causal=causal, window=window, document_ends=metadata.cu_seq_q_host[1:])
+            return context_parallel_attention_BLNH(q_BLNH, k_BLNH, v_BLNH, metadata, plan, scale)
+        plan = AttentionPlan(causal=causal, window=window,
+                             document_ends_tensor=host_document_ends(metadata))
+        if out_transform is not None:
+            ctx.fallback("VarlenAttention with an out_transform runs on reference attention "
+                         "(needs a differentiable log-sum-exp, which the kernel does not return)")
+            B, L = q_BLNH.shape[:2]
+            keep_BNLL = plan_keep_mask(plan, B, L, L, q_BLNH.device)
+            out_BLNH, lse_BLN = reference_attention_BLNH(q_BLNH, k_BLNH, v_BLNH, keep_BNLL, scale)
+            return out_transform(out_BLNH, lse_BLN)
+        out_BLNH, _ = fusion_attention_BLNH(q_BLNH, k_BLNH, v_BLNH, plan, scale)
+        return out_BLNH
+
+    ctx.wrap("Decoder._create_flex_attention_mask", create_flex_attention_mask)
+    ctx.wrap("FlexAttention.forward", flex_forward)
+    ctx.wrap("VarlenAttention.forward", varlen_forward)

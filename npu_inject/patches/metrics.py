@@ -1,0 +1,72 @@
+"""metrics: torchtitan's MFU uses the peak FLOPs of the device it really runs on.
+
+torchtitan 0.3.0's ``get_peak_flops(device_name)`` (``torchtitan.tools.utils``, read
+through the module by ``MetricsProcessor`` and ``Trainer``) knows no Ascend part and
+falls back to A100's 312 TFLOPS, so MFU on an NPU is off by the ratio of the peaks.
+
+* NPU target: the device name ``torch.npu.get_device_name()`` reports is looked up in
+  ``ASCEND_BF16_PEAK_FLOPS`` (dense BF16 Cube peaks; the source is cited per entry).
+  Option ``peak_tflops`` (> 0) overrides the table, e.g. for a part it does not list.
+  A name the table does not know and no override: MFU becomes NaN (``mfu: nan%``) and
+  the fallback is logged once and reported -- never another device's peak.
+* CPU rehearsal: a host CPU has no meaningful BF16 peak for this formula, so MFU is
+  not applicable: the peak is NaN (torchtitan prints ``mfu: nan%``), noted in the report.
+"""
+
+from __future__ import annotations
+
+import math
+
+from npu_inject.patching import PatchContext
+
+# Dense BF16 Cube-unit peak FLOP/s per Ascend device name (what torch.npu.get_device_name()
+# returns). Every figure is cited from Huawei's torchtitan plugin, torchtitan-npu
+# (github.com/torchtitan-npu/torchtitan-npu, torchtitan_npu/patches/tools/metrics.py at
+# commit 8f04da75, "MFU uses the BF16 Cube peak rather than the larger total-throughput
+# figure"); its comments give the total/Cube pair quoted below. No per-SKU Huawei
+# datasheet figure was found to cross-check them.
+ASCEND_BF16_PEAK_FLOPS = {
+    "Ascend910B1": 373.88e12,  # torchtitan-npu: total 400T, Cube 373T (Atlas A2)
+    "Ascend910B2": 353.8944e12,  # torchtitan-npu: total 376T, Cube 353T (Atlas A2)
+    "Ascend910B3": 294.912e12,  # torchtitan-npu: total 313T, Cube 294T (Atlas A2)
+    "Ascend910B4": 245.76e12,  # torchtitan-npu: total 280T, Cube 245T (Atlas A2)
+    "Ascend910_9392": 353.8944e12,  # torchtitan-npu: total 376T, Cube 353T (Atlas A3 die)
+    "Ascend910_9362": 353.8944e12,  # torchtitan-npu: total 376T, Cube 353T (Atlas A3 die)
+}
+# Not listed (no cited figure): the other A3 dies (Ascend910_9391, _9381, _9382, _9372).
+# Variant names carrying a listed name (e.g. "Ascend910B2C") take that entry, as
+# torchtitan-npu matches them.
+
+
+def ascend_peak_flops(device_name: str) -> float | None:
+    """The cited peak for ``device_name`` (longest listed name it contains), or None."""
+    matches = [name for name in ASCEND_BF16_PEAK_FLOPS if name in device_name]
+    if not matches:
+        return None
+    return ASCEND_BF16_PEAK_FLOPS[max(matches, key=len)]
+
+
+def apply(ctx: PatchContext) -> None:
+    override_tflops = float(ctx.options["peak_tflops"])  # option_rules: >= 0; 0 = use the table
+
+    if ctx.device_kind == "cpu":
+        ctx.note("MFU not applicable in the CPU rehearsal: peak FLOPs set to NaN (mfu: nan%)")
+
+    def get_peak_flops(original, device_name: str) -> float:
+        if ctx.device_kind == "cpu":
+            return math.nan
+        if override_tflops > 0:
+            ctx.note(f"peak FLOPs for {device_name!r}: {override_tflops} TFLOPS (option peak_tflops)")
+            return override_tflops * 1e12
+        peak = ascend_peak_flops(device_name)
+        if peak is None:
+            ctx.fallback(
+                f"no cited BF16 peak for device {device_name!r} (known: "
+                f"{', '.join(ASCEND_BF16_PEAK_FLOPS)}): MFU is NaN; set the metrics option "
+                "peak_tflops in a user registry (TORCHTITAN_NPU_REGISTRY) to give one"
+            )
+            return math.nan
+        ctx.note(f"peak FLOPs for {device_name!r}: {peak / 1e12:.2f} TFLOPS (BF16 Cube, cited table)")
+        return peak
+
+    ctx.wrap("get_peak_flops", get_peak_flops)

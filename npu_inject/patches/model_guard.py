@@ -1,0 +1,166 @@
+"""model_guard: a model family or config the target cannot train stops at start-up, in one line.
+
+torchtitan 0.3.0's ``ConfigManager.parse_args`` (the first thing ``torchtitan.train``
+does) resolves ``--module``/``--config`` in ``_load_config``: it imports
+``torchtitan.models.<module>.config_registry`` (swallowing any ImportError into
+"Cannot import config_registry") and calls the config function, then merges the
+command line. Several families and configs need things the core install does not
+have, and failed deep inside that path. This patch wraps ``parse_args`` and, on
+both targets:
+
+* before the import: checks the family's optional packages (kimi_k2_7, qwen3_5:
+  torchvision; flux: transformers) and that qwen3_5's ``fla`` imports are served by
+  the gated_delta_net patch's stand-in (fla itself is Triton/CUDA kernels);
+* while the config function runs: a quantization converter (float8, MXFP8,
+  NVFP4) that refuses the device becomes a line naming the recipe and its needs;
+* after the command line is merged: an optimizer torchtitan runs on CUDA only
+  (kimi_k2_7's DistMuon) stops, and local data the config reads
+  (``tests/assets/...`` data sets, SFT ``data_files``, Flux's autoencoder) must exist.
+
+Each stop is ``SystemExit`` with one line that names what is missing and how to
+get it (the optional packages are the ``npu-inject[models]`` extra). Configs that
+can train pass through unchanged.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import sys
+import traceback
+from dataclasses import dataclass
+
+from npu_inject.patching import PatchContext
+
+EXTRA = "pip install 'npu-inject[models]'"
+MAKE_ASSETS = "python tools/make_assets.py (text) / python tools/make_sft_assets.py (SFT)"
+
+
+@dataclass(frozen=True)
+class Needs:
+    """One optional import a model family needs: import name, distribution, what uses it."""
+
+    import_name: str
+    distribution: str
+    used_for: str
+
+
+# Per family (the --module short name): optional packages imported by its config registry.
+FAMILY_NEEDS = {
+    "kimi_k2_7": (Needs("torchvision", "torchvision", "its multimodal data loader decodes images"),),
+    "flux": (Needs("transformers", "transformers", "its CLIP/T5 text encoders and tokenizers"),),
+    "qwen3_5": (Needs("torchvision", "torchvision", "its multimodal data loader decodes images"),),
+}
+# Families whose model imports a package only a patch's stand-in makes runnable here:
+# family -> (import name, spec.origin of the stand-in, why the real package cannot run).
+STANDIN_FAMILIES = {
+    "qwen3_5": ("fla", "npu_inject.patches.gated_delta_net",
+                "its gated delta-net layers call flash-linear-attention's Triton/CUDA kernels (import fla), "
+                "which neither the NPU nor the CPU rehearsal runs; enable patch gated_delta_net (on by default) "
+                "to run them in chunked PyTorch"),
+}
+# torchtitan 0.3.0's data sets read from the working directory (its repository's tests/assets).
+LOCAL_DATASETS = {
+    "c4_test": ("tests/assets/c4_test", "python tools/make_assets.py writes it"),
+    "cc12m-test": ("tests/assets/cc12m_test", "python tools/make_mm_assets.py writes a small image-text set "
+                                              "there (torchtitan's own is in its source repository, not its wheel)"),
+}
+# Optimizers (a param group's optimizer_name) that torchtitan 0.3.0 builds for CUDA parameters only.
+CUDA_ONLY_OPTIMIZERS = {
+    "DistMuon": ("DistMuon (torchtitan.distributed.flex_shard), which refuses parameters off CUDA "
+                 "(\"DistMuon requires one CUDA device per process\")"),
+}
+QUANTIZATION_RECIPES = {
+    "float8.py": "float8 (torchao Float8Linear), which needs torchao and an NVIDIA SM89+ or AMD MI300 GPU",
+    "mx.py": ("MXFP8 (torchao MXFP8Linear), which needs torchao and an NVIDIA SM100 GPU (Ascend 950's "
+              "npu_dynamic_mx_quant + npu_quant_matmul path is not implemented)"),
+    "nvfp4.py": "NVFP4 (torchao NVFP4Linear), which needs torchao and an NVIDIA SM100 GPU",
+}
+
+
+def selection(args: list[str]) -> tuple[str | None, str | None]:
+    """(family short name, config name) from ``--module``/``--config`` in either CLI form."""
+    found: dict[str, str] = {}
+    for index, arg in enumerate(args):
+        for flag in ("--module", "--config"):
+            if arg.startswith(flag + "="):
+                found[flag] = arg.split("=", 1)[1]
+            elif arg == flag and index + 1 < len(args):
+                found[flag] = args[index + 1]
+    module = found.get("--module")
+    if module is not None:
+        module = module.removesuffix(".config_registry").removeprefix("torchtitan.models.")
+    return module, found.get("--config")
+
+
+def family_problem(family: str | None, target: str) -> str | None:
+    if family in STANDIN_FAMILIES:
+        import_name, origin, why = STANDIN_FAMILIES[family]
+        if getattr(importlib.util.find_spec(import_name), "origin", None) != origin:
+            return f"--module {family} cannot train on target {target}: {why}"
+    missing = [needs for needs in FAMILY_NEEDS.get(family, ()) if importlib.util.find_spec(needs.import_name) is None]
+    if not missing:
+        return None
+    what = ", ".join(f"{needs.distribution} ({needs.used_for})" for needs in missing)
+    return f"--module {family} needs {what}, not installed: {EXTRA}"
+
+
+def quantization_problem(exc: BaseException, config: str | None, target: str) -> str | None:
+    """The recipe whose converter raised ``exc`` (from torchtitan.components.quantization), or None."""
+    for frame in reversed(traceback.extract_tb(exc.__traceback__)):
+        directory, filename = os.path.split(frame.filename)
+        if directory.endswith(os.path.join("components", "quantization")) and filename in QUANTIZATION_RECIPES:
+            return (f"--config {config} trains in {QUANTIZATION_RECIPES[filename]}; target {target} has no "
+                    f"such path: use the config without the quantization suffix (torchtitan says: {exc})")
+    return None
+
+
+def optimizer_problem(config, config_name: str | None, target: str) -> str | None:
+    groups = getattr(getattr(config, "optimizer", None), "param_groups", None) or ()
+    for name in dict.fromkeys(getattr(group, "optimizer_name", None) for group in groups):
+        if name in CUDA_ONLY_OPTIMIZERS:
+            return (f"--config {config_name} optimizes with {CUDA_ONLY_OPTIMIZERS[name]}; target {target} "
+                    f"has no {name} (not implemented by npu_inject)")
+    return None
+
+
+def data_problem(config, config_name: str | None) -> str | None:
+    dataloader = getattr(config, "dataloader", None)
+    dataset = getattr(dataloader, "dataset", None)
+    if dataset in LOCAL_DATASETS:
+        path, how = LOCAL_DATASETS[dataset]
+        if not os.path.exists(path):
+            return (f"--config {config_name} reads data set {dataset!r} from {os.path.abspath(path)}, "
+                    f"which does not exist: {how}")
+    data_files = (getattr(dataloader, "load_dataset_kwargs", None) or {}).get("data_files")
+    for path in [data_files] if isinstance(data_files, str) else list(data_files or ()):
+        if isinstance(path, str) and not os.path.exists(path):
+            return (f"--config {config_name} reads data_files {os.path.abspath(path)}, which does not exist: "
+                    f"run from a directory that has it ({MAKE_ASSETS} write this repository's tests/assets)")
+    autoencoder = getattr(getattr(config, "encoder", None), "autoencoder_path", None)
+    if isinstance(autoencoder, str) and not os.path.exists(autoencoder):
+        return (f"--config {config_name} loads its autoencoder from {os.path.abspath(autoencoder)}, which does "
+                f"not exist: put FLUX.1-dev's ae.safetensors (Hugging Face black-forest-labs/FLUX.1-dev) there")
+    return None
+
+
+def apply(ctx: PatchContext) -> None:
+    def parse_args(original, manager, args=None):
+        argv = sys.argv[1:] if args is None else list(args)
+        family, config_name = selection(argv)
+        problem = family_problem(family, ctx.device_kind)
+        if problem is None:
+            try:
+                config = original(manager, argv)
+            except (ImportError, ValueError) as exc:
+                problem = quantization_problem(exc, config_name, ctx.device_kind)
+                if problem is None:
+                    raise
+            else:
+                # After the command line is merged: a --dataloader.* override may point elsewhere.
+                problem = optimizer_problem(config, config_name, ctx.device_kind) or data_problem(config, config_name)
+                if problem is None:
+                    return config
+        raise SystemExit(f"npu_inject model_guard: {problem}")
+
+    ctx.wrap("ConfigManager.parse_args", parse_args)

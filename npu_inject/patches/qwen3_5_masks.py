@@ -1,0 +1,82 @@
+"""qwen3_5_masks: qwen3_5's attention masks run on the fused attention kernel.
+
+Targets torchtitan 0.3.0's ``torchtitan.models.qwen3_5`` (flex configs such as
+``qwen35_debugmodel``); requires the attention patch, which runs an
+:class:`~npu_inject.ops.attention.AttentionPlan` on ``npu_fusion_attention``, and
+gated_delta_net (qwen3_5's model module imports only while its fla stand-in serves).
+
+* ``Qwen35Model.get_attention_masks`` builds its full-attention layers' mask
+  through ``Decoder.get_attention_masks`` and then asserts it is a BlockMask. The
+  attention patch answers that call with an AttentionPlan (causal + packed
+  documents: TND per document), so the assert stopped every flex run. This patch
+  returns upstream's dict -- ``"quadratic_attention"`` and the gated delta-net's
+  ``"deltanet"`` varlen metadata -- without the assert: the plan when the kernel
+  expresses the mask, else upstream's BlockMask, which the attention patch runs on
+  its reported reference fallback. Varlen configs keep upstream's path.
+* The vision encoder masks each image to its own patches in a padded batch
+  (``get_vision_block_mask_mod``: query and key both below the image's patch count)
+  through a torch.compile'd ``create_block_mask``. This patch answers that mask mod
+  with a bidirectional AttentionPlan (TND, one document per image's patches and one
+  per row's padding), so the encoder runs on the kernel and compiles no mask.
+  Padding rows then attend to padding instead of nothing (flex gives them 0); their
+  outputs are never read (``scatter_vision_embeds`` takes each image's real tokens
+  only) and they share no document with a real patch, so real outputs and all
+  gradients are unchanged. Any other mask mod gets upstream's BlockMask.
+
+Revert restores both functions (PatchContext).
+"""
+
+from __future__ import annotations
+
+from npu_inject.patching import PatchContext
+
+
+def vision_document_ends(num_patches: list[int], max_num_patch: int) -> tuple[int, ...]:
+    """Cumulative TND document ends over N x max_num_patch tokens: each image's patches, then its padding."""
+    ends: list[int] = []
+    for row, count in enumerate(num_patches):
+        if not 0 < count <= max_num_patch:
+            raise ValueError(f"qwen3_5 vision encoder: image {row} has {count} patches; expected 1..{max_num_patch} "
+                             "(grid_thw's t*h*w within the padded patch count)")
+        ends.append(row * max_num_patch + count)
+        if count < max_num_patch:
+            ends.append((row + 1) * max_num_patch)
+    return tuple(ends)
+
+
+def apply(ctx: PatchContext) -> None:
+    import importlib
+
+    import torch
+    from torchtitan.models.common.attention import FlexAttention
+    from torchtitan.models.common.decoder import Decoder
+    from torchtitan.models.common.vision_encoder import get_vision_block_mask_mod
+
+    from npu_inject.ops.attention import document_plan
+
+    model_module = importlib.import_module("torchtitan.models.qwen3_5.model")
+    vision_mask_code = get_vision_block_mask_mod(torch.ones(1, dtype=torch.long)).__code__
+
+    def get_attention_masks(original, model, positions):
+        attn_config = model.config.first_attention
+        if attn_config is None or not isinstance(attn_config.inner_attention, FlexAttention.Config):
+            return original(model, positions)
+        return {
+            # An AttentionPlan (fused kernel) or, for a mask the kernel cannot express,
+            # upstream's BlockMask on the attention patch's reported fallback.
+            "quadratic_attention": Decoder.get_attention_masks(model, positions),
+            "deltanet": model_module.create_varlen_metadata_for_document(positions, include_host_offsets=True),
+        }
+
+    def create_block_mask(original, mask_mod, B, H, Q_LEN, KV_LEN, *args, **kwargs):
+        if getattr(mask_mod, "__code__", None) is not vision_mask_code or Q_LEN != KV_LEN:
+            return original(mask_mod, B, H, Q_LEN, KV_LEN, *args, **kwargs)
+        cells = dict(zip(mask_mod.__code__.co_freevars, mask_mod.__closure__ or ()))
+        num_patches = cells["num_patches"].cell_contents.tolist()  # one host read per encoder forward
+        if len(num_patches) != B:
+            raise ValueError(f"qwen3_5 vision encoder: {len(num_patches)} patch counts for a batch of {B} images")
+        # With the ends as a tensor too, a compiled encoder does not specialise on the patch counts.
+        return document_plan(causal=False, window=None, document_ends=vision_document_ends(num_patches, Q_LEN))
+
+    ctx.wrap("Qwen35Model.get_attention_masks", get_attention_masks)
+    ctx.wrap("compiled_create_block_mask", create_block_mask)

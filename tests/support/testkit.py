@@ -1,0 +1,158 @@
+"""Helpers shared by the tests: environments, fresh interpreters, torchrun runs, loss parsing.
+
+A module of its own (not conftest.py): several conftest.py files live under tests/, and
+``from conftest import`` would pick whichever was imported last.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import re
+import subprocess
+import sys
+import textwrap
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # tests/support/ -> repo
+PLUGINS = os.path.join(REPO, "tests", "support", "plugins")
+if REPO not in sys.path:
+    sys.path.insert(0, REPO)  # tools/ is not installed
+
+import forklaunch  # noqa: E402  (tests/support is on sys.path wherever testkit is imported)
+from verification.sim_npu import sim_env  # noqa: E402  (the one simulated-NPU environment)
+
+
+def clean_env(**overrides: str) -> dict[str, str]:
+    """The current environment without TORCHTITAN_NPU*, plus overrides."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TORCHTITAN_NPU")}
+    env.update(overrides)
+    return env
+
+
+def run_python(code: str, env: dict[str, str], cwd: str | None = None, timeout: int = 300):
+    """A fresh interpreter (site-packages .pth files processed as in real use)."""
+    return subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(code)],
+        env=env, cwd=cwd, capture_output=True, text=True, timeout=timeout,
+    )
+
+
+def fake_entry(module: str, triggers=("faketitan.core",),
+               targets=("faketitan.core:DEVICE", "faketitan.core:compute"), **extra) -> dict:
+    entry = {
+        "module": module,
+        "triggers": list(triggers),
+        "targets": list(targets),
+        "supports": {},
+        "requires": [],
+        "default": True,
+        "options": {},
+        "description": f"test patch {module}",
+    }
+    entry.update(extra)
+    return entry
+
+
+# -- torchrun end-to-end helpers ------------------------------------------------
+
+LOSS_LINE = re.compile(r"step:\s*(\d+)\s+(?:\x1b\[[0-9;]*m)?loss:\s*([-+0-9.naif]+)")
+
+
+def parse_losses(log: str) -> dict[int, float]:
+    """step -> loss from torchtitan's metric lines (every rank logs the same global loss)."""
+    return {int(m.group(1)): float(m.group(2)) for m in LOSS_LINE.finditer(log)}
+
+
+def torchrun(args: list[str], env: dict[str, str], nproc: int = 2, timeout: int = 600, real: bool = False):
+    """Run ``torchrun -m torchtitan.train`` from the repo root (where the debug configs find
+    tests/assets). Returns the CompletedProcess; stdout holds both streams.
+
+    The ranks are forked from a warm process (tests/support/forklaunch.py: the same bootstrap and
+    imports, without paying torch's import per rank) unless ``real`` is set, the run changes a
+    variable read at import time, or NPU_INJECT_TEST_LAUNCHER=torchrun."""
+    env = {"HF_HUB_OFFLINE": "1", **env}
+    port = _free_port()
+    if not real and os.environ.get(forklaunch.LAUNCHER_VAR, "fork") != "torchrun":
+        if _LAUNCHER.process is None:
+            _LAUNCHER.start(clean_env(HF_HUB_OFFLINE="1"))
+        differences = forklaunch.import_time_differences(env, _LAUNCHER.server_env)
+        if not differences:
+            return _LAUNCHER.run(list(args), env, REPO, nproc, port, timeout)
+        print(f"testkit.torchrun: real torchrun, the run sets {differences} differently from the warm launcher",
+              file=sys.stderr)
+    command = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(nproc),
+               "--master_port", str(port), "-m", "torchtitan.train", *args]
+    return subprocess.run(command, env=env, cwd=REPO, timeout=timeout,
+                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
+
+_LAUNCHER = forklaunch.Launcher()
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def reference_attention_env(**overrides: str) -> dict[str, str]:
+    """Environment selecting the test-only SDPA attention instead of the attention patch."""
+    return clean_env(
+        TORCHTITAN_NPU="cpu",
+        TORCHTITAN_NPU_REGISTRY=os.path.join(PLUGINS, "reference_registry.json"),
+        TORCHTITAN_NPU_PATCHES="-attention,-muse_glimmer_masks,+sdpa_reference_attention",
+        PYTHONPATH=os.pathsep.join(filter(None, [PLUGINS, os.environ.get("PYTHONPATH")])),
+        **overrides,
+    )
+
+
+LLAMA_STEPS = 10
+DETERMINISTIC = ["--debug.seed", "42", "--debug.deterministic", "--training.mixed_precision_param", "float32"]
+SHORT_RUN = ["--training.seq_len", "256", "--training.local_batch_size", "2", "--validator.no-enable"]
+
+
+def train_llama(config: str, dump: str, env: dict, steps: int = LLAMA_STEPS, extra=(), nproc: int = 2):
+    """A deterministic fp32 llama3 debug run; returns (step -> loss, log)."""
+    args = ["--module", "llama3", "--config", config, "--training.steps", str(steps), *SHORT_RUN,
+            *DETERMINISTIC, "--dump_folder", dump, *extra]
+    if "--checkpoint.enable" not in extra:
+        args.append("--checkpoint.no-enable")
+    result = torchrun(args, env, nproc=nproc)
+    assert result.returncode == 0, result.stdout[-4000:]
+    return parse_losses(result.stdout), result.stdout
+
+
+def sim_npu_env(**overrides: str) -> dict[str, str]:
+    """TORCHTITAN_NPU=1 on 2 simulated NPUs (verification/sim_npu), plus test plugins on PYTHONPATH.
+    (TORCHTITAN_NPU_SIM_AUDIT="1" turns on the audit: <dump_folder>/npu_inject/audit_rank<N>.json.)"""
+    # DTensor's offset-based RNG tracker, as on a real NPU (parity runs start from a seed checkpoint).
+    base = clean_env(**{"TORCHTITAN_NPU": "1", "TORCHTITAN_NPU_SIM_DTENSOR_RNG": "philox", **overrides})
+    base["PYTHONPATH"] = os.pathsep.join(filter(None, [PLUGINS, base.get("PYTHONPATH")]))
+    return sim_env(base, devices=2)
+
+
+def from_seed(seed: str) -> list[str]:
+    return ["--checkpoint.enable", "--checkpoint.interval", "1000", "--checkpoint.initial_load_path", seed]
+
+
+# -- MoE rehearsal runs (tests/e2e/test_moe_train.py, test_compile_train.py) ---------------
+
+MOE_STEPS = 10
+MOE_SHORT = ["--training.seq_len", "128", "--training.local_batch_size", "1", "--validator.no-enable",
+             "--checkpoint.no-enable"]
+NO_ACTIVATION_CHECKPOINTING = ["activation-checkpoint:none"]  # a subcommand: must come last
+
+
+def train_moe(module: str, config: str, dump: str, env: dict, steps: int = MOE_STEPS, extra=(), tail=(),
+              timeout: int = 600) -> dict[int, float]:
+    """A deterministic fp32 MoE debug run on 2 ranks; returns step -> loss (every step, finite)."""
+    args = ["--module", module, "--config", config, "--training.steps", str(steps), *MOE_SHORT,
+            *DETERMINISTIC, "--dump_folder", dump, *extra, *tail]
+    result = torchrun(args, env, nproc=2, timeout=timeout)
+    assert result.returncode == 0, result.stdout[-6000:]
+    losses = parse_losses(result.stdout)
+    assert sorted(losses) == list(range(1, steps + 1)), result.stdout[-3000:]
+    assert all(math.isfinite(loss) for loss in losses.values()), losses
+    return losses

@@ -1,0 +1,312 @@
+"""metrics, determinism, profiling and the HCCL flight recorder: what each sets, per target.
+
+Each patch is applied through a PatchContext for the target under test (no torch_npu is
+imported: none of these paths needs it at apply time) and reverted afterwards. Expected
+values come from torchtitan itself where it has them: the HCCL flight-recorder variables
+must carry what upstream's ``init_distributed`` writes into NCCL's, and upstream's
+``set_determinism`` is what writes the cuBLAS variable the NPU target must not keep.
+"""
+
+from __future__ import annotations
+
+import importlib
+import math
+import os
+import types
+
+import pytest
+import torch
+
+from npu_inject import registry as registry_mod
+from npu_inject.patching import PatchContext
+
+
+def _apply(patch_id: str, target: str, **options) -> tuple[types.ModuleType, PatchContext]:
+    spec = registry_mod.load(None).get(patch_id)
+    ctx = PatchContext(patch_id, target, {**spec.options, **options}, declared_targets=tuple(spec.targets))
+    module = importlib.import_module(spec.module)
+    module.apply(ctx)
+    return module, ctx
+
+
+@pytest.fixture
+def applied():
+    contexts = []
+
+    def apply(patch_id, target, **options):
+        module, ctx = _apply(patch_id, target, **options)
+        contexts.append(ctx)
+        return module, ctx
+
+    yield apply
+    for ctx in reversed(contexts):
+        ctx.restore()
+
+
+# -- metrics ------------------------------------------------------------------------------------
+
+# torchtitan-npu's torchtitan_npu/patches/tools/metrics.py (the cited source), in TFLOPS.
+CITED_TFLOPS = {"Ascend910B1": 373.88, "Ascend910B2": 353.8944, "Ascend910B3": 294.912,
+                "Ascend910B4": 245.76, "Ascend910_9392": 353.8944, "Ascend910_9362": 353.8944}
+
+
+@pytest.mark.parametrize("device_name", sorted(CITED_TFLOPS))
+def test_ascend_peaks_are_the_cited_figures(applied, device_name):
+    applied("metrics", "npu")
+    from torchtitan.tools import utils
+
+    assert utils.get_peak_flops(device_name) == pytest.approx(CITED_TFLOPS[device_name] * 1e12, rel=1e-12)
+
+
+def test_variant_names_take_their_part_and_unknown_parts_get_no_mfu(applied):
+    _, ctx = applied("metrics", "npu")
+    from torchtitan.tools import utils
+
+    assert utils.get_peak_flops("Ascend910B2C") == pytest.approx(353.8944e12)
+    assert math.isnan(utils.get_peak_flops("Ascend910_9391")), "no cited figure: NaN, not A100's 312T"
+    assert ctx.fallbacks and "Ascend910_9391" in ctx.fallbacks[0] and "peak_tflops" in ctx.fallbacks[0]
+
+
+def test_option_overrides_the_table(applied):
+    applied("metrics", "npu", peak_tflops=400.0)
+    from torchtitan.tools import utils
+
+    assert utils.get_peak_flops("Ascend910_9391") == pytest.approx(400e12)
+
+
+def test_rehearsal_mfu_is_not_applicable(applied):
+    from torchtitan.tools import utils
+
+    upstream = utils.get_peak_flops("CPU rehearsal (host memory: process RSS)")
+    assert upstream == 312e12  # what torchtitan would divide by: A100's peak
+    _, ctx = applied("metrics", "cpu")
+    assert math.isnan(utils.get_peak_flops("CPU rehearsal (host memory: process RSS)"))
+    assert any("not applicable" in note for note in ctx.notes)
+
+
+# -- determinism ------------------------------------------------------------------------------
+
+def _trainer(deterministic: bool):
+    return types.SimpleNamespace(config=types.SimpleNamespace(debug=types.SimpleNamespace(deterministic=deterministic)))
+
+
+def test_hccl_determinism_is_set_before_the_process_group(applied, monkeypatch):
+    monkeypatch.delenv("HCCL_DETERMINISTIC", raising=False)
+    seen = {}
+    monkeypatch.setattr("torchtitan.trainer.Trainer.init_distributed",
+                        lambda self: seen.setdefault("at_init", os.environ.get("HCCL_DETERMINISTIC")))
+    from torchtitan.trainer import Trainer
+
+    _, ctx = applied("determinism", "npu")
+    Trainer.init_distributed(_trainer(False))
+    assert seen.pop("at_init") is None
+    Trainer.init_distributed(_trainer(True))
+    assert seen["at_init"] == "true"
+    assert "set HCCL_DETERMINISTIC=true (deterministic HCCL reductions)" in ctx.notes
+
+
+def test_user_hccl_determinism_is_kept(applied, monkeypatch):
+    monkeypatch.setenv("HCCL_DETERMINISTIC", "strict")
+    monkeypatch.setattr("torchtitan.trainer.Trainer.init_distributed", lambda self: None)
+    from torchtitan.trainer import Trainer
+
+    applied("determinism", "npu")
+    Trainer.init_distributed(_trainer(True))
+    assert os.environ["HCCL_DETERMINISTIC"] == "strict"
+
+
+@pytest.fixture
+def restore_determinism_state(monkeypatch):
+    from torchtitan.models.common.attention import FlexAttention
+
+    monkeypatch.delenv("CUBLAS_WORKSPACE_CONFIG", raising=False)
+    monkeypatch.delenv("PYTHONHASHSEED", raising=False)
+    saved = (torch.are_deterministic_algorithms_enabled(), torch.is_deterministic_algorithms_warn_only_enabled(),
+             torch.utils.deterministic.fill_uninitialized_memory, FlexAttention.__dict__["_compiled_flex_attn"],
+             dict(FlexAttention.inductor_configs), torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark)
+    rng = torch.get_rng_state()
+    yield
+    torch.use_deterministic_algorithms(saved[0], warn_only=saved[1])
+    torch.utils.deterministic.fill_uninitialized_memory = saved[2]
+    FlexAttention._compiled_flex_attn = saved[3]
+    FlexAttention.inductor_configs.clear()
+    FlexAttention.inductor_configs.update(saved[4])
+    torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark = saved[5], saved[6]
+    torch.set_rng_state(rng)
+
+
+def _run_set_determinism():
+    from torchtitan.config import DebugConfig
+    from torchtitan.distributed import utils as dist_utils
+
+    dist_utils.set_determinism(types.SimpleNamespace(world_size=1), torch.device("cpu"),
+                               DebugConfig(deterministic=True, seed=3), distinct_seed_mesh_dims=["pp"])
+
+
+def test_upstream_determinism_sets_cuda_variables(restore_determinism_state):
+    _run_set_determinism()  # no patch: what the NPU target must not inherit
+    assert os.environ.get("CUBLAS_WORKSPACE_CONFIG") == ":4096:8"
+    assert torch.backends.cudnn.deterministic is True
+
+
+def test_npu_determinism_keeps_deterministic_kernels_without_cuda_settings(applied, restore_determinism_state):
+    cudnn_before = (torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark)
+    _, ctx = applied("determinism", "npu")
+    _run_set_determinism()
+    assert torch.are_deterministic_algorithms_enabled(), "torch_npu reads this flag for ACL_OP_DETERMINISTIC"
+    assert torch.utils.deterministic.fill_uninitialized_memory is False
+    assert "CUBLAS_WORKSPACE_CONFIG" not in os.environ
+    assert (torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark) == cudnn_before
+    assert any("passes to ACL_OP_DETERMINISTIC" in note for note in ctx.notes)
+
+
+def test_rehearsal_determinism_sets_no_hccl_or_cuda_variables(applied, restore_determinism_state, monkeypatch):
+    monkeypatch.delenv("HCCL_DETERMINISTIC", raising=False)
+    monkeypatch.setattr("torchtitan.trainer.Trainer.init_distributed", lambda self: None)
+    from torchtitan.trainer import Trainer
+
+    applied("determinism", "cpu")
+    Trainer.init_distributed(_trainer(True))
+    _run_set_determinism()
+    assert "HCCL_DETERMINISTIC" not in os.environ and "CUBLAS_WORKSPACE_CONFIG" not in os.environ
+    assert torch.are_deterministic_algorithms_enabled()
+
+
+# -- HCCL flight recorder (collectives) ---------------------------------------------------------
+
+FLIGHT_RECORDER_VARIABLES = ("TORCH_FR_BUFFER_SIZE", "TORCH_NCCL_DUMP_ON_TIMEOUT", "TORCH_FR_DUMP_TEMP_FILE",
+                             "TORCH_NCCL_ASYNC_ERROR_HANDLING", "TORCH_HCCL_TRACE_BUFFER_SIZE",
+                             "TORCH_HCCL_DUMP_ON_TIMEOUT", "TORCH_HCCL_ENABLE_MONITORING",
+                             "TORCH_HCCL_DEBUG_INFO_TEMP_FILE", "HCCL_CONNECT_TIMEOUT", "HCCL_ASYNC_ERROR_HANDLING")
+
+
+def _init_distributed(monkeypatch, tmp_path, **comm):
+    """torchtitan's init_distributed up to (not including) creating the process group."""
+    from torchtitan.config.configs import CommConfig
+    from torchtitan.distributed import utils as dist_utils
+
+    for name in FLIGHT_RECORDER_VARIABLES:
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setattr(torch.distributed, "is_initialized", lambda: False)
+    monkeypatch.setattr(torch.distributed, "init_process_group", lambda **kwargs: None)
+    monkeypatch.setattr(torch.distributed, "get_world_size", lambda: 1)
+    dist_utils.init_distributed(CommConfig(**comm), base_folder=str(tmp_path))
+    return {name: os.environ.get(name) for name in FLIGHT_RECORDER_VARIABLES}
+
+
+@pytest.mark.parametrize("trace_buf_size", [20000, 0])
+def test_hccl_flight_recorder_carries_what_torchtitan_gives_nccl(applied, monkeypatch, tmp_path, trace_buf_size):
+    applied("collectives", "npu")
+    env = _init_distributed(monkeypatch, tmp_path, trace_buf_size=trace_buf_size,
+                            save_traces_folder="traces", save_traces_file_prefix="r_")
+    assert env["TORCH_HCCL_TRACE_BUFFER_SIZE"] == env["TORCH_FR_BUFFER_SIZE"] == str(trace_buf_size)
+    assert env["TORCH_HCCL_DUMP_ON_TIMEOUT"] == env["TORCH_NCCL_DUMP_ON_TIMEOUT"]
+    assert env["TORCH_HCCL_DEBUG_INFO_TEMP_FILE"] == env["TORCH_FR_DUMP_TEMP_FILE"]
+    if trace_buf_size:
+        assert env["TORCH_HCCL_DEBUG_INFO_TEMP_FILE"] == os.path.join(str(tmp_path), "traces", "r_")
+        assert env["TORCH_HCCL_ENABLE_MONITORING"] == "1"
+        assert os.path.isdir(tmp_path / "traces")
+    else:
+        assert env["TORCH_HCCL_DUMP_ON_TIMEOUT"] is None and env["TORCH_HCCL_ENABLE_MONITORING"] is None
+
+
+def test_user_flight_recorder_settings_are_kept(applied, monkeypatch, tmp_path):
+    applied("collectives", "npu")
+    monkeypatch.setenv("TORCH_HCCL_ENABLE_MONITORING", "0")
+    from torchtitan.config.configs import CommConfig
+    from torchtitan.distributed import utils as dist_utils
+
+    monkeypatch.setattr(torch.distributed, "is_initialized", lambda: False)
+    monkeypatch.setattr(torch.distributed, "init_process_group", lambda **kwargs: None)
+    monkeypatch.setattr(torch.distributed, "get_world_size", lambda: 1)
+    dist_utils.init_distributed(CommConfig(), base_folder=str(tmp_path))
+    assert os.environ["TORCH_HCCL_ENABLE_MONITORING"] == "0"
+
+
+# -- profiling -------------------------------------------------------------------------------------
+
+def test_npu_profiler_schedule_is_torchtitans():
+    from npu_inject.patches.profiling import npu_schedule_arguments
+    from torchtitan.tools.profiler import Profiler
+
+    config = Profiler.Config(profile_freq=10, profiler_warmup=3, profiler_active=2, profiler_repeat=4)
+    assert npu_schedule_arguments(config) == {"wait": 5, "warmup": 3, "active": 2, "repeat": 4}
+    with pytest.raises(ValueError, match=r"profile_freq \(3\) must be >= profiler_warmup \(3\) \+ profiler_active \(1\)"):
+        npu_schedule_arguments(Profiler.Config(profile_freq=3, profiler_warmup=3, profiler_active=1))
+
+
+def test_rehearsal_memory_snapshot_is_one_clear_note(applied, tmp_path, monkeypatch):
+    _, ctx = applied("profiling", "cpu")
+    from torchtitan.tools.profiler import Profiler
+
+    monkeypatch.setattr(torch.distributed, "get_rank", lambda: 0)
+    profiler = Profiler.Config(enable_memory_snapshot=True, profile_freq=1).build(base_folder=str(tmp_path))
+    with profiler as active:
+        active.step()
+        assert active.memory_profiler is None
+    assert [note for note in ctx.notes if "enable-memory-snapshot" in note] == [
+        "--profiler.enable-memory-snapshot: no snapshot in the CPU rehearsal (memory history is recorded by a "
+        "device caching allocator, torch.npu's on the NPU target; the host has none)"
+    ]
+
+
+NPU_PROFILER_PROGRAM = r"""
+import glob, os, pickle, sys
+import torch, torch_npu
+from npu_inject import registry
+from npu_inject.patching import PatchContext
+import npu_inject.patches.profiling as profiling
+spec = registry.load(None).get("profiling")
+ctx = PatchContext("profiling", "npu", dict(spec.options), declared_targets=tuple(spec.targets))
+profiling.apply(ctx)
+from torchtitan.tools import profiler as titan_profiler
+titan_profiler.device_module = torch.npu  # what the device patch gives torchtitan on the NPU target
+torch.distributed.get_rank = lambda: 0
+config = titan_profiler.Profiler.Config(enable_profiling=True, profile_freq=2, profiler_warmup=0, profiler_active=1,
+                                        enable_memory_snapshot=True, memory_snapshot_freq=2)
+folder = sys.argv[1]
+with config.build(base_folder=folder) as profiler:
+    for _ in range(2):
+        (torch.ones(64, 64, device="npu") @ torch.ones(64, 64, device="npu")).sum().item()
+        profiler.step()
+print("traces", glob.glob(os.path.join(folder, "profiling/traces/rank0_*_ascend_pt/ASCEND_PROFILER_OUTPUT/trace_view.json")))
+snapshot = pickle.load(open(os.path.join(folder, "profiling/memory_snapshot/step_000000000002/000000_step_2.pickle"), "rb"))
+print("snapshot keys", sorted(snapshot))
+print("notes", ctx.notes)
+"""
+
+
+def test_npu_profiler_and_memory_snapshot_on_the_simulated_npu(tmp_path):
+    """The NPU branch: torch_npu.profiler writes its directory layout, torch.npu.memory snapshots pickle."""
+    import subprocess
+    import sys
+
+    from testkit import REPO, clean_env, sim_env
+
+    env = sim_env(clean_env(PYTHONPATH=REPO), devices=1)
+    result = subprocess.run([sys.executable, "-c", NPU_PROFILER_PROGRAM, str(tmp_path)], env=env, cwd=REPO,
+                            capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    lines = dict(line.split(" ", 1) for line in result.stdout.splitlines() if " " in line)
+    assert lines["traces"].startswith("['") and "trace_view.json" in lines["traces"], result.stdout
+    assert "'segments'" in lines["snapshot"] and "'device_traces'" in lines["snapshot"]
+    assert "torch_npu.profiler (CPU+NPU)" in lines["notes"]
+
+
+def test_torch_npu_profiler_and_memory_apis_we_use_exist():
+    """Read from the real torch_npu 2.14.0 wheel (cached zip): the names the NPU branch calls."""
+    from verification.sim_npu import torch_npu_wheel
+
+    wheel = torch_npu_wheel.wheel()
+
+    def names(member: str) -> set[str]:
+        return torch_npu_wheel.module_names(wheel, member)
+
+    assert {"profile", "ProfilerActivity", "tensorboard_trace_handler"} <= names("torch_npu/profiler/__init__.py")
+    assert "schedule" in {a for a in names("torch_npu/profiler/__init__.py")}
+    assert {"_record_memory_history", "_snapshot"} <= names("torch_npu/npu/memory.py")
+    library = wheel.read("torch_npu/lib/libtorch_npu.so")
+    for variable in ("TORCH_HCCL_TRACE_BUFFER_SIZE", "TORCH_HCCL_DUMP_ON_TIMEOUT", "TORCH_HCCL_ENABLE_MONITORING",
+                     "TORCH_HCCL_DEBUG_INFO_TEMP_FILE", "HCCL_DETERMINISTIC", "HCCL_CONNECT_TIMEOUT",
+                     "HCCL_ASYNC_ERROR_HANDLING"):
+        assert b"\0" + variable.encode() + b"\0" in library, f"libtorch_npu.so never reads {variable}"
