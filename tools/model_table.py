@@ -1,26 +1,29 @@
 """The model coverage matrix: one debug config per torchtitan 0.3.0 family x target.
 
 ``ROWS`` is the single list both tests/e2e/test_model_matrix.py (which runs every
-row) and the README's "Model coverage" table (rendered here) come from;
-tests/test_model_table.py checks the README holds exactly what ``render()`` gives.
+row) and the table in docs/models.md (rendered here) come from;
+tests/unit/tools/test_model_table.py checks the document holds exactly what ``render()`` gives.
 
 A row either trains (loss falls over the run) or stops at start-up with
 model_guard's one line; ``stop`` is the part of that line the test looks for.
 
 Usage: python tools/model_table.py            # print the table
-       python tools/model_table.py --check    # exit 1 when README.md differs
-       python tools/model_table.py --write    # rewrite the table in README.md
+       python tools/model_table.py --check    # exit 1 when docs/models.md differs
+       python tools/model_table.py --write    # rewrite the table in docs/models.md
 """
 
 from __future__ import annotations
 
-import argparse
 import os
 import sys
 from dataclasses import dataclass
 
-README = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "README.md")
-BEGIN, END = "<!-- model-table:begin (tools/model_table.py) -->", "<!-- model-table:end -->"
+if __package__ in (None, ""):  # run as a script: the repository root holds tools/
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from tools import doc_blocks  # noqa: E402
+
+DOC = os.path.join(doc_blocks.REPO, "docs", "models.md")
+BEGIN, END = doc_blocks.markers("model-table", "tools/model_table.py")
 TARGETS = ("rehearsal", "sim_npu")
 
 
@@ -49,7 +52,7 @@ ROWS = (
     Row("qwen3", "qwen3", "qwen3_debugmodel"),
     Row("qwen3 MoE", "qwen3", "qwen3_moe_debug", ci=(),
         ci_elsewhere=(("rehearsal", "test_compile_train.py, EP 2"), ("sim_npu", "test_moe_train.py, EP 2")),
-        note="64 experts: about 2.5 min per run on 2 CPU cores"),
+        note="64 experts: the slowest MoE row on a CPU"),
     Row("deepseek_v3", "deepseek_v3", "deepseek_v3_debugmodel", ci=(),
         ci_elsewhere=(("rehearsal", "test_moe_train.py"), ("sim_npu", "test_moe_train.py, EP 2"))),
     Row("gpt_oss", "gpt_oss", "gpt_oss_debugmodel",
@@ -57,9 +60,8 @@ ROWS = (
     Row("muse_glimmer", "muse_glimmer", "muse_glimmer_debugmodel",
         note="loss falls slowly: the final norm's gain starts at 0 (logits are 0 at step 1)"),
     Row("qwen3_5", "qwen3_5", "qwen35_debugmodel",
-        note="10 steps: loss 13.07 -> 0.54 (rehearsal), 12.88 -> 0.70 (simulated NPUs); 248k vocabulary: about "
-             "2 min per step on 2 loaded CPU cores (CI: 3 steps at seq_len 128, batch 1, about 20 s each); "
-             "tests/assets/cc12m_test (tools/make_mm_assets.py)", timeout_s=2400,
+        note="248k vocabulary (most of its parameters are embedding and output), so CI trains it 3 steps at "
+             "seq_len 128, batch 1; tests/assets/cc12m_test (tools/make_mm_assets.py)", timeout_s=2400,
         ci_extra=("--training.seq_len", "128", "--training.local_batch_size", "1")),
     Row("kimi_k2_7", "kimi_k2_7", "kimi_k2_5_debugmodel", stop="optimizes with DistMuon",
         note="torchtitan's DistMuon takes CUDA parameters only (no NPU/CPU DistMuon here); its torchvision "
@@ -93,38 +95,5 @@ def render() -> str:
     return "\n".join([BEGIN, *lines, END])
 
 
-def readme_table(text: str) -> str | None:
-    start, end = text.find(BEGIN), text.find(END)
-    if start < 0 or end < 0:
-        return None
-    return text[start:end + len(END)]
-
-
-def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--check", action="store_true", help="exit 1 when README.md's table differs")
-    parser.add_argument("--write", action="store_true", help="replace the table in README.md")
-    args = parser.parse_args()
-    table = render()
-    with open(README, encoding="utf-8") as handle:
-        text = handle.read()
-    current = readme_table(text)
-    if args.write:
-        if current is None:
-            print(f"{README} has no {BEGIN} ... {END} block to replace", file=sys.stderr)
-            return 1
-        with open(README, "w", encoding="utf-8") as handle:
-            handle.write(text.replace(current, table))
-        return 0
-    if args.check:
-        if current != table:
-            print("README.md's model table differs from tools/model_table.py; run: python tools/model_table.py "
-                  "--write", file=sys.stderr)
-            return 1
-        return 0
-    print(table)
-    return 0
-
-
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(doc_blocks.main(render, DOC, BEGIN, END, __doc__.splitlines()[0]))

@@ -9,9 +9,9 @@ VENV=${VENV:-.venv}
 [ -x "$VENV/bin/python" ] || python3 -m venv "$VENV"
 PY="$VENV/bin/python"
 "$PY" -m pip install -q --upgrade pip
-# NPU users bring the torch their torch_npu pairs with; elsewhere take torch 2.14.1.
-"$PY" -c "import torch" 2>/dev/null || "$PY" -m pip install -q "torch==2.14.1"
-"$PY" -m pip install -q "torchtitan==0.3.0" -e .
+# NPU users bring the torch their torch_npu pairs with; elsewhere take the pinned torch (tools/pins.txt).
+"$PY" -c "import torch" 2>/dev/null || "$PY" -m pip install -q "$(grep '^torch==' tools/pins.txt)"
+"$PY" -m pip install -q "$(grep '^torchtitan==' tools/pins.txt)" -e .
 
 if "$PY" -c "import torch_npu" 2>/dev/null; then
   TARGET=1; NPROC=${NPROC:-$("$PY" -c "import torch, torch_npu; print(torch.npu.device_count())")}

@@ -11,8 +11,8 @@ VENV=${VENV:-.venv}
 PY="$VENV/bin/python"
 "$PY" -m pip install -q --upgrade pip
 # The test extra brings torchvision (qwen3_5's image loader), not transformers (flux's row checks its stop).
-"$PY" -m pip install -q "torch==2.14.1" "torchtitan==0.3.0" -e ".[test]"
-[ -f tools/sim_npu/build.py ] && "$PY" tools/sim_npu/build.py
+"$PY" -m pip install -q -r tools/pins.txt -e ".[test]"
+"$PY" verification/sim_npu/build.py
 export HF_HUB_OFFLINE=1
 # CI's selection: everything but the long matrices (their one-case-per-dimension members carry e2e too).
 case " $* " in

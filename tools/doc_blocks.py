@@ -1,0 +1,53 @@
+"""Generated blocks in the docs: text between ``<!-- NAME:begin (tool) -->`` and ``<!-- NAME:end -->``.
+
+One helper for every table a tool renders from the code's own data (the model table, the patch
+table): the tool gives ``render()``; tests compare the document's block with it, and the tool's
+``--write`` replaces the block.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from typing import Callable
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def markers(name: str, tool: str) -> tuple[str, str]:
+    return f"<!-- {name}:begin ({tool}) -->", f"<!-- {name}:end -->"
+
+
+def block(text: str, begin: str, end: str) -> str | None:
+    """The block in ``text``, markers included; None when the markers are absent."""
+    start, stop = text.find(begin), text.find(end)
+    if start < 0 or stop < 0:
+        return None
+    return text[start:stop + len(end)]
+
+
+def main(render: Callable[[], str], path: str, begin: str, end: str, description: str) -> int:
+    """Print the block, or with --check/--write compare it with / write it into ``path``."""
+    parser = argparse.ArgumentParser(description=description)
+    parser.add_argument("--check", action="store_true", help=f"exit 1 when {os.path.relpath(path, REPO)} differs")
+    parser.add_argument("--write", action="store_true", help=f"replace the block in {os.path.relpath(path, REPO)}")
+    args = parser.parse_args()
+    rendered = render()
+    with open(path, encoding="utf-8") as handle:
+        text = handle.read()
+    current = block(text, begin, end)
+    if args.write:
+        if current is None:
+            print(f"{path} has no {begin} ... {end} block to replace", file=sys.stderr)
+            return 1
+        with open(path, "w", encoding="utf-8") as handle:
+            handle.write(text.replace(current, rendered))
+        return 0
+    if args.check:
+        if current != rendered:
+            print(f"{path}: the generated block differs; run: python {sys.argv[0]} --write", file=sys.stderr)
+            return 1
+        return 0
+    print(rendered)
+    return 0
