@@ -36,7 +36,8 @@ from dataclasses import dataclass, field
 
 from npu_inject.errors import ConfigError
 
-EXIT_OK, EXIT_PAST_TOLERANCE = 0, 1
+# 1: run B does not match A: a step past --tolerance, or steps / metrics missing from one run.
+EXIT_OK, EXIT_MISMATCH = 0, 1
 METRICS = ("loss", "grad_norm")
 DEFAULT_TOLERANCE = 0.01
 RELATIVE_DIFFERENCE = (
@@ -289,29 +290,55 @@ class MetricComparison:
         return sum(self.relative) / len(self.relative)
 
 
-def compare(run_a: RunMetrics, run_b: RunMetrics, metrics: tuple[str, ...], tolerance: float) -> tuple[list[MetricComparison], list[str]]:
-    """Per-metric comparisons over the steps both runs have, and notes on what could not be compared."""
+def compare(run_a: RunMetrics, run_b: RunMetrics, metrics: tuple[str, ...], tolerance: float,
+            allow_prefix: bool = False) -> tuple[list[MetricComparison], list[str], list[str]]:
+    """Per-metric comparisons over the steps both runs have, notes, and what is missing.
+
+    Missing (a failure): a requested metric absent from a run, and steps of a metric held by one
+    run only, which is what a run that stopped early looks like. With ``allow_prefix`` the runs
+    are compared up to the last step of the shorter one: steps after it, in the longer run only,
+    become notes; a step missing before it is still missing.
+    """
     notes = []
+    missing = []
     comparisons = []
     for name in metrics:
         series_a, series_b = run_a.values[name], run_b.values[name]
         if not series_a or not series_b:
-            missing = " and ".join(label for label, series in (("A", series_a), ("B", series_b)) if not series)
-            notes.append(f"{name}: not compared, run {missing} has no {name} values")
+            lacking = " and ".join(label for label, series in (("A", series_a), ("B", series_b)) if not series)
+            missing.append(f"{name}: not compared, run {lacking} has no {name} values "
+                           f"(--metrics {','.join(m for m in metrics if m != name) or '...'} leaves it out)")
             continue
         common = sorted(set(series_a) & set(series_b))
         if not common:
-            notes.append(f"{name}: not compared, no step in common (A: {_ranges(sorted(series_a))}, "
+            missing.append(f"{name}: not compared, no step in common (A: {_ranges(sorted(series_a))}, "
                          f"B: {_ranges(sorted(series_b))})")
             continue
-        for label, mine, other in (("A", series_a, series_b), ("B", series_b, series_a)):
+        last_a, last_b = max(series_a), max(series_b)
+        prefix_end = min(last_a, last_b)
+        for label, mine, other, other_label in (("A", series_a, series_b, "B"), ("B", series_b, series_a, "A")):
             only = sorted(set(mine) - set(other))
-            if only:
-                notes.append(f"{name}: steps only in {label}, not compared: {_ranges(only)} ({len(only)} steps)")
+            if not only:
+                continue
+            before_end = [s for s in only if s <= prefix_end]
+            after_end = [s for s in only if s > prefix_end]
+            if before_end:
+                missing.append(f"{name}: steps only in {label}: {_ranges(before_end)} ({len(before_end)} steps), "
+                               f"missing from run {other_label} although it goes on to step {max(other)}")
+            if after_end and allow_prefix:
+                notes.append(f"{name}: steps only in {label}, not compared (--allow-prefix): "
+                             f"{_ranges(after_end)} ({len(after_end)} steps)")
+            elif after_end:
+                missing.append(
+                    f"{name}: steps only in {label}: {_ranges(after_end)} ({len(after_end)} steps): run "
+                    f"{other_label} ends at step {max(other)}, run {label} at step {max(mine)} (run "
+                    f"{other_label} stopped early: crashed, killed, or given fewer --training.steps?); "
+                    f"--allow-prefix compares the steps up to {max(other)} only"
+                )
         a = [series_a[s] for s in common]
         b = [series_b[s] for s in common]
         comparisons.append(MetricComparison(name, common, a, b, [relative_difference(x, y) for x, y in zip(a, b)], tolerance))
-    return comparisons, notes
+    return comparisons, notes, missing
 
 
 def _ranges(steps: list[int]) -> str:
@@ -430,14 +457,14 @@ def cmd_compare(args) -> int:
     if args.plot:
         _require_matplotlib()  # before reading runs: fail fast
     run_a, run_b = read_run(args.run_a, args.rank), read_run(args.run_b, args.rank)
-    comparisons, notes = compare(run_a, run_b, metrics, args.tolerance)
+    comparisons, notes, missing = compare(run_a, run_b, metrics, args.tolerance, args.allow_prefix)
     for label, run in (("A", run_a), ("B", run_b)):
         steps = run.steps()
         print(f"{label}: {run.source} ({len(steps)} steps, {_ranges(steps)})")
     for note in run_a.notes + run_b.notes:
         print(f"note: {note}")
     if not comparisons:
-        raise RunInputError("nothing to compare: " + "; ".join(notes))
+        raise RunInputError("nothing to compare: " + "; ".join(missing))
     print(f"rel = |B - A| / |A| (A: reference); * marks a step past --tolerance {args.tolerance:g}")
     print()
     for line in format_table(comparisons, args.all_steps):
@@ -450,16 +477,24 @@ def cmd_compare(args) -> int:
     if args.plot:
         write_plot(args.plot, comparisons, args.run_a, args.run_b, args.tolerance)
         print(f"plot: {args.plot}")
+    for problem in missing:
+        print(f"INCOMPLETE: {problem}")
     diverged = [(c.first_past_tolerance, c) for c in comparisons if c.first_past_tolerance is not None]
-    if not diverged:
-        print(f"OK: every compared step within tolerance {args.tolerance:g}")
-        return EXIT_OK
-    step = min(first for first, _ in diverged)
-    at_step = [c for first, c in diverged if first == step]
-    details = ", ".join(f"{c.name} {c.a[c.steps.index(step)]:.6g} -> {c.b[c.steps.index(step)]:.6g}, "
-                        f"rel {c.relative[c.steps.index(step)]:.2e}" for c in at_step)
-    print(f"DIVERGED: first step past tolerance {args.tolerance:g}: step {step} ({details})")
-    return EXIT_PAST_TOLERANCE
+    if diverged:
+        step = min(first for first, _ in diverged)
+        at_step = [c for first, c in diverged if first == step]
+        details = ", ".join(f"{c.name} {c.a[c.steps.index(step)]:.6g} -> {c.b[c.steps.index(step)]:.6g}, "
+                            f"rel {c.relative[c.steps.index(step)]:.2e}" for c in at_step)
+        print(f"DIVERGED: first step past tolerance {args.tolerance:g}: step {step} ({details})")
+    if diverged or missing:
+        return EXIT_MISMATCH
+    compared = sorted(set().union(*(c.steps for c in comparisons)))
+    longest = max(len(run_a.steps()), len(run_b.steps()))
+    scope = f"{len(compared)} steps compared ({_ranges(compared)})"
+    if args.allow_prefix and len(compared) < longest:
+        scope += f", a prefix comparison (--allow-prefix): {longest - len(compared)} later step(s) of the longer run not compared"
+    print(f"OK: every compared step within tolerance {args.tolerance:g}; {scope}")
+    return EXIT_OK
 
 
 def add_parser(subparsers) -> argparse.ArgumentParser:
@@ -471,9 +506,11 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
             "Align two torchtitan runs by step and compare their loss and grad norm. A run is a log "
             "file (torchrun's output; ANSI colours and [rankN]: prefixes are fine), a TensorBoard "
             "event file, a JSONL file, or a dump folder holding one of them. "
-            f"The {RELATIVE_DIFFERENCE}. Steps present in one run only are listed, not compared. "
-            "Exit 0: every compared step within --tolerance; 1: a step past it (the first one is "
-            "printed); 2: a run cannot be read."
+            f"The {RELATIVE_DIFFERENCE}. Both runs must hold the same steps and every --metrics "
+            "metric: a step or metric present in one run only (a run that crashed or was stopped "
+            "early) fails, unless --allow-prefix. "
+            "Exit 0: every step compared and within --tolerance; 1: a step past it (the first one is "
+            "printed), or steps / metrics missing from one run (named); 2: a run cannot be read."
         ),
     )
     parser.add_argument("run_a", metavar="RUN_A", help="reference run (e.g. GPU or CPU rehearsal)")
@@ -487,6 +524,10 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     parser.add_argument("--plot", metavar="PNG", default=None,
                         help="write both curves and their relative difference to this PNG "
                         "(needs matplotlib: pip install 'npu-inject[plot]')")
+    parser.add_argument("--allow-prefix", action="store_true",
+                        help="compare the runs up to the last step of the shorter one (e.g. a short "
+                        "NPU run against a long reference); the later steps of the longer run are "
+                        "listed, not compared. A step missing before that point still fails")
     parser.add_argument("--all-steps", action="store_true",
                         help="print every compared step (default: up to 20 rows, long runs abridged)")
     parser.set_defaults(run=cmd_compare)

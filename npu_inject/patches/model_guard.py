@@ -14,8 +14,9 @@ both targets:
 * while the config function runs: a quantization converter (float8, MXFP8,
   NVFP4) that refuses the device becomes a line naming the recipe and its needs;
 * after the command line is merged: an optimizer torchtitan runs on CUDA only
-  (kimi_k2_7's DistMuon) stops, and local data the config reads
-  (``tests/assets/...`` data sets, SFT ``data_files``, Flux's autoencoder) must exist.
+  (kimi_k2_7's DistMuon) stops, and local data the config reads must exist: the data set
+  path torchtitan resolves (``--dataloader.dataset_path``, else the name's default such as
+  ``tests/assets/c4_test``), SFT ``data_files``, Flux's autoencoder.
 
 Each stop is ``SystemExit`` with one line that names what is missing and how to
 get it (the optional packages are the ``npu-inject[models]`` extra). Configs that
@@ -59,7 +60,10 @@ STANDIN_FAMILIES = {
                 "which neither the NPU nor the CPU rehearsal runs; enable patch gated_delta_net (on by default) "
                 "to run them in chunked PyTorch"),
 }
-# torchtitan 0.3.0's data sets read from the working directory (its repository's tests/assets).
+# torchtitan 0.3.0's data set names whose default path is local: its registries (hf_datasets/
+# text_datasets.py DATASETS, hf_datasets/multimodal/mm_datasets.py MM_DATASETS, models/flux/
+# flux_datasets.py DATASETS) resolve `path = dataset_path or default` for the lowercased name, a
+# default relative to the working directory (its repository's tests/assets).
 LOCAL_DATASETS = {
     "c4_test": ("tests/assets/c4_test", "python tools/make_assets.py writes it"),
     "cc12m-test": ("tests/assets/cc12m_test", "python tools/make_mm_assets.py writes a small image-text set "
@@ -124,14 +128,46 @@ def optimizer_problem(config, config_name: str | None, target: str) -> str | Non
     return None
 
 
+def _hub_id_or_builder(path: str) -> bool:
+    """Whether datasets.load_dataset (4.x, dataset_module_factory) takes a path that is no local
+    directory as a Hub data set id or a packaged builder ('json', 'parquet'): a relative path with at
+    most one '/'. Any other path must be a local directory; a URL is not checked."""
+    return "://" in path or (not os.path.isabs(path) and path.count("/") <= 1)
+
+
+def _dataset_problem(loader, flag: str, config_name: str | None) -> str | None:
+    """The local data set ``loader`` (a dataloader config, or one of its sources) reads, if missing."""
+    name = str(getattr(loader, "dataset", "") or "").lower()
+    given = getattr(loader, "dataset_path", None)
+    if given:  # torchtitan: path = dataset_path or the name's default
+        if os.path.isdir(given) or _hub_id_or_builder(given):
+            return None
+        what = "is a file" if os.path.exists(given) else "does not exist"
+        return (f"--config {config_name}: {flag} {os.path.abspath(given)} {what}; torchtitan reads "
+                f"{'data set ' + repr(name) if name else 'the data set'} from there with "
+                "datasets.load_dataset, which needs a directory (or a Hub id such as 'allenai/c4')")
+    if name in LOCAL_DATASETS:
+        path, how = LOCAL_DATASETS[name]
+        if not os.path.isdir(path):
+            return (f"--config {config_name} reads data set {name!r} from {os.path.abspath(path)} (torchtitan's "
+                    f"default for that name, relative to the working directory), which does not exist: {how}, "
+                    f"or pass {flag} DIR")
+    return None
+
+
 def data_problem(config, config_name: str | None) -> str | None:
     dataloader = getattr(config, "dataloader", None)
-    dataset = getattr(dataloader, "dataset", None)
-    if dataset in LOCAL_DATASETS:
-        path, how = LOCAL_DATASETS[dataset]
-        if not os.path.exists(path):
-            return (f"--config {config_name} reads data set {dataset!r} from {os.path.abspath(path)}, "
-                    f"which does not exist: {how}")
+    validator = getattr(config, "validator", None)
+    loaders = [("--dataloader", dataloader)]
+    if getattr(validator, "enable", False):
+        loaders.append(("--validator.dataloader", getattr(validator, "dataloader", None)))
+    for prefix, loader in loaders:
+        sources = getattr(loader, "sources", None)  # the Interleaved* loaders read each source
+        for flag, source in ([(f"{prefix}.sources[{i}].dataset_path", x) for i, x in enumerate(sources)]
+                             if isinstance(sources, list) else [(f"{prefix}.dataset_path", loader)]):
+            problem = _dataset_problem(source, flag, config_name)
+            if problem is not None:
+                return problem
     data_files = (getattr(dataloader, "load_dataset_kwargs", None) or {}).get("data_files")
     for path in [data_files] if isinstance(data_files, str) else list(data_files or ()):
         if isinstance(path, str) and not os.path.exists(path):

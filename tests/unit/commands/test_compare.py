@@ -157,13 +157,63 @@ def test_exit_codes_table_and_first_diverging_step(tmp_path, capsys):
     assert "DIVERGED: first step past tolerance 0.01: step 3 (loss 7 -> 7.14, rel 2.00e-02)" in out
     assert "loss           4          2.00e-02 (3)   5.00e-03  3" in out
     assert "grad_norm      4          5.00e-03 (4)   1.25e-03  -" in out
-    assert "note: loss: steps only in B, not compared: 5 (1 steps)" in out
+    assert "INCOMPLETE: loss: steps only in B: 5 (1 steps): run A ends at step 4, run B at step 5" in out
     row = next(line for line in out.splitlines() if line.startswith("     3 "))
     assert row.split()[:4] == ["3", "7", "7.14", "2.00e-02*"]
 
-    assert cli.main(["compare", a, perturbed, "--tolerance", "0.03"]) == 0
+    # Within tolerance, but step 5 is in B only: compared as a prefix when asked to.
+    assert cli.main(["compare", a, perturbed, "--tolerance", "0.03"]) == 1
+    assert cli.main(["compare", a, perturbed, "--tolerance", "0.03", "--allow-prefix"]) == 0
     assert cli.main(["compare", a, perturbed, "--tolerance", "0.001", "--metrics", "grad_norm"]) == 1
     assert "step 4 (grad_norm 1 -> 1.005, rel 5.00e-03)" in capsys.readouterr().out
+
+
+TEN_STEPS = [(step, 10.0 - step / 4, 2.0 - step / 10) for step in range(1, 11)]
+
+
+def test_a_run_that_stopped_early_fails_naming_the_missing_steps(tmp_path, capsys):
+    # A crashed NPU run holds the reference's first 2 steps, both equal to it.
+    a = write_log(tmp_path / "a.log", TEN_STEPS)
+    crashed = write_log(tmp_path / "b.log", TEN_STEPS[:2])
+    assert cli.main(["compare", a, crashed]) == 1
+    out = capsys.readouterr().out
+    assert "OK" not in out
+    for metric in ("loss", "grad_norm"):
+        assert (f"INCOMPLETE: {metric}: steps only in A: 3-10 (8 steps): run B ends at step 2, run A at step 10 "
+                "(run B stopped early") in out
+    # The reference shorter than B: the same failure, the other way round.
+    assert cli.main(["compare", crashed, a]) == 1
+    assert "INCOMPLETE: loss: steps only in B: 3-10 (8 steps): run A ends at step 2" in capsys.readouterr().out
+
+
+def test_allow_prefix_compares_the_steps_of_the_shorter_run_and_says_so(tmp_path, capsys):
+    a = write_log(tmp_path / "a.log", TEN_STEPS)
+    crashed = write_log(tmp_path / "b.log", TEN_STEPS[:2])
+    assert cli.main(["compare", a, crashed, "--allow-prefix"]) == 0
+    out = capsys.readouterr().out
+    assert ("OK: every compared step within tolerance 0.01; 2 steps compared (1-2), a prefix comparison "
+            "(--allow-prefix): 8 later step(s) of the longer run not compared") in out
+    assert "note: loss: steps only in A, not compared (--allow-prefix): 3-10 (8 steps)" in out
+    assert "INCOMPLETE" not in out
+    # A step missing inside the compared prefix is not a prefix: it still fails.
+    gap = write_log(tmp_path / "gap.log", TEN_STEPS[:1] + TEN_STEPS[2:4])
+    assert cli.main(["compare", a, gap, "--allow-prefix"]) == 1
+    out = capsys.readouterr().out
+    assert "INCOMPLETE: loss: steps only in A: 2 (1 steps), missing from run B although it goes on to step 4" in out
+    assert "OK" not in out
+
+
+def test_a_metric_missing_from_one_run_fails_naming_it(tmp_path, capsys):
+    a = write_log(tmp_path / "a.log", REFERENCE)
+    loss_only = tmp_path / "b.jsonl"
+    loss_only.write_text("".join(json.dumps({"step": step, "loss": loss}) + "\n" for step, loss, _ in REFERENCE))
+    for extra in ([], ["--allow-prefix"]):
+        assert cli.main(["compare", a, str(loss_only), *extra]) == 1
+        out = capsys.readouterr().out
+        assert "INCOMPLETE: grad_norm: not compared, run B has no grad_norm values (--metrics loss leaves it out)" in out
+        assert "OK" not in out
+    assert cli.main(["compare", a, str(loss_only), "--metrics", "loss"]) == 0
+    assert "OK: every compared step within tolerance 0.01; 4 steps compared (1-4)" in capsys.readouterr().out
 
 
 def test_bad_input_exits_2_naming_the_path(tmp_path, capsys):
@@ -214,6 +264,8 @@ def test_help_states_the_relative_difference(capsys):
         cli.main(["compare", "--help"])
     help_text = " ".join(capsys.readouterr().out.split())
     assert "relative difference at a step = |B - A| / |A|, RUN_A being the reference" in help_text
+    assert "a step or metric present in one run only (a run that crashed or was stopped early) fails" in help_text
+    assert "--allow-prefix compare the runs up to the last step of the shorter one" in help_text
 
 
 def test_compare_imports_neither_torch_nor_plotting_nor_tensorboard(tmp_path):

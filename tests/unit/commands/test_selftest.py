@@ -127,9 +127,65 @@ def test_selftest_runs_on_the_simulated_npu_and_says_what_it_proves():
                             env=env, cwd=REPO, capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     assert selftest.SIMULATED_NOTE in result.stdout
-    for case in selftest.CASES:
-        assert case.name in result.stdout
-    assert "PASS" in result.stdout and "0 failed" in result.stdout
+    # One row per case and dtype: "<case>  <dtype>  <result>  ..."; the skipped ones are exactly
+    # those EXPECTED_SKIPS lists for the simulated NPU, in both dtypes.
+    results = {}
+    for line in result.stdout.splitlines():
+        for case in selftest.CASES:
+            fields = line[len(case.name):].split()
+            if line.startswith(case.name + " ") and fields[0] in ("float32", "bfloat16"):
+                results[case.name, fields[0]] = fields[1]
+    assert len(results) == 2 * len(selftest.CASES), result.stdout
+    skipped = sorted(key for key, status in results.items() if status == "SKIP")
+    assert skipped == sorted((case, dtype) for case in selftest.EXPECTED_SKIPS["simulated"]
+                             for dtype in ("float32", "bfloat16")), result.stdout
+    assert set(results.values()) == {"PASS", "SKIP"}, result.stdout
+    passed = sum(status == "PASS" for status in results.values())
+    assert f"{passed} PASS, {len(skipped)} SKIP, 0 FAIL " in result.stdout, result.stdout
+    for case, reason in selftest.EXPECTED_SKIPS["simulated"].items():
+        assert f"expected SKIP on target simulated: {case}: {reason}" in result.stdout
+
+
+def test_expected_skips_name_existing_cases_with_a_reason():
+    names = {case.name for case in selftest.CASES}
+    assert set(selftest.EXPECTED_SKIPS) == {"simulated", "npu"}
+    for target, skips in selftest.EXPECTED_SKIPS.items():
+        for case, reason in skips.items():
+            assert case in names and reason, (target, case)
+
+
+def _fake_torch_npu_without(monkeypatch, op: str):
+    """A simulated torch_npu whose ops are the reference's, less ``op``, on the host as "device"."""
+    ops = {name: getattr(reference, name) for name in {case.op for case in selftest.CASES}
+           if name != op and hasattr(reference, name)}
+    monkeypatch.setitem(sys.modules, "torch_npu", types.SimpleNamespace(__simulated__=True, __version__="fake", **ops))
+    monkeypatch.setattr(torch, "npu", types.SimpleNamespace(get_device_name=lambda index: "host"), raising=False)
+
+
+def test_a_case_that_newly_skips_fails_the_command(monkeypatch, capsys):
+    parser = selftest.add_parser(__import__("argparse").ArgumentParser().add_subparsers())
+    args = parser.parse_args(["--device", "cpu", "--dtype", "float32", "--case", "swiglu"])
+    _fake_torch_npu_without(monkeypatch, "npu_grouped_matmul")  # swiglu is still there
+    assert selftest.cmd_selftest(args) == selftest.EXIT_OK
+    assert "1 PASS, 0 SKIP, 0 FAIL " in capsys.readouterr().out
+
+    _fake_torch_npu_without(monkeypatch, "npu_swiglu")  # the stand-in lost an op: its case skips
+    assert selftest.cmd_selftest(args) == selftest.EXIT_MISMATCH
+    out = capsys.readouterr().out
+    assert "0 PASS, 0 SKIP, 1 FAIL " in out, out
+    name = "swiglu dim -2 (gate, up stacked)"
+    row = next(line for line in out.splitlines() if line.startswith(name))
+    assert row[len(name):].split()[:2] == ["float32", "FAIL"] and ("unexpected SKIP, not in EXPECTED_SKIPS['simulated']: "
+                                         "torch_npu has no npu_swiglu") in row, row
+
+    # The listed skip passes; the same case skipping on a real NPU's list (none) would not.
+    args = parser.parse_args(["--device", "cpu", "--dtype", "float32", "--case", "grouped_matmul"])
+    assert selftest.cmd_selftest(args) == selftest.EXIT_OK
+    out = capsys.readouterr().out
+    assert "1 PASS, 1 SKIP, 0 FAIL " in out, out
+    rows = selftest.fail_unexpected_skips([selftest.Row("grouped_matmul group_type 2 (expert weight gradient)",
+                                                        "float32", "SKIP", detail="x")], "npu")
+    assert rows[0].status == "FAIL" and "EXPECTED_SKIPS['npu']" in rows[0].detail
 
 
 def test_every_case_calls_torch_npu_with_its_real_parameter_names():

@@ -8,6 +8,7 @@ import types
 import pytest
 
 from npu_inject.patches import model_guard
+from testkit import clean_env, run_python
 
 
 @pytest.mark.parametrize("args,expected", [
@@ -60,6 +61,71 @@ def test_missing_local_data_is_named_with_its_absolute_path(tmp_path, monkeypatc
     assert "tools/make_mm_assets.py" in problem, problem
     os.makedirs("tests/assets/cc12m_test")
     assert model_guard.data_problem(image_text, "qwen35_debugmodel") is None
+
+
+# A user's own corpus, outside this repository, run from a directory without tests/assets: the
+# patched ConfigManager (TORCHTITAN_NPU=cpu, the .pth bootstrap) parses as torchtitan.train does.
+PARSE_WITH_GUARD = """
+import sys
+from torchtitan.config import ConfigManager
+for path in sys.argv[1:]:
+    try:
+        config = ConfigManager().parse_args(["--module", "llama3", "--config", "llama3_debugmodel",
+                                             "--dataloader.dataset_path", path])
+    except SystemExit as exc:
+        print("STOP", exc.code)
+    else:
+        print("PASS", config.dataloader.dataset, config.dataloader.dataset_path)
+"""
+
+
+def test_dataset_path_outside_the_repository_is_what_the_guard_checks(tmp_path):
+    corpus = tmp_path / "my_corpus"
+    corpus.mkdir()
+    (corpus / "train.json").write_text('{"text": "hello"}\n')
+    missing = tmp_path / "not_here"
+    work = tmp_path / "cwd"  # no tests/assets here: torchtitan's default for c4_test does not exist
+    work.mkdir()
+    code = PARSE_WITH_GUARD.replace("sys.argv[1:]", repr([str(corpus), str(missing)]))
+    result = run_python(code, env=clean_env(TORCHTITAN_NPU="cpu", HF_HUB_OFFLINE="1"), cwd=str(work))
+    lines = [line for line in result.stdout.splitlines() if line.startswith(("PASS", "STOP"))]
+    assert result.returncode == 0 and len(lines) == 2, result.stdout[-3000:] + result.stderr[-3000:]
+    assert lines[0] == f"PASS c4_test {corpus}"
+    assert lines[1] == (f"STOP npu_inject model_guard: --config llama3_debugmodel: --dataloader.dataset_path "
+                        f"{missing} does not exist; torchtitan reads data set 'c4_test' from there with "
+                        "datasets.load_dataset, which needs a directory (or a Hub id such as 'allenai/c4')")
+
+
+def test_dataset_path_resolves_as_torchtitan_and_datasets_do(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+
+    def text(**loader):
+        return types.SimpleNamespace(dataloader=types.SimpleNamespace(**loader))
+
+    os.makedirs("data/sets/c4")  # relative to the working directory, as load_dataset reads it
+    assert model_guard.data_problem(text(dataset="C4_TEST", dataset_path="data/sets/c4"), "c") is None
+    problem = model_guard.data_problem(text(dataset="c4_test", dataset_path=""), "c")  # "" -> the default
+    assert os.path.join(str(tmp_path), "tests/assets/c4_test") in problem and "--dataloader.dataset_path DIR" in problem
+    problem = model_guard.data_problem(text(dataset="c4_test", dataset_path="data/sets/c5"), "c")
+    assert f"--dataloader.dataset_path {tmp_path}/data/sets/c5 does not exist" in problem, problem
+    open("data/corpus.json", "w").close()
+    problem = model_guard.data_problem(text(dataset="c4", dataset_path=str(tmp_path / "data/corpus.json")), "c")
+    assert f"--dataloader.dataset_path {tmp_path}/data/corpus.json is a file" in problem, problem
+    # Hub ids and packaged builders (a relative path with at most one '/') are not local data.
+    for path in ("allenai/c4", "json", "hf://datasets/allenai/c4"):
+        assert model_guard.data_problem(text(dataset="c4_test", dataset_path=path), "c") is None, path
+    assert model_guard.data_problem(text(dataset="c4"), "c") is None  # its default is on the Hub
+    # Interleaved loaders read each source; an enabled validator reads its own loader.
+    sources = [types.SimpleNamespace(dataset="c4_test", dataset_path="data/sets/c4"),
+               types.SimpleNamespace(dataset="c4_test", dataset_path=str(tmp_path / "gone"))]
+    problem = model_guard.data_problem(text(sources=sources), "c")
+    assert f"--dataloader.sources[1].dataset_path {tmp_path}/gone does not exist" in problem, problem
+    validator = types.SimpleNamespace(enable=True, dataloader=types.SimpleNamespace(dataset="c4_test"))
+    config = types.SimpleNamespace(dataloader=types.SimpleNamespace(dataset="c4", dataset_path=None),
+                                   validator=validator)
+    assert "pass --validator.dataloader.dataset_path DIR" in model_guard.data_problem(config, "c")
+    validator.enable = False
+    assert model_guard.data_problem(config, "c") is None
 
 
 def test_cuda_only_optimizer_is_named_with_the_target():
