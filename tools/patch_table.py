@@ -1,10 +1,7 @@
 """The patch table in docs/patches.md, rendered from registry.json (the catalog is its one source).
 
-tests/unit/tools/test_patch_table.py checks the document holds exactly what ``render()`` gives.
-
-Usage: python tools/patch_table.py            # print the table
-       python tools/patch_table.py --check    # exit 1 when docs/patches.md differs
-       python tools/patch_table.py --write    # rewrite the table in docs/patches.md
+``python tools/patch_table.py --write`` rewrites it (``--check``: exit 1 when stale; no flag: print);
+tests/unit/tools/test_patch_table.py fails when the document differs from ``render()``.
 """
 
 from __future__ import annotations
