@@ -10,7 +10,7 @@ its memory snapshots call ``device_module.memory._record_memory_history`` and
   ``schedule(wait, warmup, active, repeat, skip_first, skip_first_wait)`` torchtitan
   derives from its config, and ``torch_npu.profiler.tensorboard_trace_handler`` as the
   writer: each profiled window becomes ``<dump_folder>/<save_traces_folder>/
-  rank<R>_<timestamp>_ascend_pt/`` (torch_npu's layout; ``ASCEND_PROFILER_OUTPUT/
+  rank<R>_<pid>_<timestamp>_ascend_pt/`` (torch_npu's layout; ``ASCEND_PROFILER_OUTPUT/
   trace_view.json`` is the Chrome trace, also readable by MindStudio Insight), not
   torchtitan's ``iteration_<step>/rank<R>_trace.json.gz``. A configured
   ``trace_post_processor`` is not called (it expects torchtitan's single file); the

@@ -1,14 +1,38 @@
-"""A contract with the real torch_npu 2.14.0: what we call exists there, with the names we pass.
+"""A contract with the real torch_npu 2.14.0: what we call exists there, with the names we pass,
+and the simulated NPU's stand-in offers the same names and writes what torch_npu writes.
 
 The wheel is downloaded once with ``pip download --no-deps`` (cached in
 ``$NPU_INJECT_WHEEL_CACHE`` or ``~/.cache/npu_inject/wheels``) and read as a zip:
 never installed, never imported (that needs Ascend's CANN libraries). Op schemas
 come from ``torch_npu/csrc/aten/npu_native_functions_by_codegen.yaml``; Python
-APIs from the package's own sources, parsed with :mod:`ast`.
+APIs from the package's own sources, parsed with :mod:`ast` (tests/support/torch_npu_source.py).
 
-Our side is read from source too: every ``<anything>.npu_*(...)`` call in the
-runtime, the patches and the simulated NPU's stand-in, every ``npu_*`` the
+Our side is read from source too: every name rooted at ``torch_npu``, ``torch.npu`` or
+``torch.ops.npu`` in the runtime and the patches, however it is reached (aliases,
+``getattr``, importlib strings, returns, arguments, ``python -c`` strings), with the keywords
+of each call, ``**mapping`` keys included; and, through the device patch's
+``ctx.replace(... device_module, torch.npu)``, every ``device_module.*`` use in the installed
+torchtitan. Every ``<anything>.npu_*(...)`` call in the stand-in too, every ``npu_*`` the
 stand-in defines, and the reference kernels' parameter lists.
+
+The debug outputs: the trace folder that torch_npu's ``tensorboard_trace_handler`` makes is
+computed by running the wheel's own path-creator code on a fixed pid, host and clock; the
+output folder, file name and JSON form of the trace, and the keys of
+``torch.npu.memory._snapshot()``, are read from the wheel's source. The stand-in must match.
+
+What this cannot prove: that a name behaves as we assume (only that it exists and takes the
+keywords); anything implemented in compiled code (``torch_npu._C``: an attribute of a compiled
+object counts as present when the wheel's own Python reads it, and its parameters are not
+checked); names computed at run time beyond the two forms read here (``getattr`` with a
+non-constant name stands for the file's ``npu_*`` constants; a ``**mapping`` whose keys cannot
+be derived fails the test rather than pass unchecked), such as selftest's per-case keyword
+dicts passed through ``getattr(torch_npu, case.op)`` or torchtitan's ``torch.get_device_module``;
+``device_module`` uses torchtitan would make in code not installed here; that the trace's
+events or the snapshot's segments look like a real NPU's (the stand-in records host activity
+and no allocator history); and what torch_npu writes besides ``trace_view.json``.
+Dunder names probed with a default (``getattr(torch_npu, "__simulated__", False)``) need not be
+in the wheel; names the code probes for and handles missing (``getattr``/``hasattr`` with a
+default, ``find_spec``, a ``try`` catching the error) need not be in the stand-in.
 """
 
 from __future__ import annotations
@@ -22,7 +46,8 @@ import zipfile
 
 import pytest
 
-from testkit import REPO
+import torch_npu_source
+from testkit import REPO, clean_env, sim_env
 
 sys.path.insert(0, REPO)
 from verification.sim_npu import torch_npu_wheel  # noqa: E402
@@ -31,13 +56,7 @@ OUR_SOURCES = glob.glob(os.path.join(REPO, "npu_inject", "**", "*.py"), recursiv
 STAND_IN_SOURCES = glob.glob(os.path.join(REPO, "verification", "sim_npu", "site", "torch_npu", "**", "*.py"), recursive=True)
 # A moved folder must not leave the contract checking nothing.
 assert any(os.sep + "patches" + os.sep in path for path in OUR_SOURCES) and STAND_IN_SOURCES, (OUR_SOURCES, STAND_IN_SOURCES)
-# torch.npu calls made by torchtitan 0.3.0 (tools/utils.py, components/metrics.py,
-# distributed/utils.py, trainer.py) and by the patches, through the device module.
-DEVICE_MODULE_CALLS = {
-    "is_available", "device_count", "current_device", "set_device", "synchronize", "get_device_name",
-    "get_device_properties", "memory_stats", "reset_peak_memory_stats", "empty_cache", "manual_seed",
-    "Stream", "Event", "current_stream", "stream", "memory_allocated", "max_memory_allocated",
-}
+STAND_IN_PROFILER = os.path.join(REPO, "verification", "sim_npu", "site", "torch_npu", "profiler.py")
 
 
 @pytest.fixture(scope="module")
@@ -123,10 +142,147 @@ def test_reference_kernels_accept_only_real_parameter_names(schemas):
         )
 
 
-def test_python_apis_we_use_exist(wheel):
-    npu_module = torch_npu_wheel.module_names(wheel, "torch_npu/npu/__init__.py")
-    missing = sorted(DEVICE_MODULE_CALLS - npu_module)
-    assert not missing, f"torch.npu (torch_npu/npu/__init__.py) lacks {missing}"
+@pytest.fixture(scope="module")
+def api(wheel, schemas) -> torch_npu_source.WheelAPI:
+    return torch_npu_source.WheelAPI(wheel, set(schemas))
+
+
+@pytest.fixture(scope="module")
+def uses() -> list[torch_npu_source.Use]:
+    import torchtitan
+
+    return torch_npu_source.derive_uses(OUR_SOURCES, REPO, [os.path.dirname(torchtitan.__file__)])
+
+
+def _op_problem(use: torch_npu_source.Use, schemas) -> str:
+    name = use.chain[-1]
+    if use.keywords is None:
+        return ""
+    fits = [params for params in schemas[name]
+            if set(use.keywords) <= set(params) and (use.positional is None or use.positional <= len(params))]
+    return "" if fits else (f"{use.where}: {name} has no overload taking keywords {list(use.keywords)} after "
+                            f"{use.positional} positional arguments; overloads: {schemas[name]}")
+
+
+def test_every_torch_npu_name_we_use_is_in_the_wheel(uses, api, schemas):
+    """Each name our runtime and patches use (and torchtitan's device_module uses, which the device
+    patch points at torch.npu) resolves in the wheel's sources; each call's keywords are accepted."""
+    problems = []
+    for use in uses:
+        if use.optional and use.chain[-1].startswith("__"):
+            continue  # a module metadata probe with a default, e.g. the stand-in's __simulated__ marker
+        problem = torch_npu_source.check_in_wheel(use, api)
+        if not problem and api.resolve(use.chain)[0].kind == "op":
+            problem = _op_problem(use, schemas)
+        if problem:
+            problems.append(problem)
+    assert not problems, "\n".join(sorted(set(problems)))
+
+
+def test_a_name_the_wheel_lacks_fails_with_its_place(tmp_path, api):
+    """The reader sees each way a name is reached, and a missing name or keyword is reported at its line."""
+    source = tmp_path / "probe_module.py"
+    source.write_text(
+        "import importlib\n"
+        "import torch\n"
+        "import torch_npu.profiler as p\n"
+        "def device():\n"
+        "    return getattr(torch, 'npu')\n"
+        "def run(module):\n"
+        "    module.memory._snapshot(no_such_keyword=1)\n"
+        "run(device())\n"
+        "p.tensorboard_trace_handler('x', worker_name='w')\n"
+        "p.no_such_profiler_name()\n"
+        "importlib.import_module('torch_npu._no_such_module')\n"
+        "settings = {'wait': 1}\n"
+        "p.schedule(**settings)\n"
+    )
+    uses = torch_npu_source.derive_uses([str(source)], str(tmp_path), [])
+    problems = {use.dotted: torch_npu_source.check_in_wheel(use, api) for use in uses}
+    assert problems["torch_npu.profiler.tensorboard_trace_handler"] == ""
+    assert problems["torch_npu.profiler.schedule"] == ""
+    assert problems["torch.npu.memory._snapshot"].startswith("probe_module.py:7: torch.npu.memory._snapshot")
+    assert "takes no keyword ['no_such_keyword']" in problems["torch.npu.memory._snapshot"]
+    assert problems["torch_npu.profiler.no_such_profiler_name"].startswith(
+        "probe_module.py:10: torch_npu.profiler.no_such_profiler_name: missing from torch_npu")
+    assert "probe_module.py:11: torch_npu._no_such_module: missing" in problems["torch_npu._no_such_module"]
+
+
+STAND_IN_PROGRAM = r"""
+import importlib, inspect, json, sys
+import torch, torch_npu
+problems = []
+for where, chain, keywords in json.load(sys.stdin):
+    value, reached = (torch.npu, chain[:2]) if chain[:2] == ["torch", "npu"] else (torch_npu, chain[:1])
+    for attribute in chain[len(reached):]:
+        reached.append(attribute)
+        if not hasattr(value, attribute) and inspect.ismodule(value):
+            try:
+                importlib.import_module(value.__name__ + "." + attribute)
+            except ImportError:
+                pass
+        if not hasattr(value, attribute):
+            problems.append(f"{where}: the stand-in's {'.'.join(reached[:-1])} has no {attribute}")
+            break
+        value = getattr(value, attribute)
+    else:
+        if keywords:
+            parameters = inspect.signature(value).parameters.values()
+            if not any(p.kind is p.VAR_KEYWORD for p in parameters):
+                unknown = sorted(set(keywords) - {p.name for p in parameters if p.kind is not p.POSITIONAL_ONLY})
+                if unknown:
+                    problems.append(f"{where}: the stand-in's {'.'.join(chain)} takes no keyword {unknown}")
+snapshot = torch.npu.memory._snapshot()
+print(json.dumps({"problems": problems, "snapshot": snapshot}, default=repr))
+"""
+
+
+@pytest.fixture(scope="module")
+def stand_in(uses) -> dict:
+    """The stand-in, imported on one simulated NPU: the names we need that it lacks, and a memory snapshot."""
+    import json
+    import subprocess
+
+    required = [(use.where, list(use.chain), list(use.keywords or ())) for use in uses
+                if not use.optional and use.chain[:3] != ("torch", "ops", "npu")]
+    result = subprocess.run([sys.executable, "-c", STAND_IN_PROGRAM], input=json.dumps(required),
+                            env=sim_env(clean_env(), devices=1), cwd=REPO, capture_output=True, text=True,
+                            timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    return json.loads(result.stdout.splitlines()[-1])
+
+
+def test_the_stand_in_offers_every_name_we_use(stand_in):
+    assert not stand_in["problems"], "\n".join(stand_in["problems"])
+
+
+def test_stand_in_memory_snapshot_has_torch_npus_keys(stand_in, api):
+    fields, where = torch_npu_source.memory_snapshot_fields(api)
+    problems = torch_npu_source.snapshot_problems(stand_in["snapshot"], fields)
+    assert not problems, f"against torch.npu.memory._snapshot ({where}): " + "; ".join(problems)
+
+
+def test_stand_in_trace_handler_writes_torch_npus_layout(api, tmp_path):
+    """The stand-in's tensorboard_trace_handler (run here, on the host) against the layout read from the wheel."""
+    import importlib.util
+    import socket
+
+    import torch
+
+    spec = importlib.util.spec_from_file_location("stand_in_torch_npu_profiler", STAND_IN_PROFILER)
+    profiler = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(profiler)
+    layout = torch_npu_source.profiler_trace_layout(api)
+    for worker, folder in (("rank3", tmp_path / "named"), (None, tmp_path / "default")):
+        handler = profiler.tensorboard_trace_handler(str(folder), worker_name=worker)
+        with profiler.profile(activities=[profiler.ProfilerActivity.CPU], on_trace_ready=handler):
+            (torch.ones(4) * 2).sum()
+        problems = torch_npu_source.trace_problems(layout, str(folder), worker or socket.gethostname(), os.getpid())
+        assert not problems, "\n".join(problems)
+
+
+def test_stand_in_optim_and_distributed_names_exist_in_torch_npu(wheel):
+    """Names the stand-in offers for tests/sim beyond what the runtime uses."""
     assert "NpuFusedAdamW" in torch_npu_wheel.module_names(wheel, "torch_npu/optim/__init__.py")
     assert "is_hccl_available" in torch_npu_wheel.module_names(wheel, "torch_npu/distributed/__init__.py")
 

@@ -3,12 +3,12 @@ profiling, memory snapshots, determinism and the flight recorder on 2 simulated 
 
 One short run per target (seq_len 256, batch 2): the rehearsal through bench_train (its
 table, labelled as rehearsal figures, and the memory-snapshot note instead of upstream's
-AttributeError); the simulated NPU with every tool switched on at once.
+AttributeError); the simulated NPU with every tool switched on at once, its trace folders and
+memory snapshots checked against what the real torch_npu writes (read from its wheel).
 """
 
 from __future__ import annotations
 
-import glob
 import json
 import os
 import pickle
@@ -17,7 +17,9 @@ import sys
 
 import pytest
 
+import torch_npu_source
 from testkit import REPO, SHORT_RUN, clean_env, parse_losses, sim_npu_env, torchrun
+from tools.sim_npu import torch_npu_wheel
 
 pytestmark = pytest.mark.e2e
 
@@ -60,15 +62,17 @@ def test_profiler_snapshots_determinism_and_flight_recorder_on_simulated_npus(tm
     assert result.returncode == 0, result.stdout[-4000:]
     assert sorted(parse_losses(result.stdout)) == [1, 2]
     assert "mfu: nan%" in result.stdout  # the simulated part is in no peak table
+    # What the real torch_npu writes, read from its wheel: the trace folder, file and JSON form, the snapshot's keys.
+    wheel = torch_npu_source.WheelAPI(torch_npu_wheel.wheel(), set())
+    layout = torch_npu_source.profiler_trace_layout(wheel)
+    snapshot_fields, _ = torch_npu_source.memory_snapshot_fields(wheel)
     for rank in (0, 1):
-        traces = glob.glob(os.path.join(dump, "profiling", "traces", f"rank{rank}_*_ascend_pt",
-                                        "ASCEND_PROFILER_OUTPUT", "trace_view.json"))
-        assert traces, f"rank {rank}: no torch_npu-layout trace under {dump}/profiling/traces"
-        assert json.load(open(traces[0]))["traceEvents"]
+        problems = torch_npu_source.trace_problems(layout, os.path.join(dump, "profiling", "traces"), f"rank{rank}")
         snapshot_path = os.path.join(dump, "profiling", "memory_snapshot", "step_000000000002",
-                                     f"{rank:06d}_step_2.pickle")
+                                     f"{rank:06d}_step_2.pickle")  # torchtitan's naming
         with open(snapshot_path, "rb") as handle:
-            assert "segments" in pickle.load(handle)
+            problems += torch_npu_source.snapshot_problems(pickle.load(handle), snapshot_fields)
+        assert not problems, f"rank {rank}: " + "\n".join(problems)
         report = _report(dump, rank)
         assert "set HCCL_DETERMINISTIC=true (deterministic HCCL reductions)" in report["determinism"]["notes"]
         assert "set TORCH_HCCL_TRACE_BUFFER_SIZE=100" in report["collectives"]["notes"]
