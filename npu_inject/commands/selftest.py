@@ -226,7 +226,7 @@ CASES: list[Case] = [
     Case("swiglu dim -2 (gate, up stacked)", "npu_swiglu", _swiglu, used_by="ops/swiglu.py"),
 ]
 
-# Cases allowed to SKIP, per target ("simulated": tools/sim_npu's stand-in, "npu": a real NPU),
+# Cases allowed to SKIP, per target ("simulated": verification/sim_npu's stand-in, "npu": a real NPU),
 # with why. A SKIP not listed here fails the run: a case that newly skips (an op the stand-in
 # dropped, a mode it no longer implements, a case without a reference) is a check lost, not passed.
 EXPECTED_SKIPS: dict[str, dict[str, str]] = {

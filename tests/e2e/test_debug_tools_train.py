@@ -19,7 +19,7 @@ import pytest
 
 import torch_npu_source
 from testkit import REPO, SHORT_RUN, clean_env, parse_losses, sim_npu_env, torchrun
-from tools.sim_npu import torch_npu_wheel
+from verification.sim_npu import torch_npu_wheel
 
 pytestmark = pytest.mark.e2e
 

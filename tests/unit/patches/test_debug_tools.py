@@ -279,7 +279,7 @@ print("notes", ctx.notes)
 def test_npu_profiler_and_memory_snapshot_on_the_simulated_npu(tmp_path):
     """The NPU branch on the stand-in: the trace folder and the snapshot are what the real torch_npu
     writes, as read from its wheel (tests/support/torch_npu_source.py); the names the branch calls are
-    checked against the wheel by tests/test_torch_npu_contract.py."""
+    checked against the wheel by tests/contract/test_torch_npu_contract.py."""
     import json
     import subprocess
     import sys

@@ -4,7 +4,7 @@ torch_npu's ``torch.npu.memory._record_memory_history`` / ``_snapshot`` record t
 caching allocator's alloc/free events in PyTorch's snapshot format (pytorch.org/memory_viz).
 The simulator's allocator keeps no such history: recording is accepted and a snapshot
 has the keys torch_npu's has (``segments``, ``device_traces``: its ``_snapshot`` docstring,
-checked by tests/test_torch_npu_contract.py) with no segments and no trace entries.
+checked by tests/contract/test_torch_npu_contract.py) with no segments and no trace entries.
 Enough to test code that takes snapshots; nothing to learn about memory from.
 """
 

@@ -6,7 +6,7 @@ the host name; ``ASCEND_PROFILER_OUTPUT/trace_view.json`` is the Chrome trace, a
 array of events). The simulated device runs its kernels on the host, so this stand-in
 records CPU activity only (``ProfilerActivity.NPU`` adds nothing) with ``torch.profiler``
 and writes the trace's events at the same path, in the same form, so code that drives
-torch_npu's profiler can be tested here (tests/test_torch_npu_contract.py compares the
+torch_npu's profiler can be tested here (tests/contract/test_torch_npu_contract.py compares the
 layout with the real wheel's source). It measures nothing about an NPU.
 """
 
