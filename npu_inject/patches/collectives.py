@@ -20,6 +20,11 @@
   ``TORCH_HCCL_ENABLE_MONITORING=1`` and ``TORCH_HCCL_DEBUG_INFO_TEMP_FILE`` =
   ``<dump_folder>/<save_traces_folder>/<prefix>``. HCCL's own operation timeout is
   ``HCCL_EXEC_TIMEOUT`` (left to the user).
+* NPU target, dry runs: ``--comm.mode fake_backend`` / ``local_tensor`` (upstream's
+  ``COMM_MODE=... ./run_train.sh``: one process standing for ``NGPU`` ranks) create torch's
+  ``fake`` process group, which torch registers for cpu, cuda, hpu and xpu only, so the first
+  collective on an npu tensor failed ("No backend type associated with device type npu"). The
+  fake group communicates nothing on any device; the patch lets it serve npu tensors too.
 """
 
 from __future__ import annotations
@@ -76,10 +81,26 @@ def _set_hccl_environment(ctx: PatchContext):
     return wrapper
 
 
+def _fake_group_serves_npu(ctx: PatchContext):
+    def wrapper(original, *args, **kwargs):
+        import torch.distributed as dist
+        from torch.testing._internal.distributed import fake_pg  # noqa: F401  (registers "fake", as torch does)
+
+        devices = dist.Backend.backend_capability[dist.Backend.FAKE]
+        if "npu" not in devices:
+            devices.append("npu")
+            ctx.add_cleanup(lambda: devices.remove("npu") if "npu" in devices else None)
+            ctx.note("--comm.mode dry run: torch's fake process group serves npu tensors (no communication)")
+        return original(*args, **kwargs)
+
+    return wrapper
+
+
 def apply(ctx: PatchContext) -> None:
     ctx.wrap("disable_fsdp_gradient_division", _force_sum_reductions)
     if ctx.device_kind == "npu":
         ctx.wrap("init_distributed", _set_hccl_environment(ctx))
+        ctx.wrap("init_fake_mode", _fake_group_serves_npu(ctx))
 
 
 def revert(ctx: PatchContext) -> None:
