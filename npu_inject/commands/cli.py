@@ -217,6 +217,9 @@ def build_parser() -> argparse.ArgumentParser:
     from npu_inject.commands import selftest  # imports torch only when the command runs
 
     selftest.add_parser(commands)
+    from npu_inject.commands import suite  # stdlib only; runs torchtitan in child processes
+
+    suite.add_parser(commands)
     return parser
 
 

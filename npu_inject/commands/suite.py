@@ -1,0 +1,344 @@
+"""``npu-inject suite``: torchtitan's own integration suite through the runtime, as a capability matrix.
+
+Runs each enabled case of upstream's ``tests/integration_tests`` (features, models) the way
+upstream's driver does -- its ranks, its arguments, its sequence of runs (save, then resume),
+through upstream's ``run_train.sh`` -- in the environment it is started in: ``TORCHTITAN_NPU=1``
+on NPUs (real or simulated), ``TORCHTITAN_NPU=cpu`` for the rehearsal. The target decides
+nothing else. Prints one row per case: green / red / stopped (one clear line at start-up) /
+timeout, the time, the first and last loss, and for every other row its root cause in one
+line, attributed (this project, torchtitan CUDA-only by design, torchtitan, torch, torch_npu,
+CANN/hardware, host memory). Writes Markdown and JSON.
+
+Stdlib only. The case lists are upstream's own files, read from ``--torchtitan-src``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import datetime
+import importlib
+import json
+import os
+import platform
+import re
+import shlex
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from typing import Any, Sequence
+
+SUITES = ("features", "models")
+# Upstream's debug configs train 10 steps; --steps N scales a variant's own --training.steps by N/10.
+UPSTREAM_STEPS = 10
+LOSS_LINE = re.compile(r"step:\s*(\d+)\s+(?:\x1b\[[0-9;]*m)?loss:\s*([-+0-9.naif]+)")
+ERROR_LINE = re.compile(r"^(?:\[rank\d+\]:\s*)?((?:[\w.]+\.)?(\w*(?:Error|Exception|Exit)\w*)): (.+)$")
+FRAME_LINE = re.compile(r'File "([^"]+)", line \d+')
+# One clear line at start-up: the runtime's configuration errors and model_guard's stops.
+STOP_LINE = re.compile(r"(npu_inject model_guard: .+|npu_inject: configuration error: .+|"
+                       r"(?:npu_inject\.errors\.)?ConfigError: .+)")
+CUDA_ONLY = re.compile(r"\b(cuda|nccl|triton|helion|cutlass|sm_?90|hopper|nvidia)\b", re.IGNORECASE)
+IGNORED_ERRORS = ("ChildFailedError", "SignalException")
+SUBCOMMAND = re.compile(r"^[A-Za-z][\w-]*:[\w.-]+$")  # activation-checkpoint:none; must follow every flag
+# torchtitan's config parser (tyro) reports bad arguments in a box, not as an exception.
+PARSER_ERROR = re.compile(r"(Unrecognized or misplaced options|Required options|Invalid value for \S+|"
+                          r"Config function '[^']+' not found[^\n]*)")
+
+
+@dataclasses.dataclass
+class Case:
+    suite: str
+    name: str
+    description: str
+    ngpu: int
+    runs: list[list[str]]  # each run's torchtitan arguments, in order
+    timeout: int | None  # upstream's own limit, seconds (None: none)
+
+
+@dataclasses.dataclass
+class Result:
+    suite: str
+    name: str
+    ngpu: int
+    status: str  # green, red, stopped, timeout, memory
+    seconds: float
+    first_loss: float | None
+    last_loss: float | None
+    cause: str  # one line; '' when green
+    attributed_to: str  # '' when green
+    runs: int  # runs made (a resume case makes two)
+    peak_rss_gib: float | None  # sum over the case's processes, highest sample
+    shrunk: bool
+    command: str  # the last run's command line
+
+    def row(self) -> str:
+        loss = lambda value: "-" if value is None else f"{value:.4f}"  # noqa: E731
+        cause = f"{self.cause} ({self.attributed_to})" if self.cause else ""
+        mark = " (shrunk)" if self.shrunk else ""
+        return (f"| {self.suite}/{self.name} | {self.ngpu} | {self.status}{mark} | {self.seconds:.0f} s | "
+                f"{loss(self.first_loss)} | {loss(self.last_loss)} | {cause.replace('|', '/')} |")
+
+
+def load_cases(torchtitan_src: str, suites: Sequence[str]) -> list[Case]:
+    """Upstream's enabled cases, read from its own case lists (``tests/integration_tests``)."""
+    package = os.path.join(torchtitan_src, "tests", "integration_tests")
+    if not os.path.isfile(os.path.join(package, "features.py")):
+        raise SystemExit(f"npu-inject suite: --torchtitan-src {torchtitan_src!r} has no "
+                         "tests/integration_tests/features.py (a torchtitan 0.3 checkout, or the copy in "
+                         "shared/upstream/torchtitan-0.3)")
+    sys.path.insert(0, os.path.abspath(torchtitan_src))
+    try:
+        cases = []
+        for suite in suites:
+            builder = {"features": "build_features_test_list", "models": "build_model_tests_list"}[suite]
+            module = importlib.import_module(f"tests.integration_tests.{suite}")
+            for definition in getattr(module, builder)():
+                if definition.disabled:
+                    continue
+                runs = [[token for arg in variant for token in shlex.split(arg)] for variant in definition.override_args]
+                cases.append(Case(suite, definition.test_name, definition.test_descr, definition.ngpu, runs,
+                                  definition.timeout))
+        return cases
+    finally:
+        sys.path.remove(os.path.abspath(torchtitan_src))
+
+
+def shorten(args: list[str], steps: int) -> list[str]:
+    """The run's arguments for ``steps`` instead of upstream's 10, keeping what the case checks.
+
+    A run's own ``--training.steps K`` (a resume to 20) becomes K * steps / 10, and a path naming
+    upstream's last step (``.../step-10/``) names the shortened last step.
+    """
+    out, explicit = [], False
+    for index, token in enumerate(args):
+        previous = args[index - 1] if index else ""
+        if previous == "--training.steps":
+            token, explicit = str(max(1, int(token) * steps // UPSTREAM_STEPS)), True
+        out.append(token.replace(f"step-{UPSTREAM_STEPS}/", f"step-{steps}/"))
+    return out if explicit else _with_flags(out, ["--training.steps", str(steps)])
+
+
+def _with_flags(args: list[str], flags: list[str]) -> list[str]:
+    # Subcommands (activation-checkpoint:none) must stay last: flags go before the first one.
+    position = next((i for i, token in enumerate(args) if SUBCOMMAND.match(token)), len(args))
+    return [*args[:position], *flags, *args[position:]]
+
+
+def _descendants_rss_kib(root: int) -> int:
+    """Resident memory of ``root`` and every process below it (Linux /proc), KiB."""
+    children: dict[int, list[int]] = {}
+    rss: dict[int, int] = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat", encoding="utf-8") as handle:
+                fields = handle.read().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        pid = int(entry)
+        children.setdefault(int(fields[1]), []).append(pid)
+        rss[pid] = int(fields[21]) * (os.sysconf("SC_PAGE_SIZE") // 1024)
+    total, stack = 0, [root]
+    while stack:
+        pid = stack.pop()
+        total += rss.get(pid, 0)
+        stack.extend(children.get(pid, ()))
+    return total
+
+
+def _run(command: list[str], env: dict[str, str], cwd: str, timeout: float | None, log_path: str
+         ) -> tuple[int | None, str, int]:
+    """(exit code or None on timeout, output, peak RSS KiB); the whole process group ends on timeout."""
+    with open(log_path, "w", encoding="utf-8") as log:
+        process = subprocess.Popen(command, env=env, cwd=cwd, stdout=log, stderr=subprocess.STDOUT,
+                                   start_new_session=True)
+        started, peak = time.monotonic(), 0
+        while process.poll() is None:
+            peak = max(peak, _descendants_rss_kib(process.pid))
+            if timeout is not None and time.monotonic() - started > timeout:
+                os.killpg(process.pid, signal.SIGTERM)
+                try:
+                    process.wait(30)
+                except subprocess.TimeoutExpired:
+                    os.killpg(process.pid, signal.SIGKILL)
+                    process.wait()
+                break
+            time.sleep(0.5)
+        code = None if timeout is not None and time.monotonic() - started > timeout else process.returncode
+    with open(log_path, encoding="utf-8", errors="replace") as handle:
+        return code, handle.read(), peak
+
+
+def root_cause(output: str) -> tuple[str, str]:
+    """(one line, who it is attributed to) for a failed run's output."""
+    lines = output.splitlines()
+    parser = PARSER_ERROR.search(output)
+    if parser:
+        return f"torchtitan's config parser: {parser.group(1)}"[:300], "torchtitan"
+    for index, line in enumerate(lines):
+        match = ERROR_LINE.match(line.strip())
+        if not match or match.group(2) in IGNORED_ERRORS:
+            continue
+        frames = [m.group(1) for m in map(FRAME_LINE.search, lines[max(0, index - 80):index]) if m]
+        where = frames[-1] if frames else ""
+        message = f"{match.group(2)}: {match.group(3)}"[:300]
+        return message, attribute(where, message)
+    if re.search(r"exitcode\s*:\s*-9|Signal 9|SIGKILL|Killed", output):
+        return "a rank was killed (signal 9): out of host memory?", "host memory"
+    tail = next((line.strip() for line in reversed(lines) if line.strip()), "(no output)")
+    return tail[:300], "unknown"
+
+
+def attribute(path: str, message: str) -> str:
+    if "/npu_inject/" in path or message.startswith("npu_inject"):
+        return "this project"
+    if "/torch_npu/" in path or "torch_npu" in message:
+        return "torch_npu"
+    if re.search(r"\bacl\w*|\bCANN\b|EZ\d{4}|EE\d{4}", message):
+        return "CANN/hardware"
+    if "/torchtitan/" in path:
+        return "torchtitan CUDA-only by design" if CUDA_ONLY.search(message) else "torchtitan"
+    if "/torch/" in path:
+        return "torch"
+    return "unknown"
+
+
+def run_case(case: Case, args: argparse.Namespace, workdir: str, env: dict[str, str]) -> Result:
+    output_dir = os.path.join(workdir, "artifacts-to-be-uploaded")  # upstream's relative checkpoint paths
+    os.makedirs(output_dir, exist_ok=True)
+    shrink = ["--training.seq_len", str(args.shrink[0]), "--training.local_batch_size", str(args.shrink[1])] \
+        if args.shrink else []
+    started, losses, peak, status, cause, who, command = time.monotonic(), {}, 0, "green", "", "", ""
+    for number, run_args in enumerate(case.runs, start=1):
+        run_args = shorten(run_args, args.steps) if args.steps else list(run_args)
+        run_args = _with_flags(run_args, [*shrink, "--dump_folder", os.path.join(output_dir, case.name)])
+        command = ["bash", args.run_train, *run_args]
+        run_env = {**env, "NGPU": str(case.ngpu), "LOG_RANK": ",".join(map(str, range(case.ngpu)))}
+        limit = args.case_timeout - (time.monotonic() - started)
+        code, output, run_peak = _run(command, run_env, workdir, limit,
+                                      os.path.join(workdir, f"{case.suite}-{case.name}-run{number}.log"))
+        peak = max(peak, run_peak)
+        # Pipeline ranks without the last stage log a placeholder loss of -1.
+        run_losses = {int(step): float(value) for step, value in LOSS_LINE.findall(output) if float(value) >= 0}
+        losses.update({(number, step): value for step, value in run_losses.items()})
+        if code is None:
+            status, cause, who = "timeout", f"ended at the per-case limit of {args.case_timeout} s (run {number})", "unknown"
+            break
+        if code != 0:
+            stop = STOP_LINE.search(output)
+            if stop and not run_losses:
+                status, cause, who = "stopped", stop.group(1)[:300], "this project (a clear stop)"
+            else:
+                cause, who = root_cause(output)
+                status = "memory" if who == "host memory" else "red"
+                if status == "memory":
+                    cause += f" (case peak RSS {peak / 2**20:.1f} GiB)"
+            break
+    ordered = [losses[key] for key in sorted(losses)]
+    return Result(case.suite, case.name, case.ngpu, status, time.monotonic() - started,
+                  ordered[0] if ordered else None, ordered[-1] if ordered else None, cause, who,
+                  number, round(peak / 2**20, 2) if peak else None, bool(args.shrink),
+                  shlex.join(command))
+
+
+def render_markdown(results: list[Result], meta: dict[str, Any]) -> str:
+    counts = {status: sum(r.status == status for r in results) for status in ("green", "stopped", "red", "timeout", "memory")}
+    lines = [
+        f"torchtitan integration suite through npu-inject: target {meta['target']}, {meta['date']}, "
+        f"{meta['machine']}; command: `{meta['command']}`",
+        "",
+        "| case | ranks | result | time | first loss | last loss | root cause (attributed to) |",
+        "|---|---|---|---|---|---|---|",
+        *(result.row() for result in results),
+        "",
+        "totals: " + ", ".join(f"{count} {status}" for status, count in counts.items()) + f" of {len(results)}",
+    ]
+    return "\n".join(lines)
+
+
+def cmd_suite(args: argparse.Namespace) -> int:
+    target = os.environ.get("TORCHTITAN_NPU", "").strip()
+    if target in ("", "0"):
+        print("npu-inject suite: set TORCHTITAN_NPU (1 for NPUs, cpu for the rehearsal) in the environment "
+              "the cases should run in", file=sys.stderr)
+        return 2
+    args.run_train = os.path.abspath(args.run_train or os.path.join(args.torchtitan_src, "run_train.sh"))
+    if not os.path.isfile(args.run_train):
+        print(f"npu-inject suite: no run_train.sh at {args.run_train} (--run-train)", file=sys.stderr)
+        return 2
+    cases = load_cases(args.torchtitan_src, args.suite.split(","))
+    if args.cases:
+        wanted = args.cases.split(",")
+        unknown = sorted(set(wanted) - {case.name for case in cases})
+        if unknown:
+            print(f"npu-inject suite: unknown or disabled case(s) {', '.join(unknown)}; enabled: "
+                  f"{', '.join(case.name for case in cases)}", file=sys.stderr)
+            return 2
+        cases = [case for case in cases if case.name in wanted]
+    workdir = os.path.abspath(args.output)
+    if os.path.isdir(workdir) and os.listdir(workdir):
+        print(f"npu-inject suite: {workdir} is not empty (--output needs a new or empty folder)", file=sys.stderr)
+        return 2
+    os.makedirs(os.path.join(workdir, "tests"), exist_ok=True)
+    # The cases read ./tests/assets (tokenizer, data sets, upstream's custom_schedule.csv).
+    assets = os.path.join(workdir, "tests", "assets")
+    shutil.copytree(os.path.abspath(args.assets), assets, symlinks=True)
+    upstream_assets = os.path.join(args.torchtitan_src, "tests", "assets")
+    for name in os.listdir(upstream_assets) if os.path.isdir(upstream_assets) else ():
+        if not os.path.exists(os.path.join(assets, name)):
+            shutil.copy(os.path.join(upstream_assets, name), assets)
+    env = {**os.environ, "PATH": os.pathsep.join([os.path.dirname(sys.executable), os.environ.get("PATH", "")])}
+    meta = {"target": "npu" if target in ("1", "npu") else target,
+            "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+            "machine": f"{platform.machine()}, {os.cpu_count()} cores, "
+                       f"{os.sysconf('SC_PAGE_SIZE') * os.sysconf('SC_PHYS_PAGES') / 2**30:.0f} GiB",
+            "simulated_npu": os.environ.get("TORCHTITAN_NPU_SIM") == "1",
+            "command": shlex.join(["npu-inject", *sys.argv[1:]]) if sys.argv else "npu-inject suite",
+            "steps": args.steps, "shrink": args.shrink, "case_timeout_s": args.case_timeout}
+    results, began = [], time.monotonic()
+    for index, case in enumerate(cases, start=1):
+        print(f"[{index}/{len(cases)}] {case.suite}/{case.name} ({case.ngpu} ranks, {len(case.runs)} run(s)); "
+              f"{time.monotonic() - began:.0f} s elapsed", file=sys.stderr, flush=True)
+        result = run_case(case, args, workdir, env)
+        print(f"    {result.status} in {result.seconds:.0f} s" + (f": {result.cause}" if result.cause else ""),
+              file=sys.stderr, flush=True)
+        results.append(result)
+    markdown = render_markdown(results, meta)
+    with open(os.path.join(workdir, "matrix.md"), "w", encoding="utf-8") as handle:
+        handle.write(markdown + "\n")
+    with open(os.path.join(workdir, "matrix.json"), "w", encoding="utf-8") as handle:
+        json.dump({"meta": meta, "cases": [dataclasses.asdict(result) for result in results]}, handle, indent=2)
+    print(markdown)
+    print(f"npu-inject suite: matrix in {workdir}/matrix.md and matrix.json; logs per run beside them")
+    return 0 if all(result.status in ("green", "stopped") for result in results) else 1
+
+
+def _shrink(value: str) -> tuple[int, int]:
+    try:
+        seq_len, batch = (int(part) for part in value.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"--shrink {value!r}: give SEQ_LEN,LOCAL_BATCH, e.g. 256,1") from None
+    return seq_len, batch
+
+
+def add_parser(commands) -> None:
+    parser = commands.add_parser(
+        "suite", help="run torchtitan's integration suite through the runtime; print the capability matrix",
+        description=__doc__.splitlines()[0] + " Exit 0 when every case is green or stops clearly.")
+    parser.add_argument("--torchtitan-src", required=True,
+                        help="a torchtitan 0.3 source tree holding tests/integration_tests and run_train.sh")
+    parser.add_argument("--suite", default="features,models", help="comma list of features, models (default both)")
+    parser.add_argument("--cases", default="", help="comma list of case names (default: every enabled case)")
+    parser.add_argument("--steps", type=int, default=0,
+                        help="train N steps instead of upstream's 10 (a resume case's second run scales alike)")
+    parser.add_argument("--shrink", type=_shrink, default=None, metavar="SEQ_LEN,LOCAL_BATCH",
+                        help="rehearse at a smaller shape (marked 'shrunk' in the matrix)")
+    parser.add_argument("--case-timeout", type=int, default=1800, help="seconds per case, all its runs (default 1800)")
+    parser.add_argument("--assets", default=os.path.join("tests", "assets"),
+                        help="tokenizer and data sets the cases read as ./tests/assets (default ./tests/assets)")
+    parser.add_argument("--run-train", default="", help="upstream's run_train.sh (default: beside --torchtitan-src's tests)")
+    parser.add_argument("--output", required=True, help="a new or empty folder for logs, dumps and the matrix")
+    parser.set_defaults(run=cmd_suite)

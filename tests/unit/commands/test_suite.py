@@ -1,0 +1,96 @@
+"""``npu-inject suite``: case loading from upstream's lists, step shortening, root causes, the matrix."""
+
+from __future__ import annotations
+
+import argparse
+import os
+
+import pytest
+
+from npu_inject.commands import suite
+from testkit import REPO
+
+UPSTREAM = os.path.join(os.path.dirname(REPO), "shared", "upstream", "torchtitan-0.3")
+
+
+@pytest.mark.skipif(not os.path.isdir(UPSTREAM), reason=f"upstream's suite is not at {UPSTREAM}")
+def test_cases_come_from_upstreams_lists_without_the_disabled_ones():
+    cases = suite.load_cases(UPSTREAM, ["features", "models"])
+    names = {case.name for case in cases}
+    assert {"default", "full_checkpoint", "pp_1f1b", "ddp", "cp", "1d_compile"} <= names
+    assert "2d_asynctp_compile" not in names  # disabled upstream
+    full_checkpoint = next(case for case in cases if case.name == "full_checkpoint")
+    assert len(full_checkpoint.runs) == 2 and full_checkpoint.ngpu == 4  # save, then resume
+    resume = full_checkpoint.runs[1]
+    assert resume[resume.index("--training.steps") + 1] == "20"
+    assert any(case.suite == "models" for case in cases)
+
+
+def test_shortened_runs_keep_what_a_case_checks():
+    # A resume to step 20 stays a resume (twice the first run), paths to the last step follow it.
+    assert suite.shorten(["--checkpoint.enable"], 2) == ["--checkpoint.enable", "--training.steps", "2"]
+    assert suite.shorten(["--checkpoint.enable", "--training.steps", "20"], 2) == [
+        "--checkpoint.enable", "--training.steps", "4"]
+    assert suite.shorten(["--checkpoint.initial_load_path", "out/hf_checkpoint/step-10/"], 3) == [
+        "--checkpoint.initial_load_path", "out/hf_checkpoint/step-3/", "--training.steps", "3"]
+    # Subcommands stay last: torchtitan's parser takes no flag after them.
+    assert suite.shorten(["--parallelism.data_parallel_replicate_degree=4", "activation-checkpoint:none"], 2) == [
+        "--parallelism.data_parallel_replicate_degree=4", "--training.steps", "2", "activation-checkpoint:none"]
+
+
+ROOT_CAUSES = [
+    ('Traceback (most recent call last):\n  File "/x/site-packages/npu_inject/ops/attention.py", line 3, in f\n'
+     '[rank0]: spmd_types.types.SpmdTypeError: args[0] missing axis\n', "SpmdTypeError: args[0] missing axis", "this project"),
+    ('  File "/x/site-packages/torchtitan/distributed/utils.py", line 9, in g\n'
+     'RuntimeError: Distributed package has no NCCL built in\n', "RuntimeError", "torchtitan CUDA-only by design"),
+    ('  File "/x/site-packages/torch/nn/functional.py", line 9, in g\nRuntimeError: view size is not compatible\n',
+     "view size", "torch"),
+    ('  File "/x/site-packages/torch_npu/npu/utils.py", line 9, in g\nRuntimeError: bad device\n', "bad device",
+     "torch_npu"),
+    ("torchrun ... exitcode  : -9 (pid: 12)\n", "killed", "host memory"),
+    ("│ Unrecognized or misplaced options: │\n", "config parser", "torchtitan"),
+]
+
+
+@pytest.mark.parametrize("output,expected,who", ROOT_CAUSES)
+def test_root_cause_names_the_error_and_who_owns_it(output, expected, who):
+    cause, attributed = suite.root_cause(output + "torch.distributed.elastic.multiprocessing.errors.ChildFailedError: x\n")
+    assert expected in cause and attributed == who, (cause, attributed)
+
+
+def _fake_run_train(tmp_path, script: str) -> str:
+    path = tmp_path / "run_train.sh"
+    path.write_text(script)
+    return str(path)
+
+
+def _args(tmp_path, run_train, **overrides):
+    values = dict(steps=2, shrink=None, case_timeout=20, run_train=run_train)
+    values.update(overrides)
+    return argparse.Namespace(**values)
+
+
+def test_a_case_is_green_stopped_red_or_timed_out(tmp_path):
+    case = suite.Case("features", "demo", "demo", 2, [["--checkpoint.enable"], ["--training.steps", "20"]], None)
+    env = dict(os.environ)
+    green = _fake_run_train(tmp_path, 'echo "step:  1  loss:  8.1"; echo "step:  2  loss:  7.5"\n')
+    result = suite.run_case(case, _args(tmp_path, green), str(tmp_path / "g"), env)
+    assert (result.status, result.runs, result.first_loss, result.last_loss) == ("green", 2, 8.1, 7.5)
+    stop = _fake_run_train(tmp_path, 'echo "SystemExit: npu_inject model_guard: --module flux needs transformers"; exit 1\n')
+    result = suite.run_case(case, _args(tmp_path, stop), str(tmp_path / "s"), env)
+    assert result.status == "stopped" and "needs transformers" in result.cause and result.runs == 1
+    red = _fake_run_train(tmp_path, 'echo "step:  1  loss:  8.1"\necho "ValueError: boom"; exit 1\n')
+    result = suite.run_case(case, _args(tmp_path, red), str(tmp_path / "r"), env)
+    assert result.status == "red" and result.cause == "ValueError: boom"
+    hang = _fake_run_train(tmp_path, "sleep 60\n")
+    result = suite.run_case(case, _args(tmp_path, hang, case_timeout=2), str(tmp_path / "h"), env)
+    assert result.status == "timeout" and result.seconds < 40
+
+
+def test_matrix_lists_every_case_and_the_totals():
+    results = [suite.Result("features", "ddp", 4, "green", 12.0, 8.1, 7.2, "", "", 1, 1.5, True, "cmd"),
+               suite.Result("models", "x", 8, "red", 3.0, None, None, "ValueError: a|b", "torch", 1, None, False, "c")]
+    text = suite.render_markdown(results, {"target": "cpu", "date": "d", "machine": "m", "command": "c"})
+    assert "| features/ddp | 4 | green (shrunk) | 12 s | 8.1000 | 7.2000 |  |" in text
+    assert "ValueError: a/b (torch)" in text
+    assert "1 green, 0 stopped, 1 red, 0 timeout, 0 memory of 2" in text
