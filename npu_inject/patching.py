@@ -96,6 +96,7 @@ class PatchContext:
     cleanups: list[Callable[[], None]] = field(default_factory=list)
     fallbacks: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
+    agreements: list[tuple[str, Any, Callable[[Any], None]]] = field(default_factory=list)
 
     @property
     def rehearsal(self) -> bool:
@@ -178,6 +179,16 @@ class PatchContext:
         """A fact for the report (e.g. which optimizer implementation was picked)."""
         _record_note(self, message)
 
+    def agree_with_rank0(self, name: str, proposal: Any, use: Callable[[Any], None]) -> None:
+        """One value for the whole job: every rank proposes, rank 0's proposal is used everywhere.
+
+        The runtime exchanges proposals in the all-gather that checks the ranks applied the same
+        patches (npu_inject.rank_agreement, when Trainer.init_distributed returns), then calls
+        ``use(rank 0's proposal)`` on every rank; without a multi-rank process group, with this
+        rank's own. So register before Trainer.init_distributed returns; ``proposal`` must pickle.
+        """
+        self.agreements.append((name, proposal, use))
+
     def restore(self) -> None:
         """Undo every recorded change, newest first; leaves the context reusable."""
         errors = []
@@ -194,6 +205,7 @@ class PatchContext:
                 setattr(change.owner, change.attribute, change.original)
         self.changes.clear()
         self.cleanups.clear()
+        self.agreements.clear()
         if errors:
             raise RuntimeError(f"patch {self.patch_id}: restoring failed: {'; '.join(errors)}")
 

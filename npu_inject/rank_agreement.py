@@ -4,7 +4,9 @@ Not a patch (no id, nothing to switch off): a job whose ranks applied different
 patches would hang in a collective or diverge silently, so this check is part of the
 runtime. Right after torchtitan creates the process group (``Trainer.init_distributed``)
 the ranks exchange their sets of applied patches; a mismatch fails the run at once
-with the ranks and patches named. Then each rank writes its report as JSON into
+with the ranks and patches named. The same exchange carries the values patches need the
+whole job to share (``PatchContext.agree_with_rank0``): rank 0's proposal is handed to
+every rank. Then each rank writes its report as JSON into
 ``<dump_folder>/npu_inject/report_rank<N>.json`` and rank 0 logs one summary line.
 """
 
@@ -35,6 +37,29 @@ def mismatch_message(applied_by_rank: list[list[str]]) -> str | None:
     )
 
 
+def rank0_values(proposals_by_rank: list[dict[str, Any]]) -> dict[str, Any]:
+    """Rank 0's proposals, once every rank proposed values for the same names."""
+    reference = proposals_by_rank[0]
+    for rank, proposals in enumerate(proposals_by_rank[1:], start=1):
+        if set(proposals) != set(reference):
+            raise RuntimeError(
+                f"npu_inject: ranks proposed different values to agree on (PatchContext.agree_with_rank0): "
+                f"rank {rank} proposed {sorted(proposals)}, rank 0 {sorted(reference)}; a patch must "
+                "register the same names on every rank"
+            )
+    return dict(reference)
+
+
+def pending_agreements(runtime: Any) -> list[tuple[str, Any, Any]]:
+    """(patch_id.name, proposal, use) of the applied patches, taken: each is used once."""
+    pending = []
+    for patch_id in sorted(runtime.ids("applied")):
+        context = runtime.states[patch_id].context
+        pending.extend((f"{patch_id}.{name}", proposal, use) for name, proposal, use in context.agreements)
+        context.agreements.clear()
+    return pending
+
+
 def check_ranks_and_report(runtime: Any, dump_folder: str) -> None:
     import torch.distributed as dist
 
@@ -42,13 +67,18 @@ def check_ranks_and_report(runtime: Any, dump_folder: str) -> None:
 
     runtime.set_dump_folder(dump_folder)
     applied = sorted(runtime.ids("applied"))
+    pending = pending_agreements(runtime)
+    agreed = {key: proposal for key, proposal, _ in pending}
     if dist.is_initialized() and dist.get_world_size() > 1:
-        applied_by_rank: list = [None] * dist.get_world_size()
-        dist.all_gather_object(applied_by_rank, applied)
-        message = mismatch_message(applied_by_rank)
+        exchanged: list = [None] * dist.get_world_size()
+        dist.all_gather_object(exchanged, (applied, agreed))
+        message = mismatch_message([rank_applied for rank_applied, _ in exchanged])
         if message:
             runtime.write_report()
             raise RuntimeError(message)
+        agreed = rank0_values([proposals for _, proposals in exchanged])
+    for key, _, use in pending:
+        use(agreed[key])
     runtime.write_report()
     if runtime.rank == 0:
         log_summary(runtime)

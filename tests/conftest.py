@@ -144,7 +144,7 @@ def llama_runs(tmp_path_factory, seed_checkpoint):
 def moe_rehearsal_runs(tmp_path_factory):
     """Each eager MoE rehearsal run (module, config, extra arguments, steps; runtime defaults,
     activation checkpointing off) trains once per session: tests/e2e/test_moe_train.py's patched
-    deepseek_v3 run is also tests/e2e/test_compile_train.py's eager baseline. Returns
+    deepseek_v3 and qwen3 MoE EP 2 runs are also tests/e2e/test_compile_train.py's eager baselines. Returns
     (step -> loss, dump folder)."""
     cache = {}
 

@@ -6,14 +6,18 @@ i.e. AVX2-only servers) emulates bf16 matmuls about 30x slower than fp32, so a d
 model rehearses at seconds per step instead of well under one. Option
 ``compute_dtype``:
 
-* ``auto`` (default): once per process, time one bf16 and one fp32 matmul; when bf16 is
-  more than ``SLOW_FACTOR`` times slower, train with ``mixed_precision_param=float32``
-  (one log line, a report note with the figures). Otherwise keep the job's setting.
+* ``auto`` (default): when the job asks for bf16, time one bf16 and one fp32 matmul (once per
+  process); when bf16 is more than ``SLOW_FACTOR`` times slower, train with
+  ``mixed_precision_param=float32``. Rank 0's figures decide for the whole job: the ranks
+  exchange them when the process group exists (``PatchContext.agree_with_rank0``), so ranks
+  whose timings differ (load, another host) still shard with one FSDP compute dtype.
 * ``float32``: always compute in fp32 in the rehearsal.
 * ``keep``: keep what the job configured.
 
-Parameters are fp32 either way (FSDP's ``param_dtype`` is the compute copy), so
-checkpoints are unchanged. Runs only in the rehearsal: the NPU target keeps bf16.
+Every rank logs one line saying which dtype it computes in and why (the probe's figures,
+the option, or the job's setting), and notes it in the report. Parameters are fp32 either
+way (FSDP's ``param_dtype`` is the compute copy), so checkpoints are unchanged. Runs only
+in the rehearsal: the NPU target keeps bf16.
 """
 
 from __future__ import annotations
@@ -48,33 +52,66 @@ def bf16_slowdown() -> tuple[float, float, float]:
     return fp32, bf16, bf16 / fp32
 
 
+def decide(choice: str, configured: str, figures: tuple[float, float, float] | None) -> tuple[str, str]:
+    """(dtype to compute in, the sentence saying so and why) for option ``compute_dtype`` = ``choice``
+    and the job's ``mixed_precision_param`` = ``configured``; ``figures``: rank 0's probe, for auto."""
+    if choice == "keep":
+        return configured, (f"rehearsal computes in {configured}: the job's training.mixed_precision_param, "
+                            "kept by registry option compute_dtype=keep")
+    if choice == "float32":
+        return "float32", ("rehearsal computes in float32: registry option compute_dtype=float32 "
+                           f"(the job's training.mixed_precision_param is {configured})")
+    if configured == "float32":
+        return "float32", ("rehearsal computes in float32: the job's training.mixed_precision_param "
+                           "(compute_dtype=auto probes only a bfloat16 job)")
+    if figures is None:
+        raise ValueError(f"rehearsal_dtype: compute_dtype=auto with mixed_precision_param={configured!r} "
+                         "needs rank 0's probe figures, got none")
+    fp32, bf16, ratio = figures
+    measured = (f"rank 0's probe {_PROBE_SHAPE[0]}x{_PROBE_SHAPE[1]}x{_PROBE_SHAPE[2]} matmul: "
+                f"fp32 {fp32 * 1e3:.2f} ms, bf16 {bf16 * 1e3:.2f} ms ({ratio:.1f}x)")
+    if ratio > SLOW_FACTOR:
+        return "float32", (f"rehearsal computes in float32 instead of {configured}: the CPU has no native "
+                           f"bf16 ({measured}); registry option compute_dtype=keep keeps {configured}")
+    return configured, f"rehearsal computes in {configured}: the CPU runs bf16 natively ({measured})"
+
+
 def apply(ctx: PatchContext) -> None:
     choice = ctx.options["compute_dtype"]  # registry.json's option_rules: auto, float32 or keep
-    decided: dict = {}
+    probed: dict = {}
 
-    def compute_dtype_for(configured: str) -> str:
-        if choice == "keep" or configured == "float32":
-            return configured
-        if choice == "float32":
-            return "float32"
-        if "dtype" not in decided:
-            fp32, bf16, ratio = bf16_slowdown()
-            slow = ratio > SLOW_FACTOR
-            decided["dtype"] = "float32" if slow else configured
-            figures = (f"probe {_PROBE_SHAPE[0]}x{_PROBE_SHAPE[1]}x{_PROBE_SHAPE[2]} matmul: "
-                       f"fp32 {fp32 * 1e3:.2f} ms, bf16 {bf16 * 1e3:.2f} ms ({ratio:.1f}x)")
-            if slow:
-                message = (f"rehearsal computes in float32 instead of {configured}: this CPU has no native "
-                           f"bf16 ({figures}); registry option compute_dtype=keep keeps {configured}")
-                logger.warning("npu_inject: %s", message)
-            else:
-                message = f"rehearsal keeps {configured}: this CPU runs bf16 natively ({figures})"
-            ctx.note(message)
-        return decided["dtype"]
+    def probe_once() -> tuple[float, float, float]:
+        if "figures" not in probed:
+            probed["figures"] = bf16_slowdown()
+        return probed["figures"]
+
+    def use(training, configured: str, figures) -> None:
+        dtype, message = decide(choice, configured, figures)
+        training.mixed_precision_param = dtype
+        (logger.warning if dtype != configured else logger.info)("npu_inject: %s", message)
+        ctx.note(message)
 
     def trainer_init(original, trainer, config, *args, **kwargs):
         training = config.training
-        training.mixed_precision_param = compute_dtype_for(training.mixed_precision_param)
-        return original(trainer, config, *args, **kwargs)
+        configured = training.mixed_precision_param
+        if choice != "auto" or configured == "float32":
+            use(training, configured, None)
+            return original(trainer, config, *args, **kwargs)
+        # FSDP reads the dtype after Trainer.init_distributed, where the runtime hands every rank
+        # rank 0's figures: ranks deciding from their own timings could shard with different dtypes.
+        agreed = []
+
+        def use_rank0_figures(figures) -> None:
+            use(training, configured, figures)
+            agreed.append(figures)
+
+        ctx.agree_with_rank0("bf16_probe", probe_once(), use_rank0_figures)
+        result = original(trainer, config, *args, **kwargs)
+        if not agreed:
+            raise RuntimeError("rehearsal_dtype: Trainer.__init__ built the model without the runtime's rank "
+                               "agreement (npu_inject.rank_agreement on Trainer.init_distributed) deciding "
+                               f"the compute dtype; it kept {configured}. Set option compute_dtype=float32 "
+                               "or keep to decide without it")
+        return result
 
     ctx.wrap("Trainer.__init__", trainer_init)

@@ -3,7 +3,7 @@
 Same target, same seed, fp32, deterministic: the compiled run's per-step losses must
 equal the eager run's within 1e-4 relative. llama3 runs start from the session's seed
 checkpoint; MoE runs from the same seed on the same target, and their eager run is the
-session's (``moe_rehearsal_runs``: deepseek_v3's is also tests/e2e/test_moe_train.py's run).
+session's (``moe_rehearsal_runs``: deepseek_v3's and qwen3 MoE's are also tests/e2e/test_moe_train.py's runs).
 
 In CI (marker e2e), measured on 2 CPU cores (torch's C++ inductor compiles each
 distinct block's forward and backward; flex plans mark the packed-document count

@@ -53,3 +53,36 @@ def test_agreement_and_reports_are_runtime_services_that_no_selection_switches_o
     assert installed is not upstream and installed.__wrapped__ is upstream
     runtime.deactivate()
     assert trainer_module.Trainer.__dict__["init_distributed"] is upstream
+
+
+def test_every_rank_takes_rank0s_proposals():
+    from npu_inject.rank_agreement import rank0_values
+
+    assert rank0_values([{"p.dtype": "float32"}, {"p.dtype": "bfloat16"}]) == {"p.dtype": "float32"}
+
+
+def test_ranks_proposing_different_names_fail_naming_them():
+    from npu_inject.rank_agreement import rank0_values
+
+    with pytest.raises(RuntimeError, match=r"rank 1 proposed \['p.other'\], rank 0 \['p.dtype'\]"):
+        rank0_values([{"p.dtype": 1}, {"p.other": 1}])
+
+
+def test_one_process_uses_its_own_proposal_and_writes_the_report(tmp_path):
+    from npu_inject import rank_agreement
+    from npu_inject.patching import PatchContext
+
+    used = []
+    context = PatchContext(patch_id="p", device_kind="cpu", options={})
+    context.agree_with_rank0("dtype", "float32", used.append)
+    written = []
+    runtime = type("FakeRuntime", (), {
+        "rank": 1,  # not rank 0: no summary line
+        "states": {"p": type("State", (), {"context": context})()},
+        "ids": lambda self, state: ["p"] if state == "applied" else [],
+        "set_dump_folder": lambda self, folder: None,
+        "write_report": lambda self: written.append(list(used)),
+    })()
+    rank_agreement.check_ranks_and_report(runtime, str(tmp_path))
+    assert used == ["float32"] and written == [["float32"]], "used before the report is written"
+    assert context.agreements == [], "each agreement is used once"
