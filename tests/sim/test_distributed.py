@@ -28,9 +28,9 @@ def test_fsdp2_matches_cpu_and_dcp_round_trip(run_ranks, tmp_path) -> None:
         assert len(audit["streams"]) > 1, "FSDP2 used its side streams"
 
 
-# Each repetition starts 2 fresh ranks (about 7 s on 2 busy cores); the exits alternate between
+# Each repetition starts 2 fresh ranks (7 to 20 s on 2 shared cores); the exits alternate between
 # destroy_process_group and groups left for the exit hook.
-EXIT_REPEATS = 6
+EXIT_REPEATS = 4
 
 
 @pytest.mark.e2e
