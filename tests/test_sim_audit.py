@@ -38,7 +38,8 @@ def healthy(rank: int) -> dict:
     return {
         "schema": 1, "rank": rank, "steps": [1, 2],
         "fallback_ops": {"aten::_assert_async.msg": {
-            "count": 24, "phases": {"forward": 12, "backward": 12}, "sites": {"torchtitan/models/common/rope.py:37": 24}}},
+            "count": 24, "phases": {"forward": 12, "backward": 12},
+            "sites": {"torchtitan/models/common/rope.py:37": 24}}},
         "syncs": {"outside steps": [{"kind": "synchronize", "op": "torch.npu.synchronize(npu:0)",
                                      "site": "torch_npu/npu.py:115", "count": 1}],
                   "1": copy.deepcopy(MEASURED_STEP_SYNCS), "2": copy.deepcopy(MEASURED_STEP_SYNCS)},
