@@ -22,7 +22,7 @@ import textwrap
 import pytest
 import torch
 
-from sim_audit import load_audits
+from sim_audit import assert_audit_saw_training, load_audits
 from testkit import REPO, clean_env, parse_losses, sim_env, torchrun
 
 pytestmark = pytest.mark.e2e
@@ -234,8 +234,9 @@ def test_simulated_npu_swap_optimizer_resumes_a_plain_checkpoint_exactly(tmp_pat
     assert resumed == {3: plain[3], 4: plain[4]}
     report = (tmp_path / "swapped" / "npu_inject" / "report_rank0.json").read_text()
     assert "pinned host memory, streamed to npu on a side stream" in report
-    for run in ("plain", "swapped"):
+    for run, trained in (("plain", [1, 2, 3, 4]), ("swapped", [3, 4])):
         for audit in load_audits(str(tmp_path / run)):
+            assert_audit_saw_training(audit, trained, f"{run} rank {audit['rank']}")
             assert audit["stream_findings"] == [], (run, audit["stream_findings"])
     without, with_swap = read_plain(tmp_path, tmp_path / "plain" / "checkpoint" / "step-4",
                                     tmp_path / "swapped" / "checkpoint" / "step-4")

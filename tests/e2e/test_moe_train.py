@@ -28,7 +28,7 @@ import os
 
 import pytest
 
-from sim_audit import assert_audit_clean
+from sim_audit import assert_audit_clean, expected_step_syncs
 from testkit import MOE_STEPS, NO_ACTIVATION_CHECKPOINTING, REPO, clean_env, sim_env, train_moe
 
 pytestmark = pytest.mark.e2e
@@ -94,7 +94,8 @@ def test_deepseek_v3_ep2_on_simulated_npus_parity_with_independent_moe(tmp_path)
                         steps=steps, extra=MOE_EP2, tail=NO_ACTIVATION_CHECKPOINTING)
     assert_moe_dispatch_applied(patched_dump)
     assert patched[steps] < patched[1], patched  # the model table's simulated-NPU cell for deepseek_v3
-    assert_audit_clean(patched_dump, steps=steps)
+    # deepseek_v3_debugmodel: 6 layers, the first dense, 5 MoE; flex attention.
+    assert_audit_clean(patched_dump, steps=steps, layers=6, step_syncs=expected_step_syncs("flex", moe_layers=5))
     for report_patches in moe_reports(patched_dump):
         assert report_patches["device"]["notes"] == ["device npu x2: Ascend910B-sim"], report_patches["device"]
     reference = train_moe("deepseek_v3", "deepseek_v3_debugmodel", reference_dump,
@@ -132,5 +133,6 @@ def test_qwen3_moe_ep2_on_simulated_npus_runs_what_an_npu_runs(tmp_path):
                        extra=MOE_EP2, tail=NO_ACTIVATION_CHECKPOINTING)
     assert losses[2] < losses[1], losses  # the model table's simulated-NPU cell for qwen3 MoE
     assert_moe_dispatch_applied(dump)
-    audits = assert_audit_clean(dump, steps=2)
+    # qwen3_moe_debug: 8 layers, all MoE; flex attention.
+    audits = assert_audit_clean(dump, steps=2, layers=8, step_syncs=expected_step_syncs("flex", moe_layers=8))
     assert all(audit["fused_ops"]["npu_grouped_matmul"] > 0 for audit in audits)

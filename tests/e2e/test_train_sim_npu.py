@@ -16,12 +16,14 @@ import re
 
 import pytest
 
-from sim_audit import assert_audit_clean
-from testkit import LLAMA_STEPS
+from sim_audit import assert_audit_clean, expected_step_syncs
+from testkit import LLAMA_STEPS, SHORT_RUN
 
 pytestmark = pytest.mark.e2e
 
 CONFIGS = ("llama3_debugmodel", "llama3_debugmodel_varlen_attn")
+ATTENTION = {"llama3_debugmodel": "flex", "llama3_debugmodel_varlen_attn": "varlen"}
+LLAMA_LAYERS = 6  # llama3_debugmodel's n_layers
 
 
 @pytest.mark.parametrize("config", CONFIGS)
@@ -38,7 +40,9 @@ def test_trains_on_simulated_npus_like_the_rehearsal(llama_runs, config):
         report = json.load(open(os.path.join(dump, "npu_inject", f"report_rank{rank}.json")))
         assert report["versions"]["torch_npu_simulated"] == "yes"
         assert report["patches"]["attention"]["state"] == "applied"
-    assert_audit_clean(dump, steps=LLAMA_STEPS)
+    batch_rows = int(SHORT_RUN[SHORT_RUN.index("--training.local_batch_size") + 1])
+    assert_audit_clean(dump, steps=LLAMA_STEPS, layers=LLAMA_LAYERS,
+                       step_syncs=expected_step_syncs(ATTENTION[config], batch_rows=batch_rows))
     rehearsal, _, _ = llama_runs(config, "cpu")
     assert sorted(sim_losses) == list(range(1, LLAMA_STEPS + 1)) == sorted(rehearsal)
     worst = max(abs(sim_losses[s] - rehearsal[s]) / abs(rehearsal[s]) for s in rehearsal)

@@ -4,12 +4,18 @@ The e2e runs on simulated NPUs (TORCHTITAN_NPU_SIM_AUDIT=1) must show no stream-
 finding, no host-fallback op beyond KNOWN_FALLBACK_OPS, and inside training steps no host
 sync beyond STEP_SYNCS (matched by kind and file: line numbers of npu_inject move). The
 README lists the same entries; a new one fails here until it is explained there.
+
+An allow-list alone also passes an audit that saw nothing (one switched off or bypassed), so
+each run must also show what it cannot train without: every step, NPU kernels (matmuls), the
+known fallback once per layer and forward, and exactly the host syncs per step that the
+README's table counts (expected_step_syncs).
 """
 
 from __future__ import annotations
 
 import json
 import os
+from collections import Counter
 
 # aten op -> why a real NPU runs it on the host, and the plan.
 KNOWN_FALLBACK_OPS = {
@@ -46,6 +52,42 @@ STEP_SYNCS = {
 }
 
 
+ITEM = ".item() / bool() / tolist()"
+H2D = "blocking host-to-device copy"
+D2H = "device-to-host copy"
+NONZERO = "data-dependent shape"
+
+# Host syncs of every step whatever the model (README: "llama3 flex: 9").
+TRAINER_STEP_SYNCS = {
+    (H2D, "torchtitan/trainer.py"): 4,
+    (ITEM, "torchtitan/trainer.py"): 2,
+    (ITEM, "torchtitan/distributed/utils.py"): 3,
+}
+
+
+def expected_step_syncs(attention: str, batch_rows: int = 0, moe_layers: int = 0) -> Counter:
+    """Host syncs of one training step with one forward, by (kind, file), as the README's table
+    counts them: the trainer's 9, then per forward 2 for flex attention's document boundaries
+    (npu_fusion_attention_v3), or for varlen 1 nonzero per batch row, 1 .item() and 1 copy of
+    the document ends; 1 copy of the all-to-all split sizes per MoE layer."""
+    expected = Counter(TRAINER_STEP_SYNCS)
+    if attention == "flex":
+        expected[(NONZERO, "npu_inject/ops/attention.py")] += 1
+        expected[(D2H, "npu_inject/ops/attention.py")] += 1
+    elif attention == "varlen" and batch_rows > 0:
+        expected[(NONZERO, "torchtitan/models/common/attention.py")] += batch_rows
+        expected[(ITEM, "torchtitan/models/common/attention.py")] += 1
+        expected[(D2H, "npu_inject/patches/attention.py")] += 1
+    else:
+        raise ValueError(f"attention={attention!r}, batch_rows={batch_rows}: expected 'flex', or 'varlen' "
+                         "with the local batch size as batch_rows")
+    if moe_layers:
+        expected[(D2H, "torchtitan/models/common/token_dispatcher.py")] += moe_layers
+    unexplained = set(expected) - set(STEP_SYNCS)
+    assert not unexplained, f"expected_step_syncs names syncs STEP_SYNCS does not explain: {unexplained}"
+    return expected
+
+
 def _file(site: str) -> str:
     return site.rsplit(":", 1)[0]
 
@@ -63,20 +105,43 @@ def load_audits(folder: str, ranks=(0, 1)) -> list[dict]:
     return audits
 
 
-def assert_audit_clean(folder: str, ranks=(0, 1), steps: int | None = None) -> list[dict]:
-    """No stream-order finding, only explained fallback ops and in-step host syncs."""
+def assert_audit_saw_training(audit: dict, steps: list[int], where: str) -> None:
+    """The audit watched the run: every training step, and NPU kernels (matmuls) on the device."""
+    assert audit.get("steps") == steps, f"{where}: audit saw steps {audit.get('steps')}, the run trained {steps}"
+    kernels = audit.get("npu_kernels", {})
+    assert kernels.get("aten::mm", 0) >= len(steps), (
+        f"{where}: audit counted {kernels.get('aten::mm', 0)} aten::mm NPU kernels for {len(steps)} steps "
+        f"(every step has matmuls): the dispatch mode did not see the device ops ({len(kernels)} ops seen)")
+
+
+def assert_audit_clean(folder: str, steps: int, step_syncs: Counter, layers: int, ranks=(0, 1)) -> list[dict]:
+    """No stream-order finding, only explained fallback ops and in-step host syncs; and the audit
+    saw the run: ``steps`` steps, kernels, KNOWN_FALLBACK_OPS once per layer and forward
+    (``layers`` transformer layers, one forward per step, no recomputation in the forward
+    phase), and in every step exactly ``step_syncs`` (expected_step_syncs)."""
     audits = load_audits(folder, ranks)
     for audit in audits:
         where = f"{folder} rank {audit['rank']}"
+        assert_audit_saw_training(audit, list(range(1, steps + 1)), where)
         assert audit["stream_findings"] == [], f"{where}: {audit['stream_findings']}"
+        for op in KNOWN_FALLBACK_OPS:
+            seen = audit["fallback_ops"].get(op, {}).get("phases", {}).get("forward", 0)
+            assert seen == layers * steps, (
+                f"{where}: {op} seen {seen} times in forward, expected once per layer and step "
+                f"({layers} x {steps}); a change here changes the README's host-fallback table")
         unexplained = sorted(set(audit["fallback_ops"]) - set(KNOWN_FALLBACK_OPS))
         assert not unexplained, f"{where}: host-fallback ops not in KNOWN_FALLBACK_OPS: " + "; ".join(
             f"{op} at {audit['fallback_ops'][op]['sites']}" for op in unexplained)
-        if steps is not None:
-            assert audit["steps"] == list(range(1, steps + 1)), f"{where}: steps {audit['steps']}"
         for step, rows in audit["syncs"].items():
             if step == "outside steps":
                 continue
             unexplained = [row for row in rows if (row["kind"], _file(row["site"])) not in STEP_SYNCS]
             assert not unexplained, f"{where}: host syncs in step {step} not in STEP_SYNCS: {unexplained}"
+        for step in range(1, steps + 1):
+            seen = Counter()
+            for row in audit["syncs"].get(str(step), []):
+                seen[(row["kind"], _file(row["site"]))] += row["count"]
+            assert seen == step_syncs, (
+                f"{where}: host syncs in step {step} by (kind, file): {dict(seen)}, expected {dict(step_syncs)} "
+                f"(the README's per-step table)")
     return audits

@@ -11,10 +11,18 @@ Reductions: SUM, PRODUCT, MIN, MAX, BAND, BOR, BXOR go to gloo; AVG (which
 gloo lacks, and which FSDP2 uses for fp32/bf16 gradients) is a SUM followed by
 a division by the group size. PREMUL_SUM is rejected as gloo rejects it; real
 HCCL accepts it, so code that needs it must choose per backend.
+
+Teardown: the inner gloo group owns C++ threads (a worker per group, a transport loop).
+``shutdown()`` -- called by destroy_process_group, and at exit for a group never destroyed --
+drops it on the calling thread, so its destructor joins them there. Left alive (a group
+something still references after destroy_process_group), they met interpreter shutdown and
+now and then took a rank down after training (`terminate called without an active exception`).
 """
 
 from __future__ import annotations
 
+import atexit
+import weakref
 from datetime import timedelta
 from typing import Sequence
 
@@ -69,9 +77,11 @@ class _P2PWork(dist.Work):
     """An in-flight gloo send/recv; wait() finishes it (once: waiting on a finished gloo
     send/recv again would block) and then runs `done`, e.g. a recv's copy into npu tensors."""
 
-    def __init__(self, inner: dist.Work, done=None) -> None:
+    def __init__(self, inner: dist.Work, backend: "HcclSimBackend", done=None) -> None:
         super().__init__()
         self._inner, self._done, self._finished = inner, done, False
+        self._backend = backend
+        backend._pending_p2p += 1
 
     def wait(self, timeout: timedelta | None = None) -> bool:
         if not self._finished:
@@ -79,6 +89,7 @@ class _P2PWork(dist.Work):
             if self._done is not None:
                 self._done()
             self._finished = True
+            self._backend._pending_p2p -= 1
         return True
 
     def is_completed(self) -> bool:
@@ -94,9 +105,32 @@ class HcclSimBackend(_C10dBackend):
         super().__init__(rank, size)
         self._rank = rank
         self._size = size
-        self._gloo = dist.ProcessGroupGloo(
+        self._pending_p2p = 0  # send/recv not waited for yet
+        self._gloo_group: dist.ProcessGroupGloo | None = dist.ProcessGroupGloo(
             dist.PrefixStore("hccl_sim_gloo/", store), rank, size, timeout
         )
+        _LIVE_BACKENDS.add(self)
+
+    @property
+    def _gloo(self) -> dist.ProcessGroupGloo:
+        if self._gloo_group is None:
+            raise RuntimeError(
+                "simulated hccl: collective on a process group that was shut down "
+                "(destroy_process_group, or interpreter exit); create a new one with init_process_group/new_group"
+            )
+        return self._gloo_group
+
+    def shutdown(self) -> None:
+        """Join the inner gloo group's threads now (see the module docstring, Teardown)."""
+        if self._gloo_group is None:
+            return
+        if self._pending_p2p:
+            # A send/recv still in flight keeps a gloo worker busy until its peer answers or
+            # it times out: joining would hang the exit of a run that already failed.
+            return
+        gloo, self._gloo_group = self._gloo_group, None
+        gloo.shutdown()
+        del gloo  # the last reference: ~ProcessGroupGloo joins its worker and transport threads here
 
     # -- identity ---------------------------------------------------------
 
@@ -329,23 +363,35 @@ class HcclSimBackend(_C10dBackend):
     def send(self, tensors: list[torch.Tensor], dst_rank: int, tag: int) -> dist.Work:
         self._check_peer(dst_rank, "send")
         # The gloo work keeps the host copies alive until the send completes.
-        return _P2PWork(self._gloo.send([_to_host(t) for t in tensors], dst_rank, tag))
+        return _P2PWork(self._gloo.send([_to_host(t) for t in tensors], dst_rank, tag), self)
 
     def recv(self, tensors: list[torch.Tensor], src_rank: int, tag: int) -> dist.Work:
         self._check_peer(src_rank, "recv")
         hosts = [_to_host(t) for t in tensors]
-        return _P2PWork(self._gloo.recv(hosts, src_rank, tag), lambda: _copy_back(tensors, hosts))
+        return _P2PWork(self._gloo.recv(hosts, src_rank, tag), self, lambda: _copy_back(tensors, hosts))
 
     def barrier(self, opts: _c10d.BarrierOptions) -> dist.Work:
         self._run(self._gloo.barrier(_c10d.BarrierOptions()))
         return _completed(None)
 
 
+_LIVE_BACKENDS: "weakref.WeakSet[HcclSimBackend]" = weakref.WeakSet()
+
+
 def _create(store: dist.Store, rank: int, size: int, timeout: timedelta) -> HcclSimBackend:
     return HcclSimBackend(store, rank, size, timeout)
+
+
+def shutdown_all() -> None:
+    """At exit, before interpreter shutdown: groups never destroyed join their threads too."""
+    for backend in list(_LIVE_BACKENDS):
+        backend.shutdown()
 
 
 def register() -> None:
     if BACKEND_NAME.upper() in dist.Backend._plugins:
         return
     dist.Backend.register_backend(BACKEND_NAME, _create, devices=["npu"])
+    # Registered at torch_npu's import, so it runs after the exit hooks of what imports later
+    # (the runtime's and the audit's report writers).
+    atexit.register(shutdown_all)
