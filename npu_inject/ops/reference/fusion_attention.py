@@ -141,7 +141,6 @@ class _BlockwiseAttention(torch.autograd.Function):
 
     @staticmethod
     def forward(q, k, v, explicit, band, scale, side):
-        cdt = q.dtype
         b, nkv, g, sq, _ = q.shape
         skv, dv = k.shape[3], v.shape[-1]
         out = q.new_zeros(b, nkv, g, sq, dv)
@@ -167,7 +166,8 @@ class _BlockwiseAttention(torch.autograd.Function):
                 l_i = l_i * correction + p.sum(dim=-1, keepdim=True)
                 acc_i = acc_i * correction + torch.matmul(p, v[..., cols[0]:cols[1], :])
                 m_i = m_new
-            live = l_i > 0
+            # != rather than >: a NaN row stays NaN instead of passing for a dead row.
+            live = m_i != float("-inf")
             out[..., rows[0]:rows[1], :] = torch.where(live, acc_i / torch.where(live, l_i, 1.0), 0.0)
             row_max[..., rows[0]:rows[1], :] = torch.where(live, m_i, 0.0)
             row_sum[..., rows[0]:rows[1], :] = l_i
@@ -187,7 +187,7 @@ class _BlockwiseAttention(torch.autograd.Function):
         band, scale, side = ctx.band, ctx.scale, ctx.side
         sq, skv = q.shape[3], k.shape[3]
         # exp(s - logsumexp) gives the probabilities; +inf on dead rows makes them 0.
-        live = row_sum > 0
+        live = row_sum != 0  # dead rows have sum 0; a NaN row stays NaN
         lse = torch.where(live, row_max + torch.log(torch.where(live, row_sum, 1.0)), float("inf"))
         grad_out = grad_out.to(q.dtype)
         # D_i = sum_j P_ij dP_ij = rowsum(dO * O): the softmax backward's row term.
