@@ -10,6 +10,12 @@ semantics; every mode is tested against SDPA or explicit loops
 NotImplementedError naming the argument. ``verification/torch_npu_docs.md`` digests the
 documented semantics. ``npu_fusion_attention_v3`` is the same kernel with the TND
 lengths as CPU tensors (what npu_inject passes for packed documents), computed by v1.
+
+Scores are computed by tiles with an online softmax (flash attention), forward and backward,
+so the CPU rehearsal's memory grows linearly with the sequence length; the backward recomputes
+each tile from the saved softmax statistics. torch's own CPU flash attention (SDPA) is not used:
+it returns only the log-sum-exp (torch_npu returns max and sum), has no band or right-down causal
+mask, and would read an explicit mask as a dense (S x S) tensor.
 """
 
 from __future__ import annotations
@@ -52,34 +58,168 @@ def _check_compressed_mask(atten_mask: torch.Tensor, sparse_mode: int) -> None:
         )
 
 
-def _region_mask(sparse_mode: int, sq: int, skv: int, pre: int, nxt: int, device) -> Optional[torch.Tensor]:
-    """The (sq, skv) part sparse_mode leaves uncomputed (True = masked); None: nothing.
+# Diagonal bands: a sparse mode keeps key j for query i iff lo <= j - i <= hi (None: unbounded).
+_Band = tuple[Optional[int], Optional[int]]
+
+# Scores are computed in tiles of (TILE, TILE) per (batch, head): the budget below bounds one
+# tile's score block over all rows, so memory stays linear in the sequence length.
+_TILE_SCORE_ELEMENTS = 1 << 23
+_TILE_MIN, _TILE_MAX = 32, 512
+# Tests set this to force small tiles whose side does not divide the sequence length.
+TILE_SIDE: Optional[int] = None
+
+
+def _tile_side(rows: int) -> int:
+    """Query/key tile side for ``rows`` = B * N score rows (a power of two in [32, 512])."""
+    if TILE_SIDE is not None:
+        return TILE_SIDE
+    side = _TILE_MIN
+    while side < _TILE_MAX and rows * (2 * side) ** 2 <= _TILE_SCORE_ELEMENTS:
+        side *= 2
+    return side
+
+
+def _band(sparse_mode: int, sq: int, skv: int, pre: int, nxt: int) -> _Band:
+    """The diagonals sparse_mode keeps, as bounds on j - i; (None, None): everything.
 
     "Left-up" counts the diagonal from (0, 0), "right-down" from the bottom-right
     corner (docs, sparse_mode table).
     """
-    i_S1 = torch.arange(sq, device=device).unsqueeze(1)
-    j_1S = torch.arange(skv, device=device).unsqueeze(0)
     if sparse_mode == 0:
         if pre >= sq and nxt >= skv:
-            return None
-        diagonal_SS = j_1S - i_S1
-        return (diagonal_SS > nxt) | (diagonal_SS < -pre)
+            return None, None
+        return -pre, nxt
     if sparse_mode == 1:
-        return None
+        return None, None
     if sparse_mode == 2:
-        return j_1S > i_S1
-    diagonal_SS = j_1S - i_S1 - (skv - sq)
+        return None, 0
+    shift = skv - sq
     if sparse_mode == 3:
-        return diagonal_SS > 0
-    return (diagonal_SS > nxt) | (diagonal_SS < -pre)  # 4
+        return None, shift
+    return shift - pre, shift + nxt  # 4
 
 
-def _attention_core(q_BNSD, k_BKSD, v_BKSD, masked: Optional[torch.Tensor], scale: float):
-    """softmax(scale * q k^T, masked) v, with GQA by grouping query heads.
+def _tile_mask(band: _Band, explicit, rows: tuple[int, int], cols: tuple[int, int], device):
+    """What to mask in the tile rows x cols (True = masked): None for nothing, False to skip the tile.
 
+    ``explicit`` is the grouped (B|1, K|1, G|1, Sq, Skv) atten_mask or None.
+    """
+    (i0, i1), (j0, j1) = rows, cols
+    lo, hi = band
+    nearest, farthest = j0 - (i1 - 1), (j1 - 1) - i0  # smallest and largest j - i in the tile
+    if (lo is not None and farthest < lo) or (hi is not None and nearest > hi):
+        return False
+    masked = None
+    if (lo is not None and nearest < lo) or (hi is not None and farthest > hi):
+        diagonal = torch.arange(j0, j1, device=device).unsqueeze(0) - torch.arange(i0, i1, device=device).unsqueeze(1)
+        masked = torch.zeros_like(diagonal, dtype=torch.bool)
+        if lo is not None:
+            masked |= diagonal < lo
+        if hi is not None:
+            masked |= diagonal > hi
+    if explicit is not None:
+        tile = explicit[..., i0:i1, j0:j1]
+        masked = tile if masked is None else (tile | masked)
+    return masked
+
+
+def _tiles(length: int, side: int):
+    return [(start, min(start + side, length)) for start in range(0, length, side)]
+
+
+class _BlockwiseAttention(torch.autograd.Function):
+    """softmax(scale * q k^T, masked) v by tiles with an online softmax (flash attention).
+
+    Grouped layouts: q (B, K, G, Sq, D), k/v (B, K, 1, Skv, D|Dv), query heads h = kv_head * G + j
+    sharing kv_head (torch_npu / repeat_interleave order), so K and V are never repeated.
+    Forward keeps only the per-row max and sum (torch_npu's softmax_max / softmax_sum); the
+    backward recomputes each tile's probabilities from them, as npu_fusion_attention_grad does,
+    so neither pass holds more than one tile of scores. A row with nothing to attend to
+    outputs 0, its statistics are 0 and its gradients 0.
+    Forward and setup_context are separate so torch.func.vjp (the compiled op's backward) runs it.
+    """
+
+    @staticmethod
+    def forward(q, k, v, explicit, band, scale, side):
+        b, nkv, g, sq, _ = q.shape
+        skv, dv = k.shape[3], v.shape[-1]
+        out = q.new_zeros(b, nkv, g, sq, dv)
+        row_max = q.new_zeros(b, nkv, g, sq, 1)
+        row_sum = q.new_zeros(b, nkv, g, sq, 1)
+        for rows in _tiles(sq, side):
+            q_i = q[..., rows[0]:rows[1], :]
+            m_i = q.new_full((b, nkv, g, rows[1] - rows[0], 1), float("-inf"))
+            l_i = q.new_zeros(m_i.shape)
+            acc_i = q.new_zeros(b, nkv, g, rows[1] - rows[0], dv)
+            for cols in _tiles(skv, side):
+                masked = _tile_mask(band, explicit, rows, cols, q.device)
+                if masked is False:
+                    continue
+                s = torch.matmul(q_i, k[..., cols[0]:cols[1], :].transpose(-1, -2)) * scale
+                if masked is not None:
+                    s = s.masked_fill(masked, float("-inf"))
+                m_new = torch.maximum(m_i, s.amax(dim=-1, keepdim=True))
+                # Rows still without a key keep max -inf: subtract 0 there, giving exp(-inf) = 0.
+                m_safe = m_new.masked_fill(m_new == float("-inf"), 0.0)
+                p = torch.exp(s - m_safe)
+                correction = torch.exp(m_i - m_safe)
+                l_i = l_i * correction + p.sum(dim=-1, keepdim=True)
+                acc_i = acc_i * correction + torch.matmul(p, v[..., cols[0]:cols[1], :])
+                m_i = m_new
+            # != rather than >: a NaN row stays NaN instead of passing for a dead row.
+            live = m_i != float("-inf")
+            out[..., rows[0]:rows[1], :] = torch.where(live, acc_i / torch.where(live, l_i, 1.0), 0.0)
+            row_max[..., rows[0]:rows[1], :] = torch.where(live, m_i, 0.0)
+            row_sum[..., rows[0]:rows[1], :] = l_i
+        return out, row_max, row_sum
+
+    @staticmethod
+    def setup_context(ctx, inputs, output):
+        q, k, v, explicit, band, scale, side = inputs
+        out, row_max, row_sum = output
+        ctx.band, ctx.scale, ctx.side = band, scale, side
+        ctx.save_for_backward(q, k, v, explicit, out, row_max, row_sum)
+        ctx.mark_non_differentiable(row_max, row_sum)
+
+    @staticmethod
+    def backward(ctx, grad_out, _grad_max, _grad_sum):
+        q, k, v, explicit, out, row_max, row_sum = ctx.saved_tensors
+        band, scale, side = ctx.band, ctx.scale, ctx.side
+        sq, skv = q.shape[3], k.shape[3]
+        # exp(s - logsumexp) gives the probabilities; +inf on dead rows makes them 0.
+        live = row_sum != 0  # dead rows have sum 0; a NaN row stays NaN
+        lse = torch.where(live, row_max + torch.log(torch.where(live, row_sum, 1.0)), float("inf"))
+        grad_out = grad_out.to(q.dtype)
+        # D_i = sum_j P_ij dP_ij = rowsum(dO * O): the softmax backward's row term.
+        delta = (grad_out * out).sum(dim=-1, keepdim=True)
+        grad_q, grad_k, grad_v = torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
+        for rows in _tiles(sq, side):
+            r = slice(rows[0], rows[1])
+            q_i, do_i, lse_i, delta_i = q[..., r, :], grad_out[..., r, :], lse[..., r, :], delta[..., r, :]
+            for cols in _tiles(skv, side):
+                masked = _tile_mask(band, explicit, rows, cols, q.device)
+                if masked is False:
+                    continue
+                c = slice(cols[0], cols[1])
+                k_j, v_j = k[..., c, :], v[..., c, :]
+                s = torch.matmul(q_i, k_j.transpose(-1, -2)) * scale
+                if masked is not None:
+                    s = s.masked_fill(masked, float("-inf"))
+                p = torch.exp(s - lse_i)
+                # Query heads of one group share k_j / v_j: their contributions sum over G.
+                grad_v[..., c, :] += torch.matmul(p.transpose(-1, -2), do_i).sum(dim=2, keepdim=True)
+                grad_s = p * (torch.matmul(do_i, v_j.transpose(-1, -2)) - delta_i) * scale
+                grad_q[..., r, :] += torch.matmul(grad_s, k_j)
+                grad_k[..., c, :] += torch.matmul(grad_s.transpose(-1, -2), q_i).sum(dim=2, keepdim=True)
+        return grad_q, grad_k, grad_v, None, None, None, None
+
+
+def _attention_core(q_BNSD, k_BKSD, v_BKSD, explicit: Optional[torch.Tensor], band: _Band, scale: float):
+    """softmax(scale * q k^T, masked) v, with GQA by grouping query heads, computed by tiles.
+
+    Masked: ``explicit`` (4-D, broadcastable to (B, N, Sq, Skv), True = masked; or None) and
+    everything outside the diagonals ``band``.
     Returns (out_BNSD in the compute dtype, softmax_max_BNS, softmax_sum_BNS).
-    ``masked`` is 4-D and broadcastable to (B, N, Sq, Skv).
     """
     b, n, sq, d = q_BNSD.shape
     nkv, skv = k_BKSD.shape[1], k_BKSD.shape[2]
@@ -90,35 +230,22 @@ def _attention_core(q_BNSD, k_BKSD, v_BKSD, masked: Optional[torch.Tensor], scal
         zeros_BNS = q_BNSD.new_zeros(b, n, sq, dtype=cdt)
         out_BNSD = (q_BNSD.to(cdt).sum(-1, keepdim=True) * 0).expand(b, n, sq, v_BKSD.shape[-1])
         return out_BNSD, zeros_BNS, zeros_BNS
-    # Query heads h = kv_head * g + j share kv_head (torch_npu / repeat_interleave order),
-    # so grouping the query avoids materialising repeated K and V.
     q_BKGSD = q_BNSD.to(cdt).reshape(b, nkv, g, sq, d)
-    s_BKGSS = torch.matmul(q_BKGSD, k_BKSD.to(cdt).unsqueeze(2).transpose(-1, -2)) * scale
-    dead_BKG11 = None
-    if masked is not None:
+    k_BK1SD, v_BK1SD = (t.to(cdt).unsqueeze(2) for t in (k_BKSD, v_BKSD))
+    explicit_BKGSS = None
+    if explicit is not None:
         # (B|1, N|1, Sq, Skv) -> (B|1, Nkv|1, G|1, Sq, Skv), matching the grouped scores.
-        if masked.shape[1] == n:
-            masked_BKGSS = masked.reshape(masked.shape[0], nkv, g, *masked.shape[2:])
+        if explicit.shape[1] == n:
+            explicit_BKGSS = explicit.reshape(explicit.shape[0], nkv, g, *explicit.shape[2:])
         else:
-            masked_BKGSS = masked.unsqueeze(2)
-        # Rows with nothing left to attend to get output 0, not NaN: keep their scores
-        # finite through the softmax and zero the probabilities afterwards.
-        dead_BKG11 = masked_BKGSS.all(dim=-1, keepdim=True)
-        s_BKGSS = s_BKGSS.masked_fill(masked_BKGSS & ~dead_BKG11, float("-inf"))
-    p_BKGSS = torch.softmax(s_BKGSS, dim=-1)
-    if dead_BKG11 is not None:
-        p_BKGSS = p_BKGSS.masked_fill(dead_BKG11, 0.0)
-    out_BNSD = torch.matmul(p_BKGSS, v_BKSD.to(cdt).unsqueeze(2)).reshape(b, n, sq, v_BKSD.shape[-1])
-
+            explicit_BKGSS = explicit.unsqueeze(2)
+    out_BKGSD, max_BKGS1, sum_BKGS1 = _BlockwiseAttention.apply(
+        q_BKGSD, k_BK1SD, v_BK1SD, explicit_BKGSS, band, float(scale), _tile_side(b * n)
+    )
     # softmax_max / softmax_sum are backward-only buffers on the NPU; no gradient flows
-    # through them there, so they are detached here too.
-    with torch.no_grad():
-        smax = s_BKGSS.amax(dim=-1, keepdim=True)
-        ssum = torch.exp(s_BKGSS - smax).sum(dim=-1, keepdim=True)
-        if dead_BKG11 is not None:
-            dead = dead_BKG11.expand_as(smax)
-            smax, ssum = smax.masked_fill(dead, 0.0), ssum.masked_fill(dead, 0.0)
-    return out_BNSD, smax.reshape(b, n, sq), ssum.reshape(b, n, sq)
+    # through them there, so they are non-differentiable here too.
+    return (out_BKGSD.reshape(b, n, sq, v_BKSD.shape[-1]), max_BKGS1.reshape(b, n, sq),
+            sum_BKGS1.reshape(b, n, sq))
 
 
 def _check_heads(fn: str, n: int, nkv: int, q, k, v) -> None:
@@ -322,15 +449,12 @@ def npu_fusion_attention(
         if n != head_num:
             raise ValueError(f"{fn}: head_num={head_num} but query has {n} heads in layout {input_layout}")
         _check_heads(fn, n, nkv, q_BNSD, k_BKSD, v_BKSD)
-        masked = None
+        explicit, band = None, (None, None)
         if atten_mask is not None:
             if sparse_mode in (0, 1):
-                masked = _full_mask_4d(atten_mask, b, n, sq, skv, sparse_mode)
-            region = _region_mask(sparse_mode, sq, skv, pre_tockens, next_tockens, query.device)
-            if region is not None:
-                region = region.reshape(1, 1, sq, skv)
-                masked = region if masked is None else (masked | region)
-        out_BNSD, smax_BNS, ssum_BNS = _attention_core(q_BNSD, k_BKSD, v_BKSD, masked, scale)
+                explicit = _full_mask_4d(atten_mask, b, n, sq, skv, sparse_mode)
+            band = _band(sparse_mode, sq, skv, pre_tockens, next_tockens)
+        out_BNSD, smax_BNS, ssum_BNS = _attention_core(q_BNSD, k_BKSD, v_BKSD, explicit, band, scale)
         out_BNSD = out_BNSD.to(query.dtype)
         attention_out = out_BNSD.transpose(1, 2) if input_layout == "BSND" else out_BNSD
         softmax_max = smax_BNS.float().unsqueeze(-1).expand(b, n, sq, 8).contiguous()
@@ -385,18 +509,14 @@ def _varlen_attention(
         sq, skv = qe - qs, ke - ks
         if sq == 0:
             continue
-        masked = None
+        explicit, band = None, (None, None)
         if atten_mask is not None:
             if sparse_mode in (0, 1):
-                masked = atten_mask[:sq, :skv].bool()
-            region = _region_mask(sparse_mode, sq, skv, pre_tockens, next_tockens, query.device)
-            if region is not None:
-                masked = region if masked is None else (masked | region)
-            if masked is not None:
-                masked = masked.reshape(1, 1, sq, skv)
+                explicit = atten_mask[:sq, :skv].bool().reshape(1, 1, sq, skv)
+            band = _band(sparse_mode, sq, skv, pre_tockens, next_tockens)
         q_1NSD = query[qs:qe].transpose(0, 1).unsqueeze(0)
         k_1KSD, v_1KSD = (t[ks:ke].transpose(0, 1).unsqueeze(0) for t in (key, value))
-        out_1NSD, smax_1NS, ssum_1NS = _attention_core(q_1NSD, k_1KSD, v_1KSD, masked, scale)
+        out_1NSD, smax_1NS, ssum_1NS = _attention_core(q_1NSD, k_1KSD, v_1KSD, explicit, band, scale)
         pieces.append(out_1NSD[0].transpose(0, 1))
         smax_NT[:, qs:qe] = smax_1NS[0].float()
         ssum_NT[:, qs:qe] = ssum_1NS[0].float()

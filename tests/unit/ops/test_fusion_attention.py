@@ -16,9 +16,11 @@ import math
 import pytest
 import torch
 import torch.nn.functional as F
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from kernelkit import NODEF, POS, cumsum, generator, randn
 from npu_inject.ops import reference as ref
+from npu_inject.ops.reference import fusion_attention as fusion_attention_module
 
 COMPRESSED = torch.triu(torch.ones(2048, 2048), diagonal=1).bool()
 
@@ -368,6 +370,127 @@ def test_tnd_softmax_layout():
     _, smax, ssum, *_ = fa(q, q, q, n, "TND", **kw)
     assert smax.shape == (5, n, 8)
     torch.testing.assert_close((smax[..., 0] + ssum[..., 0].log()).flatten(), lse_NT.flatten(), atol=1e-5, rtol=1e-5)
+
+
+# ---- tiles (flash-attention style) ---------------------------------------------------------
+
+
+def diagonal_keep(sq, skv, lo=None, hi=None):
+    """Boolean (Sq, Skv), True = keep j - i within [lo, hi] (None: unbounded), by broadcasting."""
+    diagonal = torch.arange(skv).view(1, skv) - torch.arange(sq).view(sq, 1)
+    keep = torch.ones(sq, skv, dtype=torch.bool)
+    if lo is not None:
+        keep &= diagonal >= lo
+    if hi is not None:
+        keep &= diagonal <= hi
+    return keep
+
+
+def check_against_float64(q, k, v, keep, kw, layout="BNSD", scale=0.125):
+    """Forward (out, softmax_max, softmax_max + log softmax_sum) and q/k/v gradients vs float64 math."""
+    n = q.shape[1]
+    mine = [to_layout(t, layout).detach().clone().requires_grad_(True) for t in (q, k, v)]
+    out, smax, ssum, *_ = fa(*mine, n, layout, scale=scale, **kw)
+    theirs = [t.detach().double().requires_grad_(True) for t in (q, k, v)]
+    expected = expected_attention(*theirs, keep, scale=scale)
+    torch.testing.assert_close(from_layout(out, layout, n).double(), expected, atol=2e-5, rtol=2e-5)
+    groups = n // k.shape[1]
+    s = (theirs[0] @ theirs[1].repeat_interleave(groups, 1).transpose(-1, -2) * scale).detach()
+    if keep is not None:
+        s = s.masked_fill(~keep, float("-inf"))
+    live = torch.isfinite(s.amax(-1))
+    torch.testing.assert_close(smax[..., 0].double(), torch.where(live, s.amax(-1), 0.0), atol=2e-5, rtol=2e-5)
+    lse = (smax[..., 0] + ssum[..., 0].log()).double()
+    torch.testing.assert_close(lse[live], s.logsumexp(-1)[live], atol=2e-5, rtol=2e-5)
+    assert torch.all(ssum[..., 0][~live] == 0)
+    grad_out = randn(*expected.shape, seed=99)
+    (from_layout(out, layout, n) * grad_out).sum().backward()
+    (expected * grad_out.double()).sum().backward()
+    for name, m, t, heads in zip("qkv", mine, theirs, (n, k.shape[1], k.shape[1])):
+        torch.testing.assert_close(from_layout(m.grad, layout, heads).double(), t.grad, atol=2e-5, rtol=2e-5,
+                                   msg=f"d{name}")
+
+
+# sq, skv, tile: the tile side (64, 100) divides neither length.
+LONG_CASES = [(300, 300, 64), (200, 333, 100), (333, 200, 64)]
+
+
+@pytest.mark.parametrize("sq,skv,tile", LONG_CASES)
+@pytest.mark.parametrize("mode", [2, 3, 4, "band0+mask", "mask1", "full"])
+def test_tiled_modes_match_float64_math(mode, sq, skv, tile, monkeypatch):
+    monkeypatch.setattr(fusion_attention_module, "TILE_SIDE", tile)
+    b, n, nkv, d = 1, 4, 2, 16
+    q, k, v = randn(b, n, sq, d, seed=60), randn(b, nkv, skv, d, seed=61), randn(b, nkv, skv, d, seed=62)
+    if mode == 2:
+        keep, kw = diagonal_keep(sq, skv, hi=0), dict(atten_mask=COMPRESSED, sparse_mode=2)
+    elif mode == 3:  # sq > skv leaves the first rows with no key
+        keep, kw = diagonal_keep(sq, skv, hi=skv - sq), dict(atten_mask=COMPRESSED, sparse_mode=3)
+    elif mode == 4:  # a window of 70 tokens, crossing tile boundaries
+        keep = diagonal_keep(sq, skv, lo=skv - sq - 69, hi=skv - sq)
+        kw = dict(atten_mask=COMPRESSED, sparse_mode=4, pre_tockens=69, next_tockens=0)
+    elif mode == "band0+mask":  # explicit BNSS mask plus a left-up band
+        masked = torch.rand(b, n, sq, skv, generator=generator(63)) < 0.3
+        keep = diagonal_keep(sq, skv, lo=-90, hi=40) & ~masked
+        kw = dict(atten_mask=masked, sparse_mode=0, pre_tockens=90, next_tockens=40)
+    elif mode == "mask1":  # explicit SS mask with whole rows masked in the middle of a tile
+        masked = torch.rand(sq, skv, generator=generator(64)) < 0.5
+        masked[70:75] = True
+        keep, kw = ~masked, dict(atten_mask=masked, sparse_mode=1)
+    else:
+        keep, kw = None, {}
+    check_against_float64(q, k, v, keep, kw, layout="BSND" if mode in (3, "full") else "BNSD")
+
+
+def test_default_tiles_on_a_length_they_do_not_divide():
+    sq = 1100  # two full default tiles and a partial one
+    q, k, v = randn(1, 2, sq, 8, seed=65), randn(1, 1, sq, 8, seed=66), randn(1, 1, sq, 8, seed=67)
+    assert sq % fusion_attention_module._tile_side(2) != 0
+    check_against_float64(q, k, v, diagonal_keep(sq, sq, hi=0), dict(atten_mask=COMPRESSED, sparse_mode=2),
+                          layout="BSND")
+
+
+def test_tnd_documents_across_tiles(monkeypatch):
+    monkeypatch.setattr(fusion_attention_module, "TILE_SIDE", 48)
+    q_lens, n, nkv, d = [130, 7, 201], 4, 2, 8
+    q, k, v = (randn(sum(q_lens), heads, d, seed=s) for s, heads in ((68, n), (69, nkv), (70, nkv)))
+    out, *_ = fa(q, k, v, n, "TND", atten_mask=COMPRESSED, sparse_mode=4, pre_tockens=59, next_tockens=0,
+                 actual_seq_qlen=cumsum(q_lens), actual_seq_kvlen=cumsum(q_lens), scale=0.3)
+    expected = tnd_expected(q, k, v, q_lens, q_lens, lambda idx, sq, skv: (lambda i, j: -59 <= j - i <= 0), 0.3)
+    torch.testing.assert_close(out.double(), expected, atol=2e-5, rtol=2e-5)
+
+
+class LargestOutput(TorchDispatchMode):
+    """Records the element count of the largest tensor any aten op returns."""
+
+    def __init__(self):
+        super().__init__()
+        self.largest = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        result = func(*args, **(kwargs or {}))
+        for t in torch.utils._pytree.tree_leaves(result):
+            if isinstance(t, torch.Tensor):
+                self.largest = max(self.largest, t.numel())
+        return result
+
+
+@pytest.mark.parametrize("layout,kw", [
+    ("BSND", dict(atten_mask=COMPRESSED, sparse_mode=2)),
+    ("TND", dict(atten_mask=COMPRESSED, sparse_mode=3)),
+    ("BSND", {}),
+])
+def test_forward_and_backward_never_hold_a_sequence_by_sequence_tensor(layout, kw):
+    # The rehearsal's host memory must grow linearly with the sequence: no op in the forward or
+    # the backward may produce anything of S x S elements (the compressed 2048 x 2048 mask is an
+    # input, and S = 4096 is larger).
+    s, n, d = 4096, 2, 8
+    shape = (s, n, d) if layout == "TND" else (1, s, n, d)
+    q, k, v = (randn(*shape, seed=seed, requires_grad=True) for seed in (71, 72, 73))
+    lengths = dict(actual_seq_qlen=[s], actual_seq_kvlen=[s]) if layout == "TND" else {}
+    with LargestOutput() as watch:
+        out, *_ = fa(q, k, v, n, layout, scale=0.3, **kw, **lengths)
+        out.sum().backward()
+    assert watch.largest < s * s, f"an op produced {watch.largest} elements, S x S = {s * s}"
 
 
 # ---- argument errors -------------------------------------------------------------------

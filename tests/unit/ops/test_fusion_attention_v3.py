@@ -119,6 +119,16 @@ def test_forward_and_backward_match_explicit_attention(kernel, lengths, nq, nkv,
         torch.testing.assert_close(grad.double(), expected, rtol=1e-5, atol=1e-5, msg=f"d{name}")
 
 
+@pytest.mark.parametrize("kernel", KERNELS)
+@pytest.mark.parametrize("mode", ["causal", "full"])
+def test_documents_longer_than_a_tile(kernel, mode, monkeypatch):
+    # Tiles of 64 tokens: documents start and end inside tiles and none is a multiple of 64.
+    from npu_inject.ops.reference import fusion_attention
+
+    monkeypatch.setattr(fusion_attention, "TILE_SIDE", 64)
+    test_forward_and_backward_match_explicit_attention(kernel, [150, 61, 209], 4, 2, mode)
+
+
 def test_int32_lengths_are_read_like_int64():
     # torch_npu converts a non-int64 length tensor on the host (op-plugin's ToIntArrayRef).
     q, k, v = (randn(12, 2, 4, seed=s) for s in (1, 2, 3))
