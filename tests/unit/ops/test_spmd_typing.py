@@ -57,6 +57,7 @@ def _worker(rank: int, init_file: str, results: dict) -> None:  # noqa: C901
     from npu_inject.ops import kernels
     from npu_inject.ops.attention import AttentionPlan, document_plan, fusion_attention_BLNH
     from npu_inject.ops.cp import ContextParallelPlan, _AllGather, context_parallel_attention_BLNH
+    from npu_inject.ops.moe import _GroupedMatmulKernelBackward
 
     mesh = init_device_mesh("cpu", (WORLD,), mesh_dim_names=("cp",))
     group = mesh.get_group()
@@ -137,6 +138,16 @@ def _worker(rank: int, init_file: str, results: dict) -> None:  # noqa: C901
         check("npu_moe_token_permute/rows", got[0], want_rows, _type_on(mesh, got[0]), [V])
         if not torch.equal(got[1], want_slots):
             failures.append("npu_moe_token_permute/slots differ from the unchecked call")
+
+    # Grouped matmul with kernel gradients (our autograd Function, registered as local).
+    x_RI = torch.randn(6, 4, generator=generator)
+    weight_EIO = torch.randn(3, 4, 5, generator=generator)
+    group_list_E = torch.tensor([2, 2, 6], dtype=torch.int64)
+    want = _GroupedMatmulKernelBackward.apply(x_RI, weight_EIO, group_list_E)
+    tx, tw, tg = (_typed(mesh, t.clone(), spmd.V) for t in (x_RI, weight_EIO, group_list_E))
+    got = attempt("grouped_matmul", lambda: _checked(mesh, lambda: _GroupedMatmulKernelBackward.apply(tx, tw, tg)))
+    if got is not None:
+        check("grouped_matmul", got, want, _type_on(mesh, got), [V])
 
     results[rank] = failures
     dist.destroy_process_group()
