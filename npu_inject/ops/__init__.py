@@ -29,6 +29,12 @@ def _kernels_for(target: str | None) -> ModuleType:
     return reference
 
 
+def _spmd_type_checking() -> bool:
+    from npu_inject.ops.spmd_typing import type_checking
+
+    return type_checking()
+
+
 def kernels() -> ModuleType:
     """torch_npu on an NPU target, the reference implementations otherwise.
 
@@ -36,8 +42,9 @@ def kernels() -> ModuleType:
     runtime made (and validated) at activation.
     """
     target = plan.current_target()
-    if target != "npu" and torch.compiler.is_compiling():
-        # Under torch.compile the reference kernels are custom ops with fakes, as torch_npu's are.
+    if target != "npu" and (torch.compiler.is_compiling() or _spmd_type_checking()):
+        # Under torch.compile the reference kernels are custom ops with fakes, as torch_npu's are; so
+        # under spmd_types type checking, which then types each kernel as one op, as it does torch_npu's.
         from npu_inject.ops import rehearsal
 
         return rehearsal

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from npu_inject.ops import kernels
+from npu_inject.ops import kernels, spmd_typing
 
 COMPRESSED_MASK_SIZE = 2048
 SPARSE_LEFT_UP_CAUSAL, SPARSE_RIGHT_DOWN_CAUSAL, SPARSE_BAND = 2, 3, 4
@@ -120,6 +120,14 @@ def fusion_attention_BLNH(
     for anything that must be differentiated. Key/value may carry fewer heads than the query (GQA): the kernel takes them as
     they are. Inputs keep their dtype: the kernel takes fp16, bf16 and fp32.
     """
+    # Under spmd_types type checking the kernel is a typing boundary, as upstream's attention kernels:
+    # its host metadata (document ends, compressed mask) goes unchecked, the outputs take q's type.
+    with spmd_typing.opaque_kernel():
+        out_BLNH, lse_BLN = _fusion_attention_BLNH(q_BLNH, k_BLNH, v_BLNH, plan, scale)
+    return spmd_typing.type_like(out_BLNH, q_BLNH), spmd_typing.type_like(lse_BLN, q_BLNH, keep_dims=3)
+
+
+def _fusion_attention_BLNH(q_BLNH, k_BLNH, v_BLNH, plan: AttentionPlan, scale: float | None):
     B, L, N, H = q_BLNH.shape
     value_head_dim = v_BLNH.shape[-1]
     scale = 1.0 / math.sqrt(H) if scale is None else scale

@@ -29,10 +29,11 @@ import math
 from dataclasses import dataclass, field
 from typing import Callable
 
+import spmd_types as spmd
 import torch
 import torch.distributed as dist
 
-from npu_inject.ops import kernels
+from npu_inject.ops import kernels, spmd_typing
 from npu_inject.ops.attention import (
     SPARSE_BAND,
     SPARSE_RIGHT_DOWN_CAUSAL,
@@ -87,8 +88,18 @@ def _all_to_all(x_W: torch.Tensor, group) -> torch.Tensor:
     return out_W
 
 
+@spmd.register_autograd_function
 class _AllToAll(torch.autograd.Function):
     """Equal-split all-to-all along dim 0; its own adjoint."""
+
+    @staticmethod
+    def typecheck_forward(x_W, group):
+        """SPMD type: V on the group in and out (each rank sends and receives its own chunks);
+        the other axes pass through."""
+        spmd.assert_type(x_W, {group: spmd.V})
+        out_W = _AllToAll.apply(x_W, group)
+        spmd.assert_type(out_W, {**spmd.get_local_type(x_W), group: spmd.V})
+        return out_W
 
     @staticmethod
     def forward(ctx, x_W, group):
@@ -100,8 +111,18 @@ class _AllToAll(torch.autograd.Function):
         return _all_to_all(grad_W, ctx.group), None
 
 
+@spmd.register_autograd_function
 class _AllGather(torch.autograd.Function):
     """All-gather along dim 0; backward sums every rank's gradient and keeps this rank's slice."""
+
+    @staticmethod
+    def typecheck_forward(x, group):
+        """SPMD type: V on the group in, R out (every rank holds all shards), as spmd_types'
+        all_gather; the other axes pass through."""
+        spmd.assert_type(x, {group: spmd.V})
+        out = _AllGather.apply(x, group)
+        spmd.assert_type(out, {**spmd.get_local_type(x), group: spmd.R})
+        return out
 
     @staticmethod
     def forward(ctx, x, group):
@@ -143,7 +164,35 @@ def _sequence_to_heads(x_BlNH: torch.Tensor, cp: ContextParallelPlan) -> torch.T
     x_WBlnH = x_BlNH.reshape(B, l, W, N // W, H).permute(2, 0, 1, 3, 4)
     gathered_WBlnH = _AllToAll.apply(x_WBlnH.contiguous(), cp.group)
     x_BLnH = gathered_WBlnH.permute(1, 0, 2, 3, 4).reshape(B, W * l, N // W, H)
-    return x_BLnH.index_select(1, _natural_order_index(cp.balanced_order, x_BLnH.device))
+    natural = spmd_typing.replicated_metadata(_natural_order_index(cp.balanced_order, x_BLnH.device))
+    return x_BLnH.index_select(1, natural)
+
+
+def _gathered_heads(x_BLNH: torch.Tensor, cp: ContextParallelPlan) -> torch.Tensor:
+    """Whole-sequence (B, L, N, H) rows, rank after rank -> (B, L, N/cp, H): this rank's heads in natural
+    order, what :func:`_sequence_to_heads` gives from a shard (no exchange needed)."""
+    B, L, N, H = x_BLNH.shape
+    n, rank = N // cp.world_size, dist.get_rank(cp.group)
+    natural = spmd_typing.replicated_metadata(_natural_order_index(cp.balanced_order, x_BLNH.device))
+    x_BLnH = x_BLNH.index_select(1, natural)[:, :, rank * n:(rank + 1) * n]
+    if spmd_typing.type_checking():
+        # Replicated rows, this rank's heads: varying over the CP ranks (the gradient is partial,
+        # as upstream's boundary declares for gathered key/value).
+        spmd.mutate_type(x_BLnH, cp.group, src=spmd.R, dst=spmd.V)
+    return x_BLnH
+
+
+def kv_gathered(q_BlNH: torch.Tensor, k_BLNH: torch.Tensor, cp: ContextParallelPlan) -> bool:
+    """Whether key/value arrive whole-sequence: with the spmd_types backend upstream's inner-attention
+    boundary all-gathers them over CP (``set_gqa_inner_attention_local_map``: k/v R on cp), rank after
+    rank; otherwise they are this rank's l rows like the query."""
+    l, rows = q_BlNH.shape[1], k_BLNH.shape[1]
+    if rows == l * cp.world_size:
+        return True
+    if rows == l:
+        return False
+    raise ValueError(f"context parallel: key/value have {rows} rows per sequence; with {l} query rows on "
+                     f"each of cp={cp.world_size} ranks they must be {l} (sharded) or {l * cp.world_size} (gathered)")
 
 
 def _heads_to_sequence(x_BLnH: torch.Tensor, cp: ContextParallelPlan) -> torch.Tensor:
@@ -151,7 +200,8 @@ def _heads_to_sequence(x_BLnH: torch.Tensor, cp: ContextParallelPlan) -> torch.T
     B, L, n, H = x_BLnH.shape
     W = cp.world_size
     l = L // W
-    balanced_BLnH = x_BLnH.index_select(1, _balanced_order_index(cp.balanced_order, x_BLnH.device))
+    balanced = spmd_typing.replicated_metadata(_balanced_order_index(cp.balanced_order, x_BLnH.device))
+    balanced_BLnH = x_BLnH.index_select(1, balanced)
     x_WBlnH = balanced_BLnH.reshape(B, W, l, n, H).permute(1, 0, 2, 3, 4)
     returned_WBlnH = _AllToAll.apply(x_WBlnH.contiguous(), cp.group)
     return returned_WBlnH.permute(1, 2, 0, 3, 4).reshape(B, l, W * n, H)
@@ -166,7 +216,9 @@ def _ulysses(q_BlNH, k_BlNH, v_BlNH, cp: ContextParallelPlan, plan: AttentionPla
         # its query heads use; lcm(N_kv, W) divides N because both N_kv and W do.
         repeat = math.lcm(N_kv, W) // N_kv
         k_BlNH, v_BlNH = (t.repeat_interleave(repeat, dim=2) for t in (k_BlNH, v_BlNH))
-    q_BLnH, k_BLnH, v_BLnH = (_sequence_to_heads(t, cp) for t in (q_BlNH, k_BlNH, v_BlNH))
+    q_BLnH = _sequence_to_heads(q_BlNH, cp)
+    to_heads = _gathered_heads if kv_gathered(q_BlNH, k_BlNH, cp) else _sequence_to_heads
+    k_BLnH, v_BLnH = (to_heads(t, cp) for t in (k_BlNH, v_BlNH))
     out_BLnH, _ = fusion_attention_BLNH(q_BLnH, k_BLnH, v_BLnH, plan, scale)
     return _heads_to_sequence(out_BLnH, cp)
 
@@ -225,14 +277,20 @@ def _segment_indices(plan, local_positions, B, L, device):
 def _allgather_kv(q_BlNH, k_BlNH, v_BlNH, cp: ContextParallelPlan, plan: AttentionPlan, scale):
     B, l, N, H = q_BlNH.shape
     L = l * cp.world_size
-    natural = _natural_order_index(cp.balanced_order, q_BlNH.device)
+    natural = spmd_typing.replicated_metadata(_natural_order_index(cp.balanced_order, q_BlNH.device))
+
+    gathered = kv_gathered(q_BlNH, k_BlNH, cp)
 
     def gather(x_BlNH):
+        if gathered:  # already whole-sequence, rank after rank
+            return x_BlNH.index_select(1, natural).reshape(B * L, *x_BlNH.shape[2:])
         gathered_WBlNH = _AllGather.apply(x_BlNH.transpose(0, 1).contiguous(), cp.group)  # (W*l, B, N, H)
         return gathered_WBlNH.index_select(0, natural).transpose(0, 1).reshape(B * L, *x_BlNH.shape[2:])
 
     k_TNH, v_TNH = gather(k_BlNH), gather(v_BlNH)
     q_index, q_restore, k_index, q_ends, k_ends = _segment_indices(plan, cp.local_positions, B, L, q_BlNH.device)
+    # Built from host lists every rank shares (cached, possibly outside a type-checked forward).
+    q_index, q_restore, k_index = (spmd_typing.replicated_metadata(t) for t in (q_index, q_restore, k_index))
     q_SNH = q_BlNH.reshape(B * l, N, H).index_select(0, q_index)
     k_SNH, v_SNH = k_TNH.index_select(0, k_index), v_TNH.index_select(0, k_index)
     arguments = {"scale": 1.0 / math.sqrt(H) if scale is None else scale}
@@ -243,9 +301,11 @@ def _allgather_kv(q_BlNH, k_BlNH, v_BlNH, cp: ContextParallelPlan, plan: Attenti
     else:
         arguments.update(sparse_mode=SPARSE_BAND, pre_tockens=plan.window - 1, next_tockens=0,
                          atten_mask=compressed_causal_mask(q_BlNH.device))
-    out_SNH, *_ = kernels().npu_fusion_attention(
-        q_SNH, k_SNH, v_SNH, N, "TND", actual_seq_qlen=q_ends, actual_seq_kvlen=k_ends, **arguments
-    )
+    with spmd_typing.opaque_kernel():  # a typing boundary, as fusion_attention_BLNH
+        out_SNH, *_ = kernels().npu_fusion_attention(
+            q_SNH, k_SNH, v_SNH, N, "TND", actual_seq_qlen=q_ends, actual_seq_kvlen=k_ends, **arguments
+        )
+    out_SNH = spmd_typing.type_like(out_SNH, q_SNH)
     return out_SNH.index_select(0, q_restore).view(B, l, N, v_BlNH.shape[-1])
 
 

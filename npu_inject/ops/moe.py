@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import functools
 
+import spmd_types as spmd
 import torch
 from torch.fx.experimental.symbolic_shapes import guard_or_false
 
@@ -70,6 +71,8 @@ def _grouped_matmul_along_k(x_IR: torch.Tensor, y_RO: torch.Tensor, group_list_E
     return out_EIO
 
 
+# Local for spmd_types type checking (no collectives): typed as the checker types npu_grouped_matmul itself.
+@spmd.register_local_autograd_function
 class _GroupedMatmulKernelBackward(torch.autograd.Function):
     """Forward and both gradients as grouped-matmul kernel calls.
 

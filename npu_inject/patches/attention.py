@@ -63,6 +63,7 @@ def apply(ctx: PatchContext) -> None:
     import torch
     from torch.nn.attention.flex_attention import create_mask
 
+    from npu_inject.ops import spmd_typing
     from npu_inject.ops.cp import ContextParallelPlan, context_parallel_attention_BLNH
     from npu_inject.ops.attention import (
         AttentionPlan,
@@ -96,9 +97,16 @@ def apply(ctx: PatchContext) -> None:
         else:
             what = "a mask the fused kernel cannot express"
         ctx.fallback(f"FlexAttention with {what} runs on reference attention (explicit mask, slower)")
-        keep_BNLL = _dense_keep_mask(mask, q_BLNH, k_BLNH)
-        out_BLNH, lse_BLN = reference_attention_BLNH(q_BLNH, k_BLNH, v_BLNH, keep_BNLL, scale, score_mod)
+        out_BLNH, lse_BLN = typed_reference_attention(
+            q_BLNH, k_BLNH, v_BLNH, lambda: _dense_keep_mask(mask, q_BLNH, k_BLNH), scale, score_mod)
         return out_BLNH if out_transform is None else out_transform(out_BLNH, lse_BLN)
+
+    def typed_reference_attention(q_BLNH, k_BLNH, v_BLNH, keep_mask, scale, score_mod=None):
+        # In place of upstream's flex_attention kernel: the same typing boundary (spmd_types type
+        # checking), the mask built from host document ends inside it.
+        with spmd_typing.opaque_kernel():
+            out_BLNH, lse_BLN = reference_attention_BLNH(q_BLNH, k_BLNH, v_BLNH, keep_mask(), scale, score_mod)
+        return spmd_typing.type_like(out_BLNH, q_BLNH), spmd_typing.type_like(lse_BLN, q_BLNH, keep_dims=3)
 
     def _check_no_cp_extras(score_mod, out_transform):
         if score_mod is not None or out_transform is not None:
@@ -114,6 +122,10 @@ def apply(ctx: PatchContext) -> None:
     def host_document_ends(metadata):
         """The document ends as the CPU int64 tensor torch_npu reads: from torchtitan's host offsets
         when the metadata has them, else a device-to-host copy of cu_seq_q (on an NPU)."""
+        with spmd_typing.opaque_kernel():  # kernel metadata, unchecked as in upstream's varlen_attn call
+            return _host_document_ends(metadata)
+
+    def _host_document_ends(metadata):
         cu_seq = metadata.cu_seq_q
         if torch.compiler.is_compiling():
             # A compiled block copies its own: the cache below would put a tensor identity in its guards,
@@ -150,8 +162,8 @@ def apply(ctx: PatchContext) -> None:
             ctx.fallback("VarlenAttention with an out_transform runs on reference attention "
                          "(needs a differentiable log-sum-exp, which the kernel does not return)")
             B, L = q_BLNH.shape[:2]
-            keep_BNLL = plan_keep_mask(plan, B, L, L, q_BLNH.device)
-            out_BLNH, lse_BLN = reference_attention_BLNH(q_BLNH, k_BLNH, v_BLNH, keep_BNLL, scale)
+            out_BLNH, lse_BLN = typed_reference_attention(
+                q_BLNH, k_BLNH, v_BLNH, lambda: plan_keep_mask(plan, B, L, L, q_BLNH.device), scale)
             return out_transform(out_BLNH, lse_BLN)
         out_BLNH, _ = fusion_attention_BLNH(q_BLNH, k_BLNH, v_BLNH, plan, scale)
         return out_BLNH

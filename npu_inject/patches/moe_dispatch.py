@@ -73,17 +73,24 @@ def apply(ctx: PatchContext) -> None:
             x_TD,
         )
 
+    def exchange(rows_ND, pg, output_splits, input_splits):
+        if not _spmd_type_checking():
+            return all_to_all_single(rows_ND.contiguous(), output_splits, input_splits, pg)
+        # Typed as upstream's spmd.all_to_all(src=V, dst=V), whose list all_to_all needs equal chunks
+        # on gloo (the rehearsal, the simulated hccl): the same uneven all_to_all_single, at a typing boundary.
+        import spmd_types as spmd
+
+        spmd.assert_type(rows_ND, {pg: spmd.V})
+        with spmd.no_typecheck():
+            exchanged_ND = all_to_all_single(rows_ND.contiguous(), output_splits, input_splits, pg)
+        spmd.assert_type(exchanged_ND, spmd.get_local_type(rows_ND))
+        return exchanged_ND
+
     def dispatch_exchange(original, dispatcher, routed_input_ND, pg, output_splits, input_splits):
-        if _spmd_type_checking():
-            ctx.note("spmd_types type checking is on: token exchanges use upstream's spmd all_to_all")
-            return original(dispatcher, routed_input_ND, pg, output_splits, input_splits)
-        return all_to_all_single(routed_input_ND.contiguous(), output_splits, input_splits, pg)
+        return exchange(routed_input_ND, pg, output_splits, input_splits)
 
     def combine_exchange(original, dispatcher, routed_output_RD, pg, input_splits, output_splits):
-        if _spmd_type_checking():
-            ctx.note("spmd_types type checking is on: token exchanges use upstream's spmd all_to_all")
-            return original(dispatcher, routed_output_RD, pg, input_splits, output_splits)
-        return all_to_all_single(routed_output_RD.contiguous(), input_splits, output_splits, pg)
+        return exchange(routed_output_RD, pg, input_splits, output_splits)
 
     def permute(original, dispatcher, routed_input_RD, num_global_tokens_per_local_expert_E):
         ep_size = dispatcher.ep_mesh.size() if dispatcher.ep_mesh is not None else 1

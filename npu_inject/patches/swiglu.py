@@ -19,6 +19,7 @@ def apply(ctx: PatchContext) -> None:
     import spmd_types as spmd
     import torch
     from torch.distributed.tensor import DTensor
+    from torchtitan.distributed.spmd_types import spmd_mesh_size
     from torchtitan.distributed.utils import get_spmd_backend
 
     from npu_inject.ops.swiglu import swiglu
@@ -27,13 +28,14 @@ def apply(ctx: PatchContext) -> None:
         return ffn.w2(swiglu(ffn.w1(x), ffn.w3(x)))
 
     def grouped_experts(original, experts, x_RD, num_tokens_per_expert_E):
-        if get_spmd_backend() == "spmd_types" and spmd.is_type_checking():
-            ctx.fallback("spmd_types type checking is on: routed experts run upstream's forward")
-            return original(experts, x_RD, num_tokens_per_expert_E)
         w1_EFD, w2_EDF, w3_EFD = experts.w1_EFD, experts.w2_EDF, experts.w3_EFD
         if isinstance(w1_EFD, DTensor):  # as upstream: plain local shards for dynamic-shape inputs
             w1_EFD, w2_EDF, w3_EFD = w1_EFD.to_local(), w2_EDF.to_local(), w3_EFD.to_local()
         offsets_E = torch.cumsum(num_tokens_per_expert_E, dim=0, dtype=torch.int32)
+        if get_spmd_backend() == "spmd_types" and spmd.is_type_checking() and spmd_mesh_size("ep") == 1:
+            # Upstream's typing of the offsets without EP (P on dp/cp cannot meet the V weights).
+            for axis in ("dp", "cp"):
+                spmd.mutate_type(offsets_E, axis, src=spmd.P, dst=spmd.V)
         x_bf16_RD = x_RD.bfloat16()
         gate_RF = experts._grouped_mm(A=x_bf16_RD, B_t=w1_EFD.bfloat16().transpose(-2, -1), offs=offsets_E)
         up_RF = experts._grouped_mm(A=x_bf16_RD, B_t=w3_EFD.bfloat16().transpose(-2, -1), offs=offsets_E)

@@ -84,6 +84,21 @@ def _worker(rank: int, init_file: str, results: dict) -> None:
                                          dist.group.WORLD)
                 out = context_parallel_attention_BLNH(*shards, cp, cp.plan, None)
                 out.backward(grad_out[:, local])
+                # Key/value as the spmd_types backend's inner-attention boundary hands them over: already
+                # all-gathered (whole sequence, rank after rank); their gradients are partial over the ranks.
+                q_shard = q.detach()[:, local].clone().requires_grad_(True)
+                k_whole, v_whole = (t.detach()[:, list(balanced)].clone().requires_grad_(True) for t in (k, v))
+                out_whole = context_parallel_attention_BLNH(q_shard, k_whole, v_whole, cp, cp.plan, None)
+                out_whole.backward(grad_out[:, local])
+                for grad in (k_whole.grad, v_whole.grad):
+                    dist.all_reduce(grad)
+                failures += [f"{name}/{scheme}/n_kv={n_kv}/gathered kv/{label}: max diff "
+                             f"{(got - want).abs().max().item():.2e}"
+                             for label, got, want in (("out", out_whole, expected[:, local]),
+                                                      ("dq", q_shard.grad, q.grad[:, local]),
+                                                      ("dk", k_whole.grad, k.grad[:, list(balanced)]),
+                                                      ("dv", v_whole.grad, v.grad[:, list(balanced)]))
+                             if not torch.allclose(got, want, rtol=1e-5, atol=1e-5)]
                 # Key/value gradients reach every rank's shard: sum them over the ranks' rows.
                 for label, got, want in (("out", out, expected[:, local]),
                                          ("dq", shards[0].grad, q.grad[:, local]),
