@@ -254,9 +254,20 @@ def render_markdown(results: list[Result], meta: dict[str, Any]) -> str:
         "|---|---|---|---|---|---|---|",
         *(result.row() for result in results),
         "",
-        "totals: " + ", ".join(f"{count} {status}" for status, count in counts.items()) + f" of {len(results)}",
+        "totals: " + ", ".join(f"{count} {status}" for status, count in counts.items()) + f" of {len(results)}"
+        + (f" ({meta['cases_planned'] - len(results)} of {meta['cases_planned']} cases not run yet)"
+           if meta.get("cases_planned", len(results)) > len(results) else ""),
     ]
     return "\n".join(lines)
+
+
+def _write_matrix(workdir: str, results: list[Result], meta: dict[str, Any]) -> str:
+    markdown = render_markdown(results, meta)
+    with open(os.path.join(workdir, "matrix.md"), "w", encoding="utf-8") as handle:
+        handle.write(markdown + "\n")
+    with open(os.path.join(workdir, "matrix.json"), "w", encoding="utf-8") as handle:
+        json.dump({"meta": meta, "cases": [dataclasses.asdict(result) for result in results]}, handle, indent=2)
+    return markdown
 
 
 def cmd_suite(args: argparse.Namespace) -> int:
@@ -298,7 +309,7 @@ def cmd_suite(args: argparse.Namespace) -> int:
             "simulated_npu": os.environ.get("TORCHTITAN_NPU_SIM") == "1",
             "command": shlex.join(["npu-inject", *sys.argv[1:]]) if sys.argv else "npu-inject suite",
             "steps": args.steps, "shrink": args.shrink, "case_timeout_s": args.case_timeout}
-    results, began = [], time.monotonic()
+    results, began, markdown = [], time.monotonic(), ""
     for index, case in enumerate(cases, start=1):
         print(f"[{index}/{len(cases)}] {case.suite}/{case.name} ({case.ngpu} ranks, {len(case.runs)} run(s)); "
               f"{time.monotonic() - began:.0f} s elapsed", file=sys.stderr, flush=True)
@@ -306,11 +317,8 @@ def cmd_suite(args: argparse.Namespace) -> int:
         print(f"    {result.status} in {result.seconds:.0f} s" + (f": {result.cause}" if result.cause else ""),
               file=sys.stderr, flush=True)
         results.append(result)
-    markdown = render_markdown(results, meta)
-    with open(os.path.join(workdir, "matrix.md"), "w", encoding="utf-8") as handle:
-        handle.write(markdown + "\n")
-    with open(os.path.join(workdir, "matrix.json"), "w", encoding="utf-8") as handle:
-        json.dump({"meta": meta, "cases": [dataclasses.asdict(result) for result in results]}, handle, indent=2)
+        # Written after every case: a run stopped part way still leaves the matrix of what finished.
+        markdown = _write_matrix(workdir, results, {**meta, "cases_planned": len(cases)})
     print(markdown)
     print(f"npu-inject suite: matrix in {workdir}/matrix.md and matrix.json; logs per run beside them")
     return 0 if all(result.status in ("green", "stopped") for result in results) else 1

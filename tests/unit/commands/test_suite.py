@@ -94,3 +94,10 @@ def test_matrix_lists_every_case_and_the_totals():
     assert "| features/ddp | 4 | green (shrunk) | 12 s | 8.1000 | 7.2000 |  |" in text
     assert "ValueError: a/b (torch)" in text
     assert "1 green, 0 stopped, 1 red, 0 timeout, 0 memory of 2" in text
+
+
+def test_a_matrix_written_part_way_says_how_many_cases_are_left():
+    results = [suite.Result("features", "ddp", 4, "green", 12.0, 8.1, 7.2, "", "", 1, 1.5, False, "cmd")]
+    text = suite.render_markdown(results, {"target": "cpu", "date": "d", "machine": "m", "command": "c",
+                                           "cases_planned": 3})
+    assert "1 green, 0 stopped, 0 red, 0 timeout, 0 memory of 1 (2 of 3 cases not run yet)" in text
