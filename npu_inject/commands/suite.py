@@ -44,7 +44,7 @@ IGNORED_ERRORS = ("ChildFailedError", "SignalException")
 SUBCOMMAND = re.compile(r"^[A-Za-z][\w-]*:[\w.-]+$")  # activation-checkpoint:none; must follow every flag
 # torchtitan's config parser (tyro) reports bad arguments in a box, not as an exception.
 PARSER_ERROR = re.compile(r"(Unrecognized or misplaced options|Required options|Invalid value for \S+|"
-                          r"Config function '[^']+' not found[^\n]*)")
+                          r"Config function '[^']+' not found[^\n]*|Error parsing [^\n│]*)")
 
 
 @dataclasses.dataclass
@@ -280,6 +280,10 @@ def cmd_suite(args: argparse.Namespace) -> int:
     if not os.path.isfile(args.run_train):
         print(f"npu-inject suite: no run_train.sh at {args.run_train} (--run-train)", file=sys.stderr)
         return 2
+    workdir = os.path.abspath(args.output)
+    # Upstream's CI sets RUNNER_TEMP, which its case lists read to make the HF checkpoint path
+    # absolute (torchtitan 0.3.0 refuses a relative initial_load_path): the same, in --output.
+    os.environ["RUNNER_TEMP"] = workdir
     cases = load_cases(args.torchtitan_src, args.suite.split(","))
     if args.cases:
         wanted = args.cases.split(",")
@@ -289,7 +293,6 @@ def cmd_suite(args: argparse.Namespace) -> int:
                   f"{', '.join(case.name for case in cases)}", file=sys.stderr)
             return 2
         cases = [case for case in cases if case.name in wanted]
-    workdir = os.path.abspath(args.output)
     if os.path.isdir(workdir) and os.listdir(workdir):
         print(f"npu-inject suite: {workdir} is not empty (--output needs a new or empty folder)", file=sys.stderr)
         return 2

@@ -49,6 +49,8 @@ ROOT_CAUSES = [
      "torch_npu"),
     ("torchrun ... exitcode  : -9 (pid: 12)\n", "killed", "host memory"),
     ("│ Unrecognized or misplaced options: │\n", "config parser", "torchtitan"),
+    ("[rank0]:│ Error parsing checkpoint: initial_load_path must be an absolute path │\n", "Error parsing checkpoint",
+     "torchtitan"),
 ]
 
 
