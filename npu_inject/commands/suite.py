@@ -193,7 +193,7 @@ def root_cause(output: str) -> tuple[str, str]:
 
 
 def attribute(path: str, message: str) -> str:
-    if "/npu_inject/" in path or message.startswith("npu_inject"):
+    if "/npu_inject/" in path or "npu_inject" in message:
         return "this project"
     if "/torch_npu/" in path or "torch_npu" in message:
         return "torch_npu"
