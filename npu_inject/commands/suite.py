@@ -155,10 +155,11 @@ def _run(command: list[str], env: dict[str, str], cwd: str, timeout: float | Non
     with open(log_path, "w", encoding="utf-8") as log:
         process = subprocess.Popen(command, env=env, cwd=cwd, stdout=log, stderr=subprocess.STDOUT,
                                    start_new_session=True)
-        started, peak = time.monotonic(), 0
+        started, peak, timed_out = time.monotonic(), 0, False
         while process.poll() is None:
             peak = max(peak, _descendants_rss_kib(process.pid))
             if timeout is not None and time.monotonic() - started > timeout:
+                timed_out = True
                 os.killpg(process.pid, signal.SIGTERM)
                 try:
                     process.wait(30)
@@ -167,7 +168,8 @@ def _run(command: list[str], env: dict[str, str], cwd: str, timeout: float | Non
                     process.wait()
                 break
             time.sleep(0.5)
-        code = None if timeout is not None and time.monotonic() - started > timeout else process.returncode
+        # A run that ended by itself is not a timeout, even if the clock passed the limit meanwhile.
+        code = None if timed_out else process.returncode
     with open(log_path, encoding="utf-8", errors="replace") as handle:
         return code, handle.read(), peak
 
