@@ -40,6 +40,8 @@ from npu_inject.ops.attention import (
     AttentionPlan,
     compressed_causal_mask,
     fusion_attention_BLNH,
+    plan_keep_mask,
+    reference_attention_BLNH,
 )
 
 @dataclass(frozen=True)
@@ -319,3 +321,31 @@ def context_parallel_attention_BLNH(q_BlNH, k_BlNH, v_BlNH, cp: ContextParallelP
     if scheme == "ulysses":
         return _ulysses(q_BlNH, k_BlNH, v_BlNH, cp, plan, scale)
     return _allgather_kv(q_BlNH, k_BlNH, v_BlNH, cp, plan, scale)
+
+
+# -- reference path for an out_transform -------------------------------------------
+
+
+def context_parallel_reference_attention_BLNH(q_BlNH, k_BlNH, v_BlNH, cp: ContextParallelPlan,
+                                              plan: AttentionPlan, scale):
+    """This rank's (output (B, l, N, H), log-sum-exp (B, l, N)) with key/value gathered, on
+    reference attention: for an ``out_transform`` (gpt_oss's sinks) that needs a differentiable
+    log-sum-exp, which the fused kernel does not return. The mask is the plan's over the whole
+    sequence, cut to this rank's query rows."""
+    B, l, N, H = q_BlNH.shape
+    L = l * cp.world_size
+    natural = spmd_typing.replicated_metadata(_natural_order_index(cp.balanced_order, q_BlNH.device))
+    gathered = kv_gathered(q_BlNH, k_BlNH, cp)
+
+    def gather(x_BlNH):  # -> (B, L, N_kv, H) in natural order
+        if gathered:
+            return x_BlNH.index_select(1, natural)
+        gathered_WBlNH = _AllGather.apply(x_BlNH.transpose(0, 1).contiguous(), cp.group)  # (W*l, B, N, H)
+        return gathered_WBlNH.index_select(0, natural).transpose(0, 1)
+
+    k_BLNH, v_BLNH = gather(k_BlNH), gather(v_BlNH)
+    with spmd_typing.opaque_kernel():  # a typing boundary, as the fused kernel's
+        local = torch.tensor(cp.local_positions, dtype=torch.long, device=q_BlNH.device)
+        keep_B1lL = plan_keep_mask(plan, B, L, L, q_BlNH.device).index_select(2, local)
+        out_BlNH, lse_BlN = reference_attention_BLNH(q_BlNH, k_BLNH, v_BLNH, keep_B1lL, scale)
+    return spmd_typing.type_like(out_BlNH, q_BlNH), spmd_typing.type_like(lse_BlN, q_BlNH, keep_dims=3)

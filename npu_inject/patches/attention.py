@@ -64,7 +64,11 @@ def apply(ctx: PatchContext) -> None:
     from torch.nn.attention.flex_attention import create_mask
 
     from npu_inject.ops import spmd_typing
-    from npu_inject.ops.cp import ContextParallelPlan, context_parallel_attention_BLNH
+    from npu_inject.ops.cp import (
+        ContextParallelPlan,
+        context_parallel_attention_BLNH,
+        context_parallel_reference_attention_BLNH,
+    )
     from npu_inject.ops.attention import (
         AttentionPlan,
         fusion_attention_BLNH,
@@ -85,8 +89,14 @@ def apply(ctx: PatchContext) -> None:
         # enable_gqa needs no flag: the kernel takes fewer key/value heads than query heads.
         mask = attention_masks
         if isinstance(mask, ContextParallelPlan):
-            _check_no_cp_extras(score_mod, out_transform)
-            return context_parallel_attention_BLNH(q_BLNH, k_BLNH, v_BLNH, mask, mask.plan, scale)
+            _check_no_cp_extras(score_mod, None)
+            if out_transform is None:
+                return context_parallel_attention_BLNH(q_BLNH, k_BLNH, v_BLNH, mask, mask.plan, scale)
+            ctx.fallback("FlexAttention with an out_transform under context parallel runs on reference "
+                         "attention over all-gathered key/value (needs a differentiable log-sum-exp)")
+            out_BlNH, lse_BlN = context_parallel_reference_attention_BLNH(q_BLNH, k_BLNH, v_BLNH, mask,
+                                                                           mask.plan, scale)
+            return out_transform(out_BlNH, lse_BlN)
         if isinstance(mask, AttentionPlan) and score_mod is None and out_transform is None:
             out_BLNH, _ = fusion_attention_BLNH(q_BLNH, k_BLNH, v_BLNH, mask, scale)
             return out_BLNH
@@ -111,7 +121,7 @@ def apply(ctx: PatchContext) -> None:
     def _check_no_cp_extras(score_mod, out_transform):
         if score_mod is not None or out_transform is not None:
             raise NotImplementedError("context parallel (patch context_parallel) runs the fused kernel only: "
-                                      "a score_mod or out_transform needs context_parallel_degree 1")
+                                      "a score_mod (or varlen's out_transform) needs context_parallel_degree 1")
 
     def _dense_keep_mask(mask, q_BLNH, k_BLNH):
         B, L, S = q_BLNH.shape[0], q_BLNH.shape[1], k_BLNH.shape[1]

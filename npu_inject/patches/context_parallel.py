@@ -5,11 +5,11 @@ BlockMasks (``assert isinstance(attention_masks, (BlockMask, dict))``): the
 attention patch's AttentionPlan fails there, and varlen attention has no CP at
 all (``apply_cp_to_forward`` and the llama3/qwen3 configs reject it). This patch:
 
-* wraps ``cp_shard``: for an AttentionPlan or VarlenMetadata it shards the inputs
+* wraps ``cp_shard``: for an AttentionPlan, a dict of them (gpt_oss) or VarlenMetadata it shards the inputs
   with upstream's own load balancer (head-tail, PTRR -- built from a causal
   BlockMask -- or none) and returns a :class:`~npu_inject.ops.cp.ContextParallelPlan`
   (the global mask plus the global positions of every rank's rows) as the masks;
-* wraps ``apply_cp_to_forward`` for llama3, qwen3 and deepseek_v3: flex and varlen
+* wraps ``apply_cp_to_forward`` for llama3, qwen3, deepseek_v3 and gpt_oss: flex and varlen
   modules are left as they are (the attention patch runs
   :func:`~npu_inject.ops.cp.context_parallel_attention_BLNH` when it receives a
   ContextParallelPlan); SDPA and other models keep upstream's path;
@@ -36,7 +36,7 @@ from npu_inject.errors import ConfigError
 from npu_inject.patching import PatchContext
 from npu_inject.registry import split_target
 
-_MODEL_PARALLELIZE = ("llama3", "qwen3", "deepseek_v3")
+_MODEL_PARALLELIZE = ("llama3", "qwen3", "deepseek_v3", "gpt_oss")
 _VARLEN_CHECKING_CONFIGS = {"llama3": "Llama3Model", "qwen3": "Qwen3Model"}
 
 
@@ -100,10 +100,20 @@ def apply(ctx: PatchContext) -> None:
         # Unknown (no trainer config seen, e.g. a direct call): the families this patch serves.
         return family in _MODEL_PARALLELIZE or (family is None and not configured_family)
 
+    def plans_only(masks) -> bool:
+        # gpt_oss's flex masks are a dict (basic_mask, sliding_window_mask); each is a plan or none is.
+        return (isinstance(masks, dict) and bool(masks)
+                and all(isinstance(m, AttentionPlan) for m in masks.values()))
+
     def cp_shard(original, cp_mesh, inputs, attention_masks, load_balancer_type="headtail",
                  input_seq_dim=1, ptrr_mask_key=None):
-        if not isinstance(attention_masks, (AttentionPlan, VarlenMetadata)):
+        keyed = plans_only(attention_masks)
+        if not keyed and not isinstance(attention_masks, (AttentionPlan, VarlenMetadata)):
             return original(cp_mesh, inputs, attention_masks, load_balancer_type, input_seq_dim, ptrr_mask_key)
+        if keyed and load_balancer_type == "ptrr" and ptrr_mask_key not in attention_masks:
+            # As upstream refuses it: the key names which mask the PTRR balancer is built from.
+            raise ValueError(f"--parallelism.context_parallel_ptrr_mask_key={ptrr_mask_key!r} must be one of "
+                             f"the attention masks {sorted(attention_masks)} for load balancer 'ptrr'")
         if input_seq_dim != 1:
             raise ValueError(f"npu_inject context_parallel shards (batch, sequence) inputs; got input_seq_dim="
                              f"{input_seq_dim}")
@@ -125,13 +135,20 @@ def apply(ctx: PatchContext) -> None:
         local_l = local_positions_Bl[0].contiguous()
         gathered = local_l.new_empty(local_l.numel() * cp_mesh.size())
         torch.distributed.all_gather_into_tensor(gathered, local_l, group=group)
+        local_positions, balanced_order = tuple(local_l.tolist()), tuple(gathered.tolist())
+        if keyed:
+            return tuple(sharded_inputs), {
+                key: ContextParallelPlan(plan, None, local_positions, balanced_order, requested, group,
+                                         report=ctx.note)
+                for key, plan in attention_masks.items()
+            }
         if isinstance(attention_masks, AttentionPlan):
             plan, offsets = attention_masks, None
         else:
             plan = None
             offsets = attention_masks.cu_seq_q_host or tuple(attention_masks.cu_seq_q.tolist())
-        masks = ContextParallelPlan(plan, offsets, tuple(local_l.tolist()), tuple(gathered.tolist()),
-                                    requested, group, report=ctx.note)
+        masks = ContextParallelPlan(plan, offsets, local_positions, balanced_order, requested, group,
+                                    report=ctx.note)
         return tuple(sharded_inputs), masks
 
     def apply_cp_to_forward(original, attention_modules, cp_mesh):

@@ -3,7 +3,9 @@
 Each rank holds the head-tail load-balanced query/key/value rows torchtitan gives it;
 its output and the gradients of its shards must equal the matching rows of the
 whole-sequence attention computed with torch's SDPA and an explicit mask (fp32),
-for both schemes, every mask kind and GQA down to one key/value head.
+for both schemes, every mask kind and GQA down to one key/value head. The reference
+path for an ``out_transform`` (gpt_oss's sinks: ``out * sigmoid(lse - sinks)``) is
+checked the same way, its log-sum-exp against ``torch.logsumexp`` of the masked scores.
 """
 
 from __future__ import annotations
@@ -59,13 +61,25 @@ def sdpa_BLNH(q, k, v, keep_BLL):
     return out.transpose(1, 2)
 
 
+def sinks_transformed_BLNH(q, k, v, keep_BLL, sinks_N):
+    """gpt_oss's out_transform on whole-sequence attention: SDPA's output rescaled by sigmoid(lse - sinks)."""
+    groups = N // k.shape[2]
+    scores_BNLL = q.transpose(1, 2) @ k.transpose(1, 2).repeat_interleave(groups, 1).transpose(-1, -2) / H ** 0.5
+    lse_BLN = torch.logsumexp(scores_BNLL.masked_fill(~keep_BLL.unsqueeze(1), float("-inf")), -1).transpose(1, 2)
+    return sdpa_BLNH(q, k, v, keep_BLL) * torch.sigmoid(lse_BLN - sinks_N).unsqueeze(-1)
+
+
 def _worker(rank: int, init_file: str, results: dict) -> None:
     from npu_inject import plan
 
     plan.establish({"TORCHTITAN_NPU": "cpu"})  # the rehearsal's kernels, as a training run's plan picks
     dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=WORLD)
     from npu_inject.ops.attention import AttentionPlan
-    from npu_inject.ops.cp import ContextParallelPlan, context_parallel_attention_BLNH
+    from npu_inject.ops.cp import (
+        ContextParallelPlan,
+        context_parallel_attention_BLNH,
+        context_parallel_reference_attention_BLNH,
+    )
 
     local = headtail_positions(rank)
     balanced = tuple(p for r in range(WORLD) for p in headtail_positions(r))
@@ -107,6 +121,26 @@ def _worker(rank: int, init_file: str, results: dict) -> None:
                     if not torch.allclose(got, want, rtol=1e-5, atol=1e-5):
                         failures.append(f"{name}/{scheme}/n_kv={n_kv}/{label}: "
                                         f"max diff {(got - want).abs().max().item():.2e}")
+        for n_kv in (2, 1):
+            generator = torch.Generator().manual_seed(11)
+            q, k, v, grad_out = (torch.randn(B, L, heads, H, generator=generator) for heads in (N, n_kv, n_kv, N))
+            sinks = torch.randn(N, generator=generator).requires_grad_(True)
+            q, k, v = (t.requires_grad_(True) for t in (q, k, v))
+            expected = sinks_transformed_BLNH(q, k, v, dense_keep_BLL(case), sinks)
+            expected.backward(grad_out)
+            shards = [t.detach()[:, local].clone().requires_grad_(True) for t in (q, k, v)]
+            local_sinks = sinks.detach().clone().requires_grad_(True)
+            cp = ContextParallelPlan(AttentionPlan(**case), None, tuple(local), balanced, "auto", dist.group.WORLD)
+            out_BlNH, lse_BlN = context_parallel_reference_attention_BLNH(*shards, cp, cp.plan, None)
+            out = out_BlNH * torch.sigmoid(lse_BlN - local_sinks).unsqueeze(-1)
+            out.backward(grad_out[:, local])
+            dist.all_reduce(local_sinks.grad)  # each rank's rows add to the sinks' gradient
+            for label, got, want in (("out", out, expected[:, local]), ("dq", shards[0].grad, q.grad[:, local]),
+                                     ("dk", shards[1].grad, k.grad[:, local]),
+                                     ("dv", shards[2].grad, v.grad[:, local]), ("dsinks", local_sinks.grad, sinks.grad)):
+                if not torch.allclose(got, want, rtol=1e-5, atol=1e-5):
+                    failures.append(f"{name}/reference+sinks/n_kv={n_kv}/{label}: "
+                                    f"max diff {(got - want).abs().max().item():.2e}")
     results[rank] = failures
     dist.destroy_process_group()
 
