@@ -42,6 +42,7 @@ STOP_LINE = re.compile(r"(npu_inject model_guard: .+|npu_inject: configuration e
 CUDA_ONLY = re.compile(r"\b(cuda|nccl|triton|helion|cutlass|sm_?90|hopper|nvidia)\b", re.IGNORECASE)
 IGNORED_ERRORS = ("ChildFailedError", "SignalException")
 SUBCOMMAND = re.compile(r"^[A-Za-z][\w-]*:[\w.-]+$")  # activation-checkpoint:none; must follow every flag
+RECIPES_MISSING = re.compile(r"Config function '[^']+' not found in torchtitan_recipes\.tests")
 # torchtitan's config parser (tyro) reports bad arguments in a box, not as an exception.
 PARSER_ERROR = re.compile(r"(Unrecognized or misplaced options|Required options|Invalid value for \S+|"
                           r"Config function '[^']+' not found[^\n]*|Error parsing [^\n│]*)")
@@ -179,6 +180,11 @@ def root_cause(output: str) -> tuple[str, str]:
     lines = output.splitlines()
     parser = PARSER_ERROR.search(output)
     if parser:
+        missing = RECIPES_MISSING.search(parser.group(1))
+        if missing:
+            return (f"{missing.group(0)}: the torchtitan 0.3.0 wheel ships torchtitan_recipes.tests without its "
+                    "configs; --torchtitan-src of a torchtitan checkout (with torchtitan_recipes/) supplies them",
+                    "torchtitan (packaging)")
         return f"torchtitan's config parser: {parser.group(1)}"[:300], "torchtitan"
     for index, line in enumerate(lines):
         match = ERROR_LINE.match(line.strip())
@@ -206,6 +212,20 @@ def attribute(path: str, message: str) -> str:
     if "/torch/" in path:
         return "torch"
     return "unknown"
+
+
+def with_checkout_recipes(torchtitan_src: str, workdir: str, env: dict[str, str]) -> dict[str, str]:
+    """``env`` with a torchtitan checkout's ``torchtitan_recipes`` package, and only it, ahead of the
+    installed one: some cases name configs in ``torchtitan_recipes.tests``, which the 0.3.0 wheel ships
+    without them. Unchanged when ``torchtitan_src`` has no such package."""
+    recipes = os.path.join(os.path.abspath(torchtitan_src), "torchtitan_recipes")
+    if not os.path.isfile(os.path.join(recipes, "tests", "__init__.py")):
+        return env
+    shim = os.path.join(workdir, "recipes-path")
+    os.makedirs(shim, exist_ok=True)
+    if not os.path.islink(os.path.join(shim, "torchtitan_recipes")):
+        os.symlink(recipes, os.path.join(shim, "torchtitan_recipes"))
+    return {**env, "PYTHONPATH": os.pathsep.join(filter(None, [shim, env.get("PYTHONPATH", "")]))}
 
 
 def run_case(case: Case, args: argparse.Namespace, workdir: str, env: dict[str, str]) -> Result:
@@ -307,6 +327,7 @@ def cmd_suite(args: argparse.Namespace) -> int:
         if not os.path.exists(os.path.join(assets, name)):
             shutil.copy(os.path.join(upstream_assets, name), assets)
     env = {**os.environ, "PATH": os.pathsep.join([os.path.dirname(sys.executable), os.environ.get("PATH", "")])}
+    env = with_checkout_recipes(args.torchtitan_src, workdir, env)
     meta = {"target": "npu" if target in ("1", "npu") else target,
             "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
             "machine": f"{platform.machine()}, {os.cpu_count()} cores, "

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import argparse
 import os
+import subprocess
+import sys
 
 import pytest
 
@@ -49,6 +51,8 @@ ROOT_CAUSES = [
      "torch_npu"),
     ("torchrun ... exitcode  : -9 (pid: 12)\n", "killed", "host memory"),
     ("│ Unrecognized or misplaced options: │\n", "config parser", "torchtitan"),
+    ("│ Config function 'llama3_debugmodel_fsdp2_cp2' not found in torchtitan_recipes.tests. Available config "
+     "functions: [] │\n", "torchtitan checkout", "torchtitan (packaging)"),
     ("[rank0]:│ Error parsing checkpoint: initial_load_path must be an absolute path │\n", "Error parsing checkpoint",
      "torchtitan"),
 ]
@@ -103,3 +107,18 @@ def test_a_matrix_written_part_way_says_how_many_cases_are_left():
     text = suite.render_markdown(results, {"target": "cpu", "date": "d", "machine": "m", "command": "c",
                                            "cases_planned": 3})
     assert "1 green, 0 stopped, 0 red, 0 timeout, 0 memory of 1 (2 of 3 cases not run yet)" in text
+
+
+def test_a_checkouts_recipes_go_ahead_of_the_installed_ones(tmp_path):
+    # The wheel's torchtitan_recipes.tests has no configs; a checkout's has (fsdp+cp names one).
+    checkout, workdir = tmp_path / "torchtitan", tmp_path / "out"
+    (checkout / "torchtitan_recipes" / "tests").mkdir(parents=True)
+    (checkout / "torchtitan_recipes" / "__init__.py").write_text("")
+    (checkout / "torchtitan_recipes" / "tests" / "__init__.py").write_text("def llama3_debugmodel_fsdp2_cp2(): ...\n")
+    env = suite.with_checkout_recipes(str(checkout), str(workdir), {"PYTHONPATH": "/elsewhere"})
+    probe = "import torchtitan_recipes.tests as t; print(t.__file__, hasattr(t, 'llama3_debugmodel_fsdp2_cp2'))"
+    printed = subprocess.run([sys.executable, "-c", probe], env={**os.environ, **env}, capture_output=True,
+                             text=True, check=True).stdout.split()
+    assert os.path.realpath(printed[0]).startswith(str(checkout)) and printed[1] == "True"
+    assert env["PYTHONPATH"].endswith(os.pathsep + "/elsewhere")
+    assert suite.with_checkout_recipes(str(tmp_path / "copy-without-recipes"), str(workdir), {}) == {}
