@@ -253,6 +253,9 @@ def run_case(case: Case, args: argparse.Namespace, workdir: str, env: dict[str, 
             stop = STOP_LINE.search(output)
             if stop and not run_losses:
                 status, cause, who = "stopped", stop.group(1)[:300], "this project (a clear stop)"
+            elif RECIPES_MISSING.search(output) and not run_losses:
+                # torchtitan's own one line at start-up: the case's config is not in this torchtitan.
+                status, (cause, who) = "stopped", root_cause(output)
             else:
                 cause, who = root_cause(output)
                 status = "memory" if who == "host memory" else "red"
@@ -270,7 +273,7 @@ def render_markdown(results: list[Result], meta: dict[str, Any]) -> str:
     counts = {status: sum(r.status == status for r in results) for status in ("green", "stopped", "red", "timeout", "memory")}
     lines = [
         f"torchtitan integration suite through npu-inject: target {meta['target']}, {meta['date']}, "
-        f"{meta['machine']}; command: `{meta['command']}`",
+        f"npu_inject {meta.get('npu_inject_commit', 'unknown')}, {meta['machine']}; command: `{meta['command']}`",
         "",
         "| case | ranks | result | time | first loss | last loss | root cause (attributed to) |",
         "|---|---|---|---|---|---|---|",
@@ -290,6 +293,20 @@ def _write_matrix(workdir: str, results: list[Result], meta: dict[str, Any]) -> 
     with open(os.path.join(workdir, "matrix.json"), "w", encoding="utf-8") as handle:
         json.dump({"meta": meta, "cases": [dataclasses.asdict(result) for result in results]}, handle, indent=2)
     return markdown
+
+
+def _checkout_commit() -> str:
+    """The commit of the npu_inject checkout running the suite (with '+changes' when its tree differs),
+    or why there is none: an installed wheel has no git history."""
+    package = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    try:
+        head = subprocess.run(["git", "-C", package, "rev-parse", "--short", "HEAD"], capture_output=True,
+                              text=True, check=True).stdout.strip()
+        dirty = subprocess.run(["git", "-C", package, "status", "--porcelain", "--untracked-files=no"],
+                               capture_output=True, text=True, check=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError) as error:
+        return f"unknown (not a git checkout: {type(error).__name__})"
+    return head + ("+changes" if dirty else "")
 
 
 def cmd_suite(args: argparse.Namespace) -> int:
@@ -333,6 +350,7 @@ def cmd_suite(args: argparse.Namespace) -> int:
             "machine": f"{platform.machine()}, {os.cpu_count()} cores, "
                        f"{os.sysconf('SC_PAGE_SIZE') * os.sysconf('SC_PHYS_PAGES') / 2**30:.0f} GiB",
             "simulated_npu": os.environ.get("TORCHTITAN_NPU_SIM") == "1",
+            "npu_inject_commit": _checkout_commit(),
             "command": shlex.join(["npu-inject", *sys.argv[1:]]) if sys.argv else "npu-inject suite",
             "steps": args.steps, "shrink": args.shrink, "case_timeout_s": args.case_timeout}
     results, began, markdown = [], time.monotonic(), ""

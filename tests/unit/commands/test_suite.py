@@ -88,6 +88,9 @@ def test_a_case_is_green_stopped_red_or_timed_out(tmp_path):
     red = _fake_run_train(tmp_path, 'echo "step:  1  loss:  8.1"\necho "ValueError: boom"; exit 1\n')
     result = suite.run_case(case, _args(tmp_path, red), str(tmp_path / "r"), env)
     assert result.status == "red" and result.cause == "ValueError: boom"
+    recipes = _fake_run_train(tmp_path, "echo \"│ Config function 'x' not found in torchtitan_recipes.tests. │\"; exit 1\n")
+    result = suite.run_case(case, _args(tmp_path, recipes), str(tmp_path / "p"), env)
+    assert (result.status, result.attributed_to) == ("stopped", "torchtitan (packaging)"), result
     hang = _fake_run_train(tmp_path, "sleep 60\n")
     result = suite.run_case(case, _args(tmp_path, hang, case_timeout=2), str(tmp_path / "h"), env)
     assert result.status == "timeout" and result.seconds < 40
