@@ -1,9 +1,10 @@
-"""torchtitan's own integration cases through ``npu-inject suite`` on the CPU rehearsal.
+"""torchtitan's own integration cases through ``npu-inject suite`` on the CPU rehearsal and simulated NPUs.
 
 CI runs one case per parallelism dimension, one checkpoint save-and-resume, one compile and one
-model-suite case (``CI_CASES``; the dry-run modes are tests/e2e/test_dry_runs.py), 2 steps at a
-shrunk shape. ``-m upstream_suite`` runs every enabled case of both suites on the rehearsal and
-prints the matrix. Each case must be green or stop with one clear line.
+model-suite case on the rehearsal (``CI_CASES``; the dry-run modes are tests/e2e/test_dry_runs.py),
+and ``SIM_CI_CASES`` on simulated NPUs, 2 steps at a shrunk shape. ``-m upstream_suite`` runs every
+enabled case of both suites on each target and prints the matrix. Each case must be green or stop
+with one clear line.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ import sys
 
 import pytest
 
-from testkit import REPO, clean_env
+from testkit import REPO, clean_env, sim_npu_env
 
 UPSTREAM = os.path.join(os.path.dirname(REPO), "shared", "upstream", "torchtitan-0.3")
 NPU_INJECT = os.path.join(os.path.dirname(sys.executable), "npu-inject")
@@ -30,15 +31,22 @@ CI_CASES = {
     ("models", "deepseek_v3_hsdp+ep"): "a model-suite case (MoE: HSDP x expert parallel)",
 }
 
+# On simulated NPUs ("hccl" over the simulated devices): a 4-rank case crossing FSDP, TP and sequence parallel.
+SIM_CI_CASES = {("features", "2d_eager"): "FSDP x tensor parallel on simulated NPUs"}
+TARGET_ENVS = {
+    "cpu": lambda: clean_env(TORCHTITAN_NPU="cpu", HF_HUB_OFFLINE="1"),
+    "npu": lambda: {**sim_npu_env(HF_HUB_OFFLINE="1"), "TORCHTITAN_NPU_SIM_DEVICES": "8"},
+}
+
 needs_upstream = pytest.mark.skipif(not os.path.isdir(UPSTREAM), reason=f"upstream's suite is not at {UPSTREAM}")
 
 
-def _suite(tmp_path, suites: str, cases: str, timeout: int) -> dict:
+def _suite(tmp_path, suites: str, cases: str, timeout: int, target: str = "cpu") -> dict:
     command = [NPU_INJECT, "suite", "--torchtitan-src", UPSTREAM, "--suite", suites, "--steps", "2",
                "--shrink", "256,2", "--case-timeout", "900", "--output", str(tmp_path / "matrix")]
     if cases:
         command += ["--cases", cases]
-    done = subprocess.run(command, env=clean_env(TORCHTITAN_NPU="cpu", HF_HUB_OFFLINE="1"), cwd=REPO,
+    done = subprocess.run(command, env=TARGET_ENVS[target](), cwd=REPO,
                           capture_output=True, text=True, timeout=timeout)
     print(done.stdout)
     matrix = json.load(open(tmp_path / "matrix" / "matrix.json"))
@@ -61,9 +69,20 @@ def test_ci_cases_are_green_on_the_rehearsal(tmp_path, suite):
 
 
 @needs_upstream
+@pytest.mark.e2e
+def test_ci_cases_are_green_on_simulated_npus(tmp_path):
+    cases = ",".join(name for _, name in SIM_CI_CASES)
+    result = _suite(tmp_path, "features", cases, timeout=3600, target="npu")
+    assert result["meta"]["target"] == "npu" and result["meta"]["simulated_npu"] is True
+    bad = {row["name"]: (row["status"], row["cause"]) for row in result["cases"] if row["status"] != "green"}
+    assert not bad and len(result["cases"]) == len(SIM_CI_CASES), (bad, result["stderr"][-3000:])
+
+
+@needs_upstream
 @pytest.mark.upstream_suite
-def test_every_enabled_case_is_green_or_stops_clearly_on_the_rehearsal(tmp_path):
-    result = _suite(tmp_path, "features,models", "", timeout=6 * 3600)
+@pytest.mark.parametrize("target", ["cpu", "npu"])
+def test_every_enabled_case_is_green_or_stops_clearly(tmp_path, target):
+    result = _suite(tmp_path, "features,models", "", timeout=6 * 3600, target=target)
     bad = {row["name"]: (row["status"], row["cause"], row["attributed_to"]) for row in result["cases"]
            if row["status"] not in ("green", "stopped")}
     assert not bad, bad

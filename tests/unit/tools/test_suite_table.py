@@ -1,0 +1,60 @@
+"""The README's capability matrix is what tools/suite_table.py renders from the recorded suite runs,
+and those runs cover every enabled case of upstream's integration suite on every target."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from testkit import REPO  # first: puts the repository root on sys.path for tools/
+from tools import doc_blocks, suite_table
+
+UPSTREAM = os.path.join(os.path.dirname(REPO), "shared", "upstream", "torchtitan-0.3")
+
+
+def test_readme_holds_the_rendered_matrix():
+    with open(suite_table.DOC, encoding="utf-8") as handle:
+        assert doc_blocks.block(handle.read(), suite_table.BEGIN, suite_table.END) == suite_table.render(), (
+            "README.md's suite matrix is stale: python tools/suite_table.py --write")
+
+
+@pytest.mark.skipif(not os.path.isdir(UPSTREAM), reason=f"upstream's suite is not at {UPSTREAM}")
+@pytest.mark.parametrize("target", list(suite_table.TARGETS))
+def test_each_target_ran_every_enabled_case_of_both_suites(target):
+    from npu_inject.commands import suite
+
+    expected = {f"{case.suite}/{case.name}" for case in suite.load_cases(UPSTREAM, ["features", "models"])}
+    matrix = suite_table.load(target)
+    assert {f"{case['suite']}/{case['name']}" for case in matrix["cases"]} == expected
+    assert matrix["meta"]["target"] == ("cpu" if target == "rehearsal" else "npu")
+    assert matrix["meta"]["simulated_npu"] is (target == "sim_npu")
+
+
+def test_every_row_that_is_not_green_says_why():
+    for target in suite_table.TARGETS:
+        for case in suite_table.load(target)["cases"]:
+            if case["status"] != "green":
+                assert case["cause"] and case["attributed_to"], (target, case["name"])
+
+
+def test_a_rerun_replaces_its_rows_and_is_listed(tmp_path, monkeypatch):
+    import json
+
+    meta = {"target": "cpu", "date": "d1", "machine": "m", "command": "c1", "steps": 2, "shrink": [256, 2],
+            "npu_inject_commit": "aaa"}
+    row = lambda name, status: {"suite": "features", "name": name, "ngpu": 2, "status": status,  # noqa: E731
+                                "seconds": 1.0, "cause": "" if status == "green" else "boom", "attributed_to": ""}
+    monkeypatch.setattr(suite_table, "DATA", str(tmp_path))
+    (tmp_path / "rehearsal.json").write_text(json.dumps({"meta": meta, "cases": [row("a", "green"), row("b", "red")]}))
+    (tmp_path / "run").mkdir()
+    later = {"meta": {**meta, "date": "d2", "command": "c2", "npu_inject_commit": "bbb"}, "cases": [row("b", "green")]}
+    (tmp_path / "run" / "matrix.json").write_text(json.dumps(later))
+    suite_table.rerun("rehearsal", str(tmp_path / "run"))
+    merged = suite_table.load("rehearsal")
+    assert [case["status"] for case in merged["cases"]] == ["green", "green"]
+    assert merged["meta"]["reruns"] == [{"cases": ["features/b"], "date": "d2", "npu_inject_commit": "bbb",
+                                         "machine": "m", "command": "c2"}]
+    (tmp_path / "run" / "matrix.json").write_text(json.dumps({**later, "meta": {**later["meta"], "steps": 10}}))
+    with pytest.raises(SystemExit, match="other steps"):
+        suite_table.rerun("rehearsal", str(tmp_path / "run"))

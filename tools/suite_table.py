@@ -1,0 +1,139 @@
+"""The capability matrix in the README: torchtitan's integration suite on each target, side by side.
+
+Rendered from the ``matrix.json`` files ``npu-inject suite`` writes, committed as
+``docs/suite/<target>.json`` (one per target, copied from a whole-suite run's ``--output``);
+tests/unit/tools/test_suite_table.py checks the README holds exactly what ``render()`` gives
+and that every enabled upstream case has a row.
+
+Usage: python tools/suite_table.py                        # print the block
+       python tools/suite_table.py --check | --write      # compare with / rewrite the README's block
+       python tools/suite_table.py --record TARGET DIR    # copy DIR/matrix.json to docs/suite/TARGET.json
+       python tools/suite_table.py --rerun TARGET DIR     # replace the rows DIR/matrix.json re-ran
+A re-run (cases run again after a fix) replaces those rows and is listed under the target with
+its own date, commit and command, so every row says which run it comes from.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import sys
+
+if __package__ in (None, ""):  # run as a script: the repository root holds tools/
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from tools import doc_blocks  # noqa: E402
+
+DOC = os.path.join(doc_blocks.REPO, "README.md")
+DATA = os.path.join(doc_blocks.REPO, "docs", "suite")
+BEGIN, END = doc_blocks.markers("suite-matrix", "tools/suite_table.py")
+# Column order and headings; a target's file is docs/suite/<key>.json.
+TARGETS = {"rehearsal": "CPU rehearsal", "sim_npu": "simulated NPUs"}
+STATUSES = ("green", "stopped", "red", "timeout", "memory")
+
+
+def load(target: str) -> dict:
+    path = os.path.join(DATA, f"{target}.json")
+    with open(path, encoding="utf-8") as handle:
+        matrix = json.load(handle)
+    if not matrix.get("cases"):
+        raise SystemExit(f"{path}: no cases (expected npu-inject suite's matrix.json)")
+    return matrix
+
+
+def _cell(case: dict | None) -> str:
+    if case is None:
+        return "not run"
+    return f"{case['status']} {case['seconds']:.0f} s"
+
+
+def _shape(meta: dict) -> str:
+    parts = []
+    if meta.get("steps"):
+        parts.append(f"{meta['steps']} steps")
+    if meta.get("shrink"):
+        seq_len, batch = meta["shrink"]
+        parts.append(f"shrunk to seq_len {seq_len}, local batch {batch}")
+    return ", ".join(parts) or "upstream's shapes and steps"
+
+
+def render() -> str:
+    matrices = {target: load(target) for target in TARGETS}
+    names: list[str] = []
+    for matrix in matrices.values():
+        names += [f"{c['suite']}/{c['name']}" for c in matrix["cases"] if f"{c['suite']}/{c['name']}" not in names]
+    by_name = {target: {f"{c['suite']}/{c['name']}": c for c in matrix["cases"]}
+               for target, matrix in matrices.items()}
+    lines = [BEGIN, ""]
+    for target, heading in TARGETS.items():
+        meta, cases = matrices[target]["meta"], matrices[target]["cases"]
+        counts = ", ".join(f"{sum(c['status'] == s for c in cases)} {s}" for s in STATUSES)
+        lines.append(f"- **{heading}**: {counts} of {len(cases)}. {meta['date']}, npu_inject "
+                     f"{meta.get('npu_inject_commit', 'unknown')}, {meta['machine']}; {_shape(meta)}; "
+                     f"`{meta['command']}`")
+        for rerun in meta.get("reruns", ()):
+            lines.append(f"  - re-run: {', '.join(rerun['cases'])}; {rerun['date']}, npu_inject "
+                         f"{rerun.get('npu_inject_commit', 'unknown')}, {rerun['machine']}; `{rerun['command']}`")
+    lines += ["", "| case | ranks | " + " | ".join(TARGETS.values()) + " |",
+              "|---|---|" + "---|" * len(TARGETS)]
+    for name in names:
+        ranks = next(by_name[t][name]["ngpu"] for t in TARGETS if name in by_name[t])
+        lines.append(f"| {name} | {ranks} | " + " | ".join(_cell(by_name[t].get(name)) for t in TARGETS) + " |")
+    lines += ["", "Rows that are not green, with the root cause in one line (attributed to):", ""]
+    for name in names:
+        causes: dict[str, list[str]] = {}
+        for target, heading in TARGETS.items():
+            case = by_name[target].get(name)
+            if case is not None and case["status"] != "green":
+                text = f"{case['status']}: {case['cause']} ({case['attributed_to']})"
+                causes.setdefault(text, []).append(heading)
+        for text, where in causes.items():
+            lines.append(f"- {name} ({' and '.join(where)}) {text}")
+    lines += ["", END]
+    return "\n".join(lines)
+
+
+def record(target: str, output_dir: str) -> str:
+    """Copy a whole-suite run's matrix.json as the target's data file."""
+    if target not in TARGETS:
+        raise SystemExit(f"--record: target {target!r} is not one of {', '.join(TARGETS)}")
+    source = os.path.join(output_dir, "matrix.json")
+    if not os.path.isfile(source):
+        raise SystemExit(f"--record: no matrix.json in {output_dir} (npu-inject suite's --output)")
+    os.makedirs(DATA, exist_ok=True)
+    destination = os.path.join(DATA, f"{target}.json")
+    shutil.copyfile(source, destination)
+    return destination
+
+
+def rerun(target: str, output_dir: str) -> str:
+    """Replace the target's rows with those a later run of some cases made, recording that run."""
+    base = load(target)
+    with open(os.path.join(output_dir, "matrix.json"), encoding="utf-8") as handle:
+        later = json.load(handle)
+    if later["meta"]["target"] != base["meta"]["target"]:
+        raise SystemExit(f"--rerun: {output_dir} ran target {later['meta']['target']!r}, "
+                         f"docs/suite/{target}.json is {base['meta']['target']!r}")
+    if later["meta"].get("shrink") != base["meta"].get("shrink") or later["meta"].get("steps") != base["meta"].get("steps"):
+        raise SystemExit(f"--rerun: {output_dir} used other steps/shrink than docs/suite/{target}.json")
+    replaced = {(case["suite"], case["name"]): case for case in later["cases"]}
+    known = {(case["suite"], case["name"]) for case in base["cases"]}
+    if not set(replaced) <= known:
+        raise SystemExit(f"--rerun: cases not in the recorded run: {sorted(set(replaced) - known)}")
+    base["cases"] = [replaced.get((case["suite"], case["name"]), case) for case in base["cases"]]
+    meta = later["meta"]
+    base["meta"].setdefault("reruns", []).append(
+        {"cases": [f"{suite}/{name}" for suite, name in replaced], "date": meta["date"],
+         "npu_inject_commit": meta.get("npu_inject_commit", "unknown"), "machine": meta["machine"],
+         "command": meta["command"]})
+    destination = os.path.join(DATA, f"{target}.json")
+    with open(destination, "w", encoding="utf-8") as handle:
+        json.dump(base, handle, indent=2)
+    return destination
+
+
+if __name__ == "__main__":
+    if len(sys.argv) == 4 and sys.argv[1] in ("--record", "--rerun"):
+        print((record if sys.argv[1] == "--record" else rerun)(sys.argv[2], sys.argv[3]))
+        sys.exit(0)
+    sys.exit(doc_blocks.main(render, DOC, BEGIN, END, __doc__.splitlines()[0]))
