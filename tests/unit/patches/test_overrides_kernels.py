@@ -14,7 +14,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from testkit import clean_env
+from testkit import clean_env, run_python, sim_env
 from npu_inject import runtime
 from npu_inject.patches import model_guard
 
@@ -115,6 +115,39 @@ def test_reverting_removes_the_kernels(fused_swiglu):
     runtime.deactivate()
     with pytest.raises(NotImplementedError, match="torchtitan::silu_and_mul"):
         fused_swiglu.silu_and_mul_op(gate_RF, gate_RF)
+
+
+# On the simulated NPU (PrivateUse1): the kernels are the NPU's fused ones, counted where torch_npu exposes them.
+ON_SIMULATED_NPU = """
+import collections
+import torch, torch.nn.functional as F, torch_npu
+import torchtitan.overrides.fused_swiglu as fused_swiglu
+calls = collections.Counter()
+for name in ("npu_swiglu", "npu_swiglu_backward"):
+    def counted(*args, _name=name, _kernel=getattr(torch_npu, name), **kwargs):
+        calls[_name] += 1
+        return _kernel(*args, **kwargs)
+    setattr(torch_npu, name, counted)
+generator = torch.Generator().manual_seed(0)
+gate, up, grad = (torch.randn(6, 4, generator=generator) for _ in range(3))
+gate_npu, up_npu = (t.to("npu").requires_grad_() for t in (gate, up))
+out = fused_swiglu.silu_and_mul_op(gate_npu, up_npu, torch.tensor([1, 4], dtype=torch.int32, device="npu"))
+out.backward(grad.to("npu"))
+gate, up = gate.requires_grad_(), up.requires_grad_()
+expected = F.silu(gate[:4]) * up[:4]
+expected.backward(grad[:4])
+assert out.device.type == "npu" and out[4:].eq(0).all() and gate_npu.grad[4:].eq(0).all()
+torch.testing.assert_close(out[:4].cpu(), expected.detach())
+torch.testing.assert_close((gate_npu.grad[:4].cpu(), up_npu.grad[:4].cpu()), (gate.grad[:4], up.grad[:4]))
+print(dict(calls))
+"""
+
+
+def test_on_the_simulated_npu_the_ops_run_npu_swiglu_and_its_backward():
+    result = run_python(ON_SIMULATED_NPU, sim_env(clean_env(TORCHTITAN_NPU="1",
+                                                            TORCHTITAN_NPU_PATCHES="overrides_kernels"), devices=1))
+    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-3000:]
+    assert result.stdout.splitlines()[-1] == "{'npu_swiglu': 1, 'npu_swiglu_backward': 1}"
 
 
 def test_fused_mla_off_cuda_is_the_stock_attention_and_calls_no_triton_op():
