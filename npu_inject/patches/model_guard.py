@@ -14,7 +14,11 @@ both targets:
 * while the config function runs: a quantization converter (float8, MXFP8,
   NVFP4) that refuses the device becomes a line naming the recipe and its needs;
 * after the command line is merged: an optimizer torchtitan runs on CUDA only
-  (kimi_k2_7's DistMuon) stops, and local data the config reads must exist: the data set
+  (kimi_k2_7's DistMuon) stops; so does an ``--override.imports`` module whose kernel
+  package is not importable (torchtitan's ``overrides.helion_rope`` without helion, a CUDA
+  kernel DSL; ``overrides.fused_swiglu``/``fused_mla``, which define Triton kernels at import,
+  without triton), where torchtitan would fail when the trainer applies the overrides; and
+  local data the config reads must exist: the data set
   path torchtitan resolves (``--dataloader.dataset_path``, else the name's default such as
   ``tests/assets/c4_test``), SFT ``data_files``, Flux's autoencoder.
 
@@ -74,6 +78,21 @@ CUDA_ONLY_OPTIMIZERS = {
     "DistMuon": ("DistMuon (torchtitan.distributed.flex_shard), which refuses parameters off CUDA "
                  "(\"DistMuon requires one CUDA device per process\")"),
 }
+# torchtitan 0.3.0's in-repo --override.imports modules that import a kernel package:
+# module -> (import name, why the override cannot run without it, what to do).
+OVERRIDE_NEEDS = {
+    "torchtitan.overrides.helion_rope": (
+        "helion", "Helion is a Triton-based kernel DSL for CUDA GPUs with no NPU backend",
+        "drop the override (RoPE then runs as npu_rotary_mul through the rotary patch)"),
+    "torchtitan.overrides.fused_swiglu": (
+        "triton", "the module defines Triton kernels when imported",
+        "install triton (triton-ascend on Ascend machines); only the import is needed, its ops run "
+        "npu_swiglu through the overrides_kernels patch"),
+    "torchtitan.overrides.fused_mla": (
+        "triton", "the module defines Triton kernels when imported",
+        "install triton (triton-ascend on Ascend machines); only the import is needed, its attention "
+        "runs the stock path off CUDA"),
+}
 QUANTIZATION_RECIPES = {
     "float8.py": "float8 (torchao Float8Linear), which needs torchao and an NVIDIA SM89+ or AMD MI300 GPU",
     "mx.py": ("MXFP8 (torchao MXFP8Linear), which needs torchao and an NVIDIA SM100 GPU (Ascend 950's "
@@ -125,6 +144,19 @@ def optimizer_problem(config, config_name: str | None, target: str) -> str | Non
         if name in CUDA_ONLY_OPTIMIZERS:
             return (f"--config {config_name} optimizes with {CUDA_ONLY_OPTIMIZERS[name]}; target {target} "
                     f"has no {name} (not implemented by npu_inject)")
+    return None
+
+
+def override_problem(config, target: str) -> str | None:
+    """The first ``--override.imports`` entry whose module needs a kernel package that is not importable."""
+    entries = getattr(getattr(config, "override", None), "imports", None) or ()
+    for entry in entries:
+        name = entry if isinstance(entry, str) else entry[0]  # a bare target or (target, kwargs)
+        needs = OVERRIDE_NEEDS.get(name.rpartition(".")[0])
+        if needs is not None and importlib.util.find_spec(needs[0]) is None:
+            package, why, what = needs
+            return (f"--override.imports {name} needs {package}, which is not installed ({why}); "
+                    f"target {target}: {what}")
     return None
 
 
@@ -194,7 +226,8 @@ def apply(ctx: PatchContext) -> None:
                     raise
             else:
                 # After the command line is merged: a --dataloader.* override may point elsewhere.
-                problem = optimizer_problem(config, config_name, ctx.device_kind) or data_problem(config, config_name)
+                problem = (optimizer_problem(config, config_name, ctx.device_kind)
+                           or override_problem(config, ctx.device_kind) or data_problem(config, config_name))
                 if problem is None:
                     return config
         raise SystemExit(f"npu_inject model_guard: {problem}")

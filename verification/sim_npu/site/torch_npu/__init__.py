@@ -59,6 +59,7 @@ npu_moe_token_unpermute = _fused("npu_moe_token_unpermute")
 npu_rms_norm = _fused("npu_rms_norm")
 npu_rotary_mul = _fused("npu_rotary_mul")
 npu_swiglu = _fused("npu_swiglu")
+npu_swiglu_backward = _fused("npu_swiglu_backward")  # torch_npu/utils/custom_ops.py aliases it too
 
 __all__ = [
     "npu",
@@ -72,4 +73,5 @@ __all__ = [
     "npu_rms_norm",
     "npu_rotary_mul",
     "npu_swiglu",
+    "npu_swiglu_backward",
 ]

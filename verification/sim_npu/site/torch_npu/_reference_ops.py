@@ -16,7 +16,7 @@ from typing import Any, Callable
 _REFERENCE_MODULE = "npu_inject.ops.reference"
 
 # Operators with autograd and DTensor sharding strategies, as torch_npu's are (see _block_ops).
-from torch_npu._block_ops import npu_rms_norm, npu_rotary_mul, npu_swiglu  # noqa: E402,F401
+from torch_npu._block_ops import npu_rms_norm, npu_rotary_mul, npu_swiglu, npu_swiglu_backward  # noqa: E402,F401
 
 
 def _reference(name: str) -> Callable[..., Any]:
