@@ -411,3 +411,25 @@ CANN_API aclnnStatus aclnnInplaceFillScalarGetWorkspaceSize(aclTensor* self, con
 CANN_API aclnnStatus aclnnInplaceFillScalar(void*, uint64_t, aclOpExecutor* ex, aclrtStream) {
     return execute("aclnnInplaceFillScalar", ex);
 }
+
+// aclnnInplaceOne / aclnnInplaceZero: selfRef[...] = 1 / 0 (hicann/ops-math; the fill dtypes)
+static aclnnStatus fill_prepare(const char* op, aclTensor* self, double v, uint64_t* ws, aclOpExecutor** ex) {
+    if (int rc = check_tensor(op, "selfRef", self, kFillDtypes)) return rc;
+    aclTensor d = *self;
+    return make_executor(op, [d, v]() {
+        for_each(d, {}, [&](char* dst, const std::vector<const char*>&) { store(dst, d.dtype, v); });
+        return 0;
+    }, ws, ex);
+}
+CANN_API aclnnStatus aclnnInplaceOneGetWorkspaceSize(aclTensor* self, uint64_t* ws, aclOpExecutor** ex) {
+    return fill_prepare("aclnnInplaceOne", self, 1.0, ws, ex);
+}
+CANN_API aclnnStatus aclnnInplaceOne(void*, uint64_t, aclOpExecutor* ex, aclrtStream) {
+    return execute("aclnnInplaceOne", ex);
+}
+CANN_API aclnnStatus aclnnInplaceZeroGetWorkspaceSize(aclTensor* self, uint64_t* ws, aclOpExecutor** ex) {
+    return fill_prepare("aclnnInplaceZero", self, 0.0, ws, ex);
+}
+CANN_API aclnnStatus aclnnInplaceZero(void*, uint64_t, aclOpExecutor* ex, aclrtStream) {
+    return execute("aclnnInplaceZero", ex);
+}

@@ -83,7 +83,9 @@ static void* host_alloc(size_t size) {
 // ---- streams and events ------------------------------------------------------------------------
 struct Stream {
     int device;
+    int id;
 };
+static int g_next_stream_id = 1;  // 0: the default stream
 struct Event {
     uint32_t flags;
     bool recorded = false;
@@ -363,8 +365,8 @@ CANN_API aclError aclrtMemsetAsync(void* ptr, size_t max_count, int32_t value, s
 static aclError make_stream(aclrtStream* stream, const char* api) {
     if (!stream) return fail(ACL_ERROR_INVALID_PARAM, std::string(api) + ": stream is null");
     if (t_device < 0) return fail(ACL_ERROR_RT_CONTEXT_NULL, std::string(api) + ": no device set on this thread");
-    auto* s = new Stream{t_device};
     std::lock_guard<std::mutex> lock(g_obj_mutex);
+    auto* s = new Stream{t_device, g_next_stream_id++};
     g_streams.insert(s);
     *stream = s;
     return ACL_SUCCESS;
@@ -465,4 +467,71 @@ CANN_API int drvGetDevNum(uint32_t* count) {
     if (!count) return 1;  // DRV_ERROR_INVALID_VALUE
     *count = (uint32_t)config().devices;
     return 0;
+}
+
+CANN_API aclError aclrtStreamGetId(aclrtStream stream, int32_t* id) {
+    if (!id) return fail(ACL_ERROR_INVALID_PARAM, "aclrtStreamGetId: streamId is null");
+    if (!stream) {
+        *id = 0;
+        return ACL_SUCCESS;
+    }
+    std::lock_guard<std::mutex> lock(g_obj_mutex);
+    auto* s = static_cast<Stream*>(stream);
+    if (!g_streams.count(s)) return fail(ACL_ERROR_INVALID_PARAM, "aclrtStreamGetId: unknown stream");
+    *id = s->id;
+    return ACL_SUCCESS;
+}
+
+// ---- timeouts, callbacks, status ---------------------------------------------------------------
+static uint64_t g_op_timeout_us = 0;
+CANN_API aclError aclrtSetOpExecuteTimeOutV2(uint64_t timeout, uint64_t* actual) {
+    g_op_timeout_us = timeout;
+    if (actual) *actual = timeout;
+    return ACL_SUCCESS;
+}
+CANN_API aclError aclrtSetOpExecuteTimeOut(uint32_t timeout) {
+    g_op_timeout_us = (uint64_t)timeout * 1000000ULL;
+    return ACL_SUCCESS;
+}
+CANN_API aclError aclrtGetOpExecuteTimeout(uint32_t* timeout_ms) {
+    if (!timeout_ms) return fail(ACL_ERROR_INVALID_PARAM, "aclrtGetOpExecuteTimeout: timeoutMs is null");
+    *timeout_ms = (uint32_t)(g_op_timeout_us / 1000);
+    return ACL_SUCCESS;
+}
+CANN_API aclError aclrtSetOpWaitTimeout(uint32_t) { return ACL_SUCCESS; }
+// Kept, never called: the emulation raises no asynchronous device exceptions.
+static void* g_exception_callback = nullptr;
+CANN_API aclError aclrtSetExceptionInfoCallback(void* callback) {
+    g_exception_callback = callback;
+    return ACL_SUCCESS;
+}
+CANN_API aclError aclrtQueryDeviceStatus(int32_t device, int* status) {
+    if (int rc = check_device(device)) return rc;
+    if (!status) return fail(ACL_ERROR_INVALID_PARAM, "aclrtQueryDeviceStatus: deviceStatus is null");
+    *status = 0;  // ACL_RT_DEVICE_STATUS_NORMAL
+    return ACL_SUCCESS;
+}
+
+// aclrtDevResLimitType: 0 cube cores, 1 vector cores (Ascend910B2: 24 and 48).
+static std::mutex g_res_mutex;
+static std::unordered_map<int64_t, uint32_t> g_res_limits;  // (device << 8 | type) -> limit
+static uint32_t default_res_limit(int type) { return type == 0 ? 24 : 48; }
+CANN_API aclError aclrtSetDeviceResLimit(int32_t device, int type, uint32_t value) {
+    if (int rc = check_device(device)) return rc;
+    if (type != 0 && type != 1) return fail(ACL_ERROR_INVALID_PARAM, "aclrtSetDeviceResLimit: type " + std::to_string(type) + " is unknown");
+    std::lock_guard<std::mutex> lock(g_res_mutex);
+    g_res_limits[((int64_t)device << 8) | type] = value;
+    return ACL_SUCCESS;
+}
+CANN_API aclError aclrtGetDeviceResLimit(int32_t device, int type, uint32_t* value) {
+    if (int rc = check_device(device)) return rc;
+    if (!value || (type != 0 && type != 1)) return fail(ACL_ERROR_INVALID_PARAM, "aclrtGetDeviceResLimit: bad argument");
+    std::lock_guard<std::mutex> lock(g_res_mutex);
+    auto it = g_res_limits.find(((int64_t)device << 8) | type);
+    *value = it == g_res_limits.end() ? default_res_limit(type) : it->second;
+    return ACL_SUCCESS;
+}
+CANN_API aclError aclrtGetStreamResLimit(aclrtStream, int type, uint32_t* value) {
+    if (t_device < 0) return fail(ACL_ERROR_RT_CONTEXT_NULL, "aclrtGetStreamResLimit: no device set on this thread");
+    return aclrtGetDeviceResLimit(t_device, type, value);
 }
