@@ -365,7 +365,8 @@ CANN_API aclnnStatus aclnnInplaceAdd(void*, uint64_t, aclOpExecutor* ex, aclrtSt
     return execute("aclnnInplaceAdd", ex);
 }
 
-// aclnnInplaceCopy: selfRef = src, converting dtype, broadcasting src (hicann/ops-math conversion/copy docs)
+// aclnnInplaceCopy: selfRef = src, converting dtype, broadcasting src. Dtype list provisional (not yet
+// checked against the operator's own document).
 static const std::vector<int> kCopyDtypes = {ACL_FLOAT, ACL_FLOAT16, ACL_DOUBLE, ACL_INT32, ACL_INT64, ACL_INT16,
                                              ACL_INT8, ACL_UINT8, ACL_BOOL, ACL_COMPLEX128, ACL_COMPLEX64, ACL_BF16,
                                              ACL_UINT16, ACL_UINT32, ACL_UINT64};
@@ -393,7 +394,8 @@ CANN_API aclnnStatus aclnnInplaceCopy(void*, uint64_t, aclOpExecutor* ex, aclrtS
     return execute("aclnnInplaceCopy", ex);
 }
 
-// aclnnInplaceFillScalar: selfRef[...] = value (hicann/ops-math aclnnInplaceFillScalar.md)
+// aclnnInplaceFillScalar: selfRef[...] = value. Dtype list provisional: aclnnAdd's, not yet checked against
+// the operator's own document.
 static const std::vector<int> kFillDtypes = {ACL_FLOAT, ACL_FLOAT16, ACL_DOUBLE, ACL_INT32, ACL_INT64, ACL_INT16,
                                              ACL_INT8, ACL_UINT8, ACL_BOOL, ACL_COMPLEX128, ACL_COMPLEX64, ACL_BF16};
 CANN_API aclnnStatus aclnnInplaceFillScalarGetWorkspaceSize(aclTensor* self, const aclScalar* value, uint64_t* ws,
@@ -412,7 +414,7 @@ CANN_API aclnnStatus aclnnInplaceFillScalar(void*, uint64_t, aclOpExecutor* ex, 
     return execute("aclnnInplaceFillScalar", ex);
 }
 
-// aclnnInplaceOne / aclnnInplaceZero: selfRef[...] = 1 / 0 (hicann/ops-math; the fill dtypes)
+// aclnnInplaceOne / aclnnInplaceZero: selfRef[...] = 1 / 0. Dtype list provisional (the fill list above).
 static aclnnStatus fill_prepare(const char* op, aclTensor* self, double v, uint64_t* ws, aclOpExecutor** ex) {
     if (int rc = check_tensor(op, "selfRef", self, kFillDtypes)) return rc;
     aclTensor d = *self;

@@ -132,7 +132,10 @@ CANN_API const char* aclGetRecentErrMsg() {
     return returned.c_str();
 }
 CANN_API void aclAppLog(int level, const char* func, const char* file, uint32_t line, const char* fmt, ...) {
-    if (level < 3 && !std::getenv("CANN_EMU_LOG")) return;  // ACL_ERROR = 3
+    // As CANN, application logs go to the log files unless ASCEND_SLOG_PRINT_TO_STDOUT=1; the emulation
+    // keeps no log files, so they are printed when asked for (or with CANN_EMU_LOG) and dropped otherwise.
+    const char* to_stdout = std::getenv("ASCEND_SLOG_PRINT_TO_STDOUT");
+    if (!std::getenv("CANN_EMU_LOG") && !(to_stdout && std::strcmp(to_stdout, "1") == 0)) return;
     va_list ap;
     va_start(ap, fmt);
     std::fprintf(stderr, "cann_emu log [%d] %s (%s:%u): ", level, func ? func : "", file ? file : "", line);
@@ -534,4 +537,17 @@ CANN_API aclError aclrtGetDeviceResLimit(int32_t device, int type, uint32_t* val
 CANN_API aclError aclrtGetStreamResLimit(aclrtStream, int type, uint32_t* value) {
     if (t_device < 0) return fail(ACL_ERROR_RT_CONTEXT_NULL, "aclrtGetStreamResLimit: no device set on this thread");
     return aclrtGetDeviceResLimit(t_device, type, value);
+}
+
+struct aclrtUuid {
+    char bytes[16];
+};
+// A fixed UUID per device: "cann-emu-dev" and the device number.
+CANN_API aclError aclrtDeviceGetUuid(int32_t device, aclrtUuid* uuid) {
+    if (int rc = check_device(device)) return rc;
+    if (!uuid) return fail(ACL_ERROR_INVALID_PARAM, "aclrtDeviceGetUuid: uuid is null");
+    std::memset(uuid->bytes, 0, 16);
+    std::memcpy(uuid->bytes, "cann-emu-dev", 12);
+    uuid->bytes[15] = (char)device;
+    return ACL_SUCCESS;
 }
