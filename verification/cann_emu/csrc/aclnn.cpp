@@ -10,6 +10,8 @@
 #include "cann_emu.h"
 
 #include <cmath>
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <functional>
 #include <string>
@@ -329,6 +331,8 @@ static aclnnStatus make_executor(const char* op, std::function<aclnnStatus()> ru
 static aclnnStatus execute(const char* op, aclOpExecutor* e) {
     if (!e) return fail(ACLNN_ERR_PARAM_NULLPTR, std::string(op) + ": executor is null");
     if (e->op != op) return fail(ACLNN_ERR_PARAM_INVALID, std::string(op) + ": executor was made by " + e->op);
+    static const bool trace = std::getenv("CANN_EMU_TRACE") != nullptr;
+    if (trace) std::fprintf(stderr, "cann_emu trace: %s\n", op);
     aclnnStatus rc = e->run();
     if (!e->repeatable) delete e;
     return rc;
