@@ -224,3 +224,20 @@ def test_env_py_points_at_the_build_and_clears_the_stand_in():
     assert result.returncode == 0, result.stderr
     assert f"export LD_LIBRARY_PATH={BUILD_DIR}" in result.stdout
     assert "TORCHTITAN_NPU_SIM" in result.stdout.splitlines()[0]  # the unset line
+
+
+def test_op_table_lists_exactly_the_computed_operators():
+    """op_table.json has a row for every aclnn operator the library computes, and no row without one."""
+    sys.path.insert(0, str(REPO / "verification" / "cann_emu"))
+    from build import load_op_table  # verification/cann_emu/build.py
+
+    table = load_op_table()
+    nm = subprocess.run(["nm", "-D", "--defined-only", str(BUILD_DIR / "libcann_emu.so")],
+                        capture_output=True, text=True, check=True).stdout
+    stubs = set((BUILD_DIR / "stub_names.txt").read_text().split())
+    computed = {line.split()[-1] for line in nm.splitlines()
+                if line.split()[-1].startswith("aclnn") and line.split()[-1] not in stubs}
+    operators = {name for name in computed if not name.endswith("GetWorkspaceSize")}
+    assert {f"{name}GetWorkspaceSize" for name in operators} <= computed
+    assert operators == set(table)
+    assert table["aclnnAdd"]["verified"] and table["aclnnAdd"]["engine"] == "AiCore"

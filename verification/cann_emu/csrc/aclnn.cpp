@@ -294,19 +294,15 @@ static bool broadcastable_to(const aclTensor& t, const aclTensor& out) {
     return true;
 }
 
-// ---- operator support (CANN's documents for Atlas A2 training products) -------------------------
-struct OpSupport {
-    const char* name;
-    std::vector<int> dtypes;
-    const char* source;
-};
-static const std::vector<int> kAddDtypes = {ACL_FLOAT, ACL_FLOAT16, ACL_DOUBLE, ACL_INT32, ACL_INT64, ACL_INT16,
-                                            ACL_INT8, ACL_UINT8, ACL_BOOL, ACL_COMPLEX128, ACL_COMPLEX64, ACL_BF16};
-
-static aclnnStatus check_tensor(const char* op, const char* arg, const aclTensor* t, const std::vector<int>& dtypes) {
+// ---- operator support: op_table.json (CANN's documents for Atlas A2 training products) ----------
+static aclnnStatus check_tensor(const char* op, const char* arg, const aclTensor* t) {
     if (!t) return fail(ACLNN_ERR_PARAM_NULLPTR, std::string(op) + ": " + arg + " is null");
+    const int* dtypes = nullptr;
+    int n = 0;
+    if (!op_arg_dtypes(op, arg, &dtypes, &n))
+        return fail(ACLNN_ERR_INNER, std::string(op) + ": op_table.json has no dtypes for argument " + arg);
     bool ok = false;
-    for (int d : dtypes) ok |= d == t->dtype;
+    for (int i = 0; i < n; ++i) ok |= dtypes[i] == t->dtype;
     if (!ok)
         return fail(ACLNN_ERR_PARAM_INVALID, std::string(op) + ": " + arg + " dtype " + dtype_name(t->dtype) +
                                                  " is not supported on " + config().soc);
@@ -342,9 +338,11 @@ static aclnnStatus execute(const char* op, aclOpExecutor* e) {
 static aclnnStatus add_prepare(const char* op, const aclTensor* self, const aclTensor* other, const aclScalar* alpha,
                                const aclTensor* out, uint64_t* ws, aclOpExecutor** ex) {
     if (!alpha) return fail(ACLNN_ERR_PARAM_NULLPTR, std::string(op) + ": alpha is null");
-    if (int rc = check_tensor(op, "self", self, kAddDtypes)) return rc;
-    if (int rc = check_tensor(op, "other", other, kAddDtypes)) return rc;
-    if (int rc = check_tensor(op, "out", out, kAddDtypes)) return rc;
+    bool inplace = self == out;  // aclnnInplaceAdd: selfRef is self and out
+    if (int rc = check_tensor(op, inplace ? "selfRef" : "self", self)) return rc;
+    if (int rc = check_tensor(op, "other", other)) return rc;
+    if (!inplace)
+        if (int rc = check_tensor(op, "out", out)) return rc;
     if (!broadcastable_to(*self, *out) || !broadcastable_to(*other, *out))
         return fail(ACLNN_ERR_PARAM_INVALID, std::string(op) + ": shapes do not broadcast to out's shape");
     aclTensor s = *self, o = *other, r = *out;
@@ -371,14 +369,11 @@ CANN_API aclnnStatus aclnnInplaceAdd(void*, uint64_t, aclOpExecutor* ex, aclrtSt
 
 // aclnnInplaceCopy: selfRef = src, converting dtype, broadcasting src. Dtype list provisional (not yet
 // checked against the operator's own document).
-static const std::vector<int> kCopyDtypes = {ACL_FLOAT, ACL_FLOAT16, ACL_DOUBLE, ACL_INT32, ACL_INT64, ACL_INT16,
-                                             ACL_INT8, ACL_UINT8, ACL_BOOL, ACL_COMPLEX128, ACL_COMPLEX64, ACL_BF16,
-                                             ACL_UINT16, ACL_UINT32, ACL_UINT64};
 CANN_API aclnnStatus aclnnInplaceCopyGetWorkspaceSize(aclTensor* self, const aclTensor* src, uint64_t* ws,
                                                       aclOpExecutor** ex) {
     const char* op = "aclnnInplaceCopy";
-    if (int rc = check_tensor(op, "selfRef", self, kCopyDtypes)) return rc;
-    if (int rc = check_tensor(op, "src", src, kCopyDtypes)) return rc;
+    if (int rc = check_tensor(op, "selfRef", self)) return rc;
+    if (int rc = check_tensor(op, "src", src)) return rc;
     if (!broadcastable_to(*src, *self))
         return fail(ACLNN_ERR_PARAM_INVALID, std::string(op) + ": src does not broadcast to selfRef's shape");
     aclTensor d = *self, s = *src;
@@ -400,13 +395,11 @@ CANN_API aclnnStatus aclnnInplaceCopy(void*, uint64_t, aclOpExecutor* ex, aclrtS
 
 // aclnnInplaceFillScalar: selfRef[...] = value. Dtype list provisional: aclnnAdd's, not yet checked against
 // the operator's own document.
-static const std::vector<int> kFillDtypes = {ACL_FLOAT, ACL_FLOAT16, ACL_DOUBLE, ACL_INT32, ACL_INT64, ACL_INT16,
-                                             ACL_INT8, ACL_UINT8, ACL_BOOL, ACL_COMPLEX128, ACL_COMPLEX64, ACL_BF16};
 CANN_API aclnnStatus aclnnInplaceFillScalarGetWorkspaceSize(aclTensor* self, const aclScalar* value, uint64_t* ws,
                                                             aclOpExecutor** ex) {
     const char* op = "aclnnInplaceFillScalar";
     if (!value) return fail(ACLNN_ERR_PARAM_NULLPTR, std::string(op) + ": value is null");
-    if (int rc = check_tensor(op, "selfRef", self, kFillDtypes)) return rc;
+    if (int rc = check_tensor(op, "selfRef", self)) return rc;
     aclTensor d = *self;
     double v = scalar_value(value);
     return make_executor(op, [d, v]() {
@@ -420,7 +413,7 @@ CANN_API aclnnStatus aclnnInplaceFillScalar(void*, uint64_t, aclOpExecutor* ex, 
 
 // aclnnInplaceOne / aclnnInplaceZero: selfRef[...] = 1 / 0. Dtype list provisional (the fill list above).
 static aclnnStatus fill_prepare(const char* op, aclTensor* self, double v, uint64_t* ws, aclOpExecutor** ex) {
-    if (int rc = check_tensor(op, "selfRef", self, kFillDtypes)) return rc;
+    if (int rc = check_tensor(op, "selfRef", self)) return rc;
     aclTensor d = *self;
     return make_executor(op, [d, v]() {
         for_each(d, {}, [&](char* dst, const std::vector<const char*>&) { store(dst, d.dtype, v); });

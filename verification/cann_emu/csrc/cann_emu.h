@@ -93,5 +93,9 @@ int unimplemented(const char* name);
 int current_device();  // the calling thread's device (aclrtSetDevice), -1 before any
 size_t dtype_size(int dtype);  // bytes per element; 0 for a dtype the emulation does not know
 const char* dtype_name(int dtype);
+// op_table.json, compiled in by build.py: the dtypes argument arg of operator op accepts (false when
+// the table has no such row) and the engine CANN runs op on ("AiCore"/"AiCpu"; null when absent).
+bool op_arg_dtypes(const char* op, const char* arg, const int** dtypes, int* n);
+const char* op_engine(const char* op);
 
 }  // namespace cann_emu
