@@ -83,11 +83,18 @@ def session() -> dict:
             out["uint32"] = "no error"
         except RuntimeError as error:
             out["uint32"] = str(error)
+        torch.manual_seed(0)
+        linear = torch.nn.Linear(8, 4)
+        x = torch.randn(2, 8)
+        out["linear_expected"] = linear(x).tolist()
+        out["linear"] = linear.npu()(x.npu()).cpu().tolist()
+        out["mul"] = torch.mul(a.npu(), b.npu()).cpu().tolist()
+        out["mul_expected"] = torch.mul(a, b).tolist()
         try:
-            torch.mul(a.npu(), b.npu())
-            out["mul"] = "no error"
+            a.npu().sum()
+            out["sum"] = "no error"
         except RuntimeError as error:
-            out["mul"] = str(error)
+            out["sum"] = str(error)
         torch.npu.set_device(1)
         y = torch.ones(1000, device="npu:1")
         out["allocated_1"] = torch.npu.memory_allocated(1)
@@ -148,9 +155,15 @@ def test_unsupported_dtype_fails_as_cann_with_the_operators_name(session):
     assert "aclnnInplaceOne" in session["uint32"]
 
 
+def test_aten_backed_operators_through_torch_npu(session):
+    """nn.Linear (aclnnAddmm) and torch.mul (aclnnMul), computed by ATen's CPU kernels on host buffers."""
+    assert session["linear"] == session["linear_expected"]
+    assert session["mul"] == session["mul_expected"]
+
+
 def test_unimplemented_operator_fails_loudly_by_name(session):
-    assert "aclnnMul" in session["mul"]
-    assert "not implemented by the CANN emulation" in session["mul"]
+    assert "aclnnReduceSum" in session["sum"]
+    assert "not implemented by the CANN emulation" in session["sum"]
 
 
 def test_out_of_memory_where_the_capacity_ends():

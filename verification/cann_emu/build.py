@@ -68,7 +68,7 @@ ACL_DTYPES = {
     "FLOAT8_E4M3FN": 36, "FLOAT8_E8M0": 37,
 }
 ENGINES = ("AiCore", "AiCpu")
-CXXFLAGS = ["-std=c++17", "-O2", "-fPIC", "-fvisibility=hidden", "-Wall", "-Wno-unused-parameter"]
+CXXFLAGS = ["-std=c++20", "-O2", "-fPIC", "-fvisibility=hidden", "-Wall", "-Wno-unused-parameter"]
 
 
 def torch_npu_dir(explicit: str | None) -> Path:
@@ -138,6 +138,15 @@ def op_table_source(table: dict[str, dict]) -> str:
     )
 
 
+def torch_dirs() -> tuple[Path, Path]:
+    """(include, lib) of this Python's torch: csrc/aten_*.cpp compile against ATen, libcann_emu.so links it."""
+    spec = importlib.util.find_spec("torch")  # located, not imported
+    if spec is None or not spec.submodule_search_locations:
+        raise SystemExit(f"cann_emu build: torch is not installed in {sys.executable}")
+    root = Path(list(spec.submodule_search_locations)[0])
+    return root / "include", root / "lib"
+
+
 def defined_symbols(objects: list[Path]) -> set[str]:
     out = subprocess.run(["nm", "-g", "--defined-only", *map(str, objects)], check=True,
                          capture_output=True, text=True).stdout
@@ -159,6 +168,7 @@ def build(package: Path, force: bool = False) -> Path:
         digest.update(path.read_bytes())
     digest.update("\n".join(names).encode())
     digest.update(" ".join(CXXFLAGS).encode())
+    digest.update(str(torch_dirs()).encode())
     stamp = BUILD / "stamp"
     if not force and stamp.exists() and stamp.read_text() == digest.hexdigest() and all(
         (BUILD / lib).exists() for lib in (CORE, *LIBRARIES)
@@ -168,9 +178,11 @@ def build(package: Path, force: bool = False) -> Path:
     table_src = BUILD / "op_table.cpp"
     table_src.write_text(op_table_source(load_op_table()))
     objects = []
+    torch_include, torch_lib = torch_dirs()
     for src in (*sources, table_src):
         obj = BUILD / (src.stem + ".o")
-        run(["g++", *CXXFLAGS, "-c", str(src), "-o", str(obj)])
+        aten = ["-isystem", str(torch_include)] if src.name.startswith("aten_") else []
+        run(["g++", *CXXFLAGS, *aten, f"-I{CSRC}", "-c", str(src), "-o", str(obj)])
         objects.append(obj)
     implemented = defined_symbols(objects)
     missing = [n for n in names if n not in implemented]
@@ -189,7 +201,8 @@ def build(package: Path, force: bool = False) -> Path:
     stub_obj = BUILD / "stubs.o"
     run(["g++", "-O0", "-fPIC", "-c", str(stubs), "-o", str(stub_obj)])
     core = BUILD / CORE
-    run(["g++", "-shared", "-o", str(core), *map(str, objects), str(stub_obj), f"-Wl,-soname,{CORE}", "-lpthread"])
+    run(["g++", "-shared", "-o", str(core), *map(str, objects), str(stub_obj), f"-Wl,-soname,{CORE}",
+         f"-L{torch_lib}", "-ltorch_cpu", "-lc10", f"-Wl,-rpath,{torch_lib}", "-lpthread"])
     empty = BUILD / "empty.cpp"
     empty.write_text("// The named CANN libraries carry no code: DT_NEEDED libcann_emu.so serves their symbols.\n")
     for lib in LIBRARIES:

@@ -7,7 +7,7 @@
 // (ACLNN_ERR_PARAM_NULLPTR 161001 / ACLNN_ERR_PARAM_INVALID 161002, naming the operator) and returns an
 // executor holding copies of the argument descriptors; aclnnX(workspace, size, executor, stream)
 // computes on the host buffers at launch and frees the executor unless it was made repeatable.
-#include "cann_emu.h"
+#include "aclnn_internal.h"
 
 #include <cmath>
 #include <cstdio>
@@ -16,40 +16,6 @@
 #include <functional>
 #include <string>
 #include <vector>
-
-struct aclTensor {
-    std::vector<int64_t> view;
-    std::vector<int64_t> strides;  // in elements
-    int64_t offset = 0;            // in elements
-    int dtype = ACL_DT_UNDEFINED;
-    int format = ACL_FORMAT_ND;
-    std::vector<int64_t> storage;
-    void* data = nullptr;
-};
-struct aclScalar {
-    int dtype;
-    unsigned char value[16];
-};
-struct aclIntArray {
-    std::vector<int64_t> v;
-};
-struct aclFloatArray {
-    std::vector<float> v;
-};
-struct aclBoolArray {
-    std::vector<bool> v;
-};
-struct aclTensorList {
-    std::vector<aclTensor*> v;
-};
-struct aclScalarList {
-    std::vector<aclScalar*> v;
-};
-struct aclOpExecutor {
-    std::string op;
-    std::function<aclnnStatus()> run;
-    bool repeatable = false;
-};
 
 namespace cann_emu {
 
@@ -255,7 +221,8 @@ static bool computable(int dtype) {
         default: return false;
     }
 }
-static double scalar_value(const aclScalar* s) { return load(s->value, s->dtype); }
+namespace cann_emu {
+double scalar_value(const aclScalar* s) { return load(s->value, s->dtype); }
 
 // Visits every element of out's view; in[k] is broadcast to out's shape (right-aligned, as numpy).
 static void for_each(const aclTensor& out, const std::vector<const aclTensor*>& in,
@@ -285,17 +252,21 @@ static void for_each(const aclTensor& out, const std::vector<const aclTensor*>& 
         }
     }
 }
+}  // namespace cann_emu
 
-static bool broadcastable_to(const aclTensor& t, const aclTensor& out) {
+namespace cann_emu {
+bool broadcastable_to(const aclTensor& t, const aclTensor& out) {
     if (t.view.size() > out.view.size()) return false;
     size_t shift = out.view.size() - t.view.size();
     for (size_t d = 0; d < t.view.size(); ++d)
         if (t.view[d] != 1 && t.view[d] != out.view[d + shift]) return false;
     return true;
 }
+}  // namespace cann_emu
 
 // ---- operator support: op_table.json (CANN's documents for Atlas A2 training products) ----------
-static aclnnStatus check_tensor(const char* op, const char* arg, const aclTensor* t) {
+namespace cann_emu {
+aclnnStatus check_tensor(const char* op, const char* arg, const aclTensor* t) {
     if (!t) return fail(ACLNN_ERR_PARAM_NULLPTR, std::string(op) + ": " + arg + " is null");
     const int* dtypes = nullptr;
     int n = 0;
@@ -317,14 +288,18 @@ static aclnnStatus check_tensor(const char* op, const char* arg, const aclTensor
                                          " is supported by CANN but not emulated");
     return 0;
 }
+}  // namespace cann_emu
 
-static aclnnStatus make_executor(const char* op, std::function<aclnnStatus()> run, uint64_t* ws, aclOpExecutor** ex) {
+namespace cann_emu {
+aclnnStatus make_executor(const char* op, std::function<aclnnStatus()> run, uint64_t* ws, aclOpExecutor** ex) {
     if (!ws || !ex) return fail(ACLNN_ERR_PARAM_NULLPTR, std::string(op) + ": workspaceSize or executor is null");
     *ws = 0;
     *ex = new aclOpExecutor{op, std::move(run)};
     return 0;
 }
-static aclnnStatus execute(const char* op, aclOpExecutor* e) {
+}  // namespace cann_emu
+namespace cann_emu {
+aclnnStatus execute(const char* op, aclOpExecutor* e) {
     if (!e) return fail(ACLNN_ERR_PARAM_NULLPTR, std::string(op) + ": executor is null");
     if (e->op != op) return fail(ACLNN_ERR_PARAM_INVALID, std::string(op) + ": executor was made by " + e->op);
     static const bool trace = std::getenv("CANN_EMU_TRACE") != nullptr;
@@ -333,6 +308,7 @@ static aclnnStatus execute(const char* op, aclOpExecutor* e) {
     if (!e->repeatable) delete e;
     return rc;
 }
+}  // namespace cann_emu
 
 // aclnnAdd / aclnnInplaceAdd: out = self + alpha * other (hicann/ops-math math/add/docs/aclnnAdd&aclnnInplaceAdd.md)
 static aclnnStatus add_prepare(const char* op, const aclTensor* self, const aclTensor* other, const aclScalar* alpha,

@@ -551,3 +551,11 @@ CANN_API aclError aclrtDeviceGetUuid(int32_t device, aclrtUuid* uuid) {
     uuid->bytes[15] = (char)device;
     return ACL_SUCCESS;
 }
+
+// ---- graph capture (aclmdlRI*): not emulated; no stream is ever capturing --------------------
+CANN_API aclError aclmdlRICaptureGetInfo(aclrtStream, int* status, void** model) {
+    if (!status) return fail(ACL_ERROR_INVALID_PARAM, "aclmdlRICaptureGetInfo: status is null");
+    *status = 0;  // ACL_MODEL_RI_CAPTURE_STATUS_NONE
+    if (model) *model = nullptr;
+    return ACL_SUCCESS;
+}
