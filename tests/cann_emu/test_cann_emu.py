@@ -79,7 +79,7 @@ def session() -> dict:
         out["add_bf16"] = (a.npu().bfloat16() + b.npu().bfloat16()).float().cpu().tolist()
         out["add_bf16_expected"] = (a.bfloat16() + b.bfloat16()).float().tolist()
         try:
-            torch.ones(3, dtype=torch.uint32, device="npu")
+            torch.empty(3, dtype=torch.uint32, device="npu").fill_(5)
             out["uint32"] = "no error"
         except RuntimeError as error:
             out["uint32"] = str(error)
@@ -150,9 +150,10 @@ def test_aclnn_add_two_phases_through_torch_npu(session):
 
 
 def test_unsupported_dtype_fails_as_cann_with_the_operators_name(session):
-    # aclnnInplaceOne's support list (provisional, see csrc/aclnn.cpp) has no UINT32.
+    # UINT32 is outside aclnnInplaceFillScalar's Atlas A2 list (hicann/ops-math
+    # conversion/fill/docs/aclnnInplaceFillScalar_en.md).
     assert "161002" in session["uint32"]
-    assert "aclnnInplaceOne" in session["uint32"]
+    assert "aclnnInplaceFillScalar" in session["uint32"]
 
 
 def test_aten_backed_operators_through_torch_npu(session):

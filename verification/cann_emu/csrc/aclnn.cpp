@@ -343,8 +343,7 @@ CANN_API aclnnStatus aclnnInplaceAdd(void*, uint64_t, aclOpExecutor* ex, aclrtSt
     return execute("aclnnInplaceAdd", ex);
 }
 
-// aclnnInplaceCopy: selfRef = src, converting dtype, broadcasting src. Dtype list provisional (not yet
-// checked against the operator's own document).
+// aclnnInplaceCopy: selfRef = src, converting dtype, broadcasting src (hicann/ops-math conversion/view_copy).
 CANN_API aclnnStatus aclnnInplaceCopyGetWorkspaceSize(aclTensor* self, const aclTensor* src, uint64_t* ws,
                                                       aclOpExecutor** ex) {
     const char* op = "aclnnInplaceCopy";
@@ -369,8 +368,7 @@ CANN_API aclnnStatus aclnnInplaceCopy(void*, uint64_t, aclOpExecutor* ex, aclrtS
     return execute("aclnnInplaceCopy", ex);
 }
 
-// aclnnInplaceFillScalar: selfRef[...] = value. Dtype list provisional: aclnnAdd's, not yet checked against
-// the operator's own document.
+// aclnnInplaceFillScalar: selfRef[...] = value (hicann/ops-math conversion/fill/docs/aclnnInplaceFillScalar_en.md).
 CANN_API aclnnStatus aclnnInplaceFillScalarGetWorkspaceSize(aclTensor* self, const aclScalar* value, uint64_t* ws,
                                                             aclOpExecutor** ex) {
     const char* op = "aclnnInplaceFillScalar";
@@ -387,7 +385,8 @@ CANN_API aclnnStatus aclnnInplaceFillScalar(void*, uint64_t, aclOpExecutor* ex, 
     return execute("aclnnInplaceFillScalar", ex);
 }
 
-// aclnnInplaceOne / aclnnInplaceZero: selfRef[...] = 1 / 0. Dtype list provisional (the fill list above).
+// aclnnInplaceOne / aclnnInplaceZero: selfRef[...] = 1 / 0. Dtype lists provisional (InplaceFillScalar's;
+// their own documents not yet found).
 static aclnnStatus fill_prepare(const char* op, aclTensor* self, double v, uint64_t* ws, aclOpExecutor** ex) {
     if (int rc = check_tensor(op, "selfRef", self)) return rc;
     aclTensor d = *self;
