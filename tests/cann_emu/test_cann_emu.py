@@ -42,24 +42,27 @@ if _missing():
     pytestmark = [pytestmark, pytest.mark.skip(reason=_missing())]
 
 
-def run_child(code: str, *, timeout: int = 300, **config) -> subprocess.CompletedProcess:
+def run_child(code: str, *, timeout: int = 300, extra_env: dict | None = None, **config) -> subprocess.CompletedProcess:
     """Runs code in the emulation's venv, with the emulation's environment; returns the result."""
     env = cann_env({k: v for k, v in os.environ.items() if not k.startswith("CANN_EMU_")}, **config)
     env["OMP_NUM_THREADS"] = "1"
+    env.update(extra_env or {})
     return subprocess.run([str(PYTHON), "-c", textwrap.dedent(code)], env=env, cwd=REPO,
                           capture_output=True, text=True, timeout=timeout)
 
 
-def child_json(code: str, **config) -> dict:
-    result = run_child(code, **config)
+def child_json(code: str, **kwargs) -> dict:
+    result = run_child(code, **kwargs)
     assert result.returncode == 0, f"child failed ({result.returncode}):\n{result.stdout[-3000:]}\n{result.stderr[-6000:]}"
     return json.loads(result.stdout.strip().splitlines()[-1])
 
 
 @pytest.fixture(scope="module")
-def session() -> dict:
-    """One child process: import, device set-up, tensors, an aclnn operator, the expected failures."""
-    return child_json(
+def session(tmp_path_factory) -> dict:
+    """One child process: import, device set-up, tensors, aclnn operators, the expected failures;
+    "counts" holds the operator counts the emulation wrote when the child exited (CANN_EMU_COUNTS)."""
+    counts = tmp_path_factory.mktemp("cann_emu") / "counts.json"
+    out = child_json(
         """
         import json, os, sysconfig
         import torch, torch_npu
@@ -101,7 +104,10 @@ def session() -> dict:
         print(json.dumps(out))
         """,
         devices=2,
+        extra_env={"CANN_EMU_COUNTS": str(counts)},
     )
+    out["counts"] = json.loads(counts.read_text())
+    return out
 
 
 def test_the_wheel_from_pypi_is_what_imports(session):
@@ -147,6 +153,15 @@ def test_ones_on_npu_copy_back_memory_and_synchronize(session):
 def test_aclnn_add_two_phases_through_torch_npu(session):
     assert session["add"] == session["add_expected"]
     assert session["add_bf16"] == session["add_bf16_expected"]
+
+
+def test_operator_counts_are_the_calls_torch_npu_made(session):
+    calls = session["counts"]["aclnn"]
+    assert calls["aclnnAddmm"] == 1  # one nn.Linear forward
+    assert calls["aclnnMul"] == 1
+    assert calls["aclnnAdd"] >= 2  # torch.add twice (float32, bfloat16)
+    assert "aclnnInplaceFillScalar" not in calls  # it failed in phase one: never launched
+    assert session["counts"]["aicpu"] == {}  # no operator of the table runs on AI CPU
 
 
 def test_unsupported_dtype_fails_as_cann_with_the_operators_name(session):

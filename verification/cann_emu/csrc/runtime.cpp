@@ -23,7 +23,8 @@ static int env_int(const char* name, int fallback) {
 }
 
 const Config& config() {
-    static const Config cfg = [] {
+    // Never destroyed: static destructors (the operator counts' writer) and late runtime calls read it.
+    static const Config& cfg = *new Config([] {
         Config c;
         c.devices = env_int("CANN_EMU_DEVICES", 8);
         const char* soc = std::getenv("CANN_EMU_SOC");
@@ -37,7 +38,7 @@ const Config& config() {
             std::abort();
         }
         return c;
-    }();
+    }());
     return cfg;
 }
 
