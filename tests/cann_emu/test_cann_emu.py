@@ -1,0 +1,272 @@
+"""The real torch_npu 2.14.0 wheel on the CANN emulation (verification/cann_emu, issue 20).
+
+Every check runs in a child process of the emulation's venv (``.venv-cann``, or ``$CANN_EMU_VENV``)
+under ``cann_env``; the tests skip, saying why, when that venv or the built libraries are absent
+(make both with ``bash verification/cann_emu/setup.sh``). Expected values come from plain CPU
+PyTorch math or from CANN's documents, never from the emulation itself.
+
+    .venv-cann/bin/python -m pytest -m cann_emu tests/cann_emu
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(REPO))
+from verification.cann_emu import BUILD_DIR, DEFAULT_VENV, cann_env  # noqa: E402
+
+pytestmark = pytest.mark.cann_emu
+
+VENV = Path(os.environ.get("CANN_EMU_VENV") or REPO / DEFAULT_VENV)
+PYTHON = VENV / "bin" / "python"
+SETUP = "bash verification/cann_emu/setup.sh"
+
+
+def _missing() -> str | None:
+    if not PYTHON.exists():
+        return f"the CANN emulation's venv {VENV} is absent (make it with `{SETUP}`)"
+    if not (BUILD_DIR / "libascendcl.so").exists():
+        return f"the emulated CANN libraries are not built in {BUILD_DIR} (run `{SETUP}`)"
+    return None
+
+
+if _missing():
+    pytestmark = [pytestmark, pytest.mark.skip(reason=_missing())]
+
+
+def run_child(code: str, *, timeout: int = 300, extra_env: dict | None = None, **config) -> subprocess.CompletedProcess:
+    """Runs code in the emulation's venv, with the emulation's environment; returns the result."""
+    env = cann_env({k: v for k, v in os.environ.items() if not k.startswith("CANN_EMU_")}, **config)
+    env["OMP_NUM_THREADS"] = "1"
+    env.update(extra_env or {})
+    return subprocess.run([str(PYTHON), "-c", textwrap.dedent(code)], env=env, cwd=REPO,
+                          capture_output=True, text=True, timeout=timeout)
+
+
+def child_json(code: str, **kwargs) -> dict:
+    result = run_child(code, **kwargs)
+    assert result.returncode == 0, f"child failed ({result.returncode}):\n{result.stdout[-3000:]}\n{result.stderr[-6000:]}"
+    return json.loads(result.stdout.strip().splitlines()[-1])
+
+
+@pytest.fixture(scope="module")
+def session(tmp_path_factory) -> dict:
+    """One child process: import, device set-up, tensors, aclnn operators, the expected failures;
+    "counts" holds the operator counts the emulation wrote when the child exited (CANN_EMU_COUNTS)."""
+    counts = tmp_path_factory.mktemp("cann_emu") / "counts.json"
+    out = child_json(
+        """
+        import json, os, sysconfig
+        import torch, torch_npu
+        out = {"file": torch_npu.__file__, "version": torch_npu.__version__,
+               "purelib": sysconfig.get_paths()["purelib"], "count": torch.npu.device_count()}
+        x = torch.ones(4, device="npu")
+        out["ones"] = x.cpu().tolist()
+        out["allocated"] = torch.npu.memory_allocated()
+        torch.npu.synchronize()
+        out["name"] = torch.npu.get_device_name(0)
+        free, total = torch.npu.mem_get_info()
+        out["total"] = total
+        a = torch.arange(6, dtype=torch.float32).reshape(2, 3)
+        b = torch.tensor([10.0, 20.0, 30.0])
+        out["add"] = torch.add(a.npu(), b.npu(), alpha=2).cpu().tolist()
+        out["add_expected"] = torch.add(a, b, alpha=2).tolist()
+        out["add_bf16"] = (a.npu().bfloat16() + b.npu().bfloat16()).float().cpu().tolist()
+        out["add_bf16_expected"] = (a.bfloat16() + b.bfloat16()).float().tolist()
+        try:
+            torch.empty(3, dtype=torch.uint32, device="npu").fill_(5)
+            out["uint32"] = "no error"
+        except RuntimeError as error:
+            out["uint32"] = str(error)
+        torch.manual_seed(0)
+        linear = torch.nn.Linear(8, 4)
+        x = torch.randn(2, 8)
+        out["linear_expected"] = linear(x).tolist()
+        out["linear"] = linear.npu()(x.npu()).cpu().tolist()
+        out["mul"] = torch.mul(a.npu(), b.npu()).cpu().tolist()
+        out["mul_expected"] = torch.mul(a, b).tolist()
+        try:
+            a.npu().sum()
+            out["sum"] = "no error"
+        except RuntimeError as error:
+            out["sum"] = str(error)
+        torch.npu.set_device(1)
+        y = torch.ones(1000, device="npu:1")
+        out["allocated_1"] = torch.npu.memory_allocated(1)
+        print(json.dumps(out))
+        """,
+        devices=2,
+        extra_env={"CANN_EMU_COUNTS": str(counts)},
+    )
+    out["counts"] = json.loads(counts.read_text())
+    return out
+
+
+def test_the_wheel_from_pypi_is_what_imports(session):
+    assert session["version"] == "2.14.0"
+    assert Path(session["file"]).is_relative_to(Path(session["purelib"]))
+    assert not Path(session["file"]).resolve().is_relative_to(REPO / "verification")
+
+
+def test_installed_wheel_files_are_unmodified():
+    """Every file pip installed from the wheel still has the hash the wheel's RECORD gives."""
+    result = child_json(
+        """
+        import base64, hashlib, json
+        from importlib.metadata import distribution
+        dist = distribution("torch_npu")
+        changed, checked = [], 0
+        for f in dist.files:
+            if not f.hash or f.hash.mode != "sha256":
+                continue
+            digest = base64.urlsafe_b64encode(hashlib.sha256(f.locate().read_bytes()).digest()).rstrip(b"=").decode()
+            checked += 1
+            if digest != f.hash.value:
+                changed.append(str(f))
+        print(json.dumps({"checked": checked, "changed": changed}))
+        """
+    )
+    assert result["checked"] > 1000
+    assert result["changed"] == []
+
+
+def test_device_count_soc_and_capacity(session):
+    assert session["count"] == 2
+    assert session["name"] == "Ascend910B2"
+    assert session["total"] == 64 * 2**30
+
+
+def test_ones_on_npu_copy_back_memory_and_synchronize(session):
+    assert session["ones"] == [1.0, 1.0, 1.0, 1.0]
+    assert session["allocated"] >= 4 * 4  # the caching allocator rounds the 16 bytes up to a block
+    assert session["allocated_1"] >= 1000 * 4
+
+
+def test_aclnn_add_two_phases_through_torch_npu(session):
+    assert session["add"] == session["add_expected"]
+    assert session["add_bf16"] == session["add_bf16_expected"]
+
+
+def test_operator_counts_are_the_calls_torch_npu_made(session):
+    calls = session["counts"]["aclnn"]
+    assert calls["aclnnAddmm"] == 1  # one nn.Linear forward
+    assert calls["aclnnMul"] == 1
+    assert calls["aclnnAdd"] >= 2  # torch.add twice (float32, bfloat16)
+    assert "aclnnInplaceFillScalar" not in calls  # it failed in phase one: never launched
+    assert session["counts"]["aicpu"] == {}  # no operator of the table runs on AI CPU
+
+
+def test_unsupported_dtype_fails_as_cann_with_the_operators_name(session):
+    # UINT32 is outside aclnnInplaceFillScalar's Atlas A2 list (hicann/ops-math
+    # conversion/fill/docs/aclnnInplaceFillScalar_en.md).
+    assert "161002" in session["uint32"]
+    assert "aclnnInplaceFillScalar" in session["uint32"]
+
+
+def test_aten_backed_operators_through_torch_npu(session):
+    """nn.Linear (aclnnAddmm) and torch.mul (aclnnMul), computed by ATen's CPU kernels on host buffers."""
+    assert session["linear"] == session["linear_expected"]
+    assert session["mul"] == session["mul_expected"]
+
+
+def test_unimplemented_operator_fails_loudly_by_name(session):
+    assert "aclnnReduceSum" in session["sum"]
+    assert "not implemented by the CANN emulation" in session["sum"]
+
+
+def test_out_of_memory_where_the_capacity_ends():
+    result = child_json(
+        """
+        import json, torch, torch_npu
+        try:
+            torch.empty(2 * 1024**3, dtype=torch.uint8, device="npu")
+            print(json.dumps({"error": None}))
+        except torch.OutOfMemoryError as error:
+            print(json.dumps({"error": str(error)}))
+        """,
+        memory_gb=1,
+    )
+    assert result["error"] and "NPU out of memory" in result["error"]
+
+
+def test_two_phase_api_without_torch():
+    """aclnnAdd straight through ctypes: GetWorkspaceSize, then execute, on host buffers."""
+    result = child_json(
+        f"""
+        import ctypes, json, struct
+        lib = ctypes.CDLL("{BUILD_DIR / 'libopapi.so'}")
+        lib.aclCreateTensor.restype = ctypes.c_void_p
+        lib.aclCreateScalar.restype = ctypes.c_void_p
+        lib.aclGetRecentErrMsg.restype = ctypes.c_char_p
+        assert lib.aclrtSetDevice(0) == 0
+        def device(values):
+            size = 4 * len(values)
+            ptr = ctypes.c_void_p()
+            assert lib.aclrtMalloc(ctypes.byref(ptr), ctypes.c_size_t(size), 0) == 0
+            data = struct.pack(f"{{len(values)}}f", *values)
+            assert lib.aclrtMemcpy(ptr, ctypes.c_size_t(size), data, ctypes.c_size_t(size), 1) == 0
+            return ptr
+        def tensor(ptr, shape, dtype):
+            dims = (ctypes.c_int64 * len(shape))(*shape)
+            return ctypes.c_void_p(lib.aclCreateTensor(dims, ctypes.c_uint64(len(shape)), dtype, None,
+                                   ctypes.c_int64(0), 2, dims, ctypes.c_uint64(len(shape)), ptr))
+        a, b, o = device([1, 2, 3, 4]), device([10, 20]), device([0, 0, 0, 0])
+        alpha_value = ctypes.c_float(2.0)
+        alpha = ctypes.c_void_p(lib.aclCreateScalar(ctypes.byref(alpha_value), 0))
+        ws, ex = ctypes.c_uint64(7), ctypes.c_void_p()
+        prepare = lib.aclnnAddGetWorkspaceSize(tensor(a, [2, 2], 0), tensor(b, [2], 0), alpha,
+                                               tensor(o, [2, 2], 0), ctypes.byref(ws), ctypes.byref(ex))
+        run = lib.aclnnAdd(None, ctypes.c_uint64(0), ex, None)
+        host = ctypes.create_string_buffer(16)
+        lib.aclrtMemcpy(host, ctypes.c_size_t(16), o, ctypes.c_size_t(16), 2)
+        bad = lib.aclnnAddGetWorkspaceSize(tensor(a, [4], 8), tensor(a, [4], 8), alpha, tensor(o, [4], 8),
+                                           ctypes.byref(ws), ctypes.byref(ex))
+        bad_msg = lib.aclGetRecentErrMsg().decode()
+        print(json.dumps({{"prepare": prepare, "workspace": ws.value, "run": run,
+                          "out": struct.unpack("4f", host.raw), "bad": bad, "bad_msg": bad_msg}}))
+        """
+    )
+    assert (result["prepare"], result["workspace"], result["run"]) == (0, 0, 0)
+    assert result["out"] == [1 + 2 * 10, 2 + 2 * 20, 3 + 2 * 10, 4 + 2 * 20]
+    # UINT32 is outside aclnnAdd's Atlas A2 list (hicann/ops-math aclnnAdd&aclnnInplaceAdd.md).
+    assert result["bad"] == 161002 and "aclnnAdd" in result["bad_msg"]
+
+
+def test_torch_symbols_the_wheel_needs_resolve_in_this_torch():
+    result = subprocess.run([str(PYTHON), "verification/cann_emu/abi_check.py"], cwd=REPO,
+                            capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    assert "0 unresolved" in result.stdout
+
+
+def test_env_py_points_at_the_build_and_clears_the_stand_in():
+    result = subprocess.run([str(PYTHON), "verification/cann_emu/env.py"], cwd=REPO,
+                            capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stderr
+    assert f"export LD_LIBRARY_PATH={BUILD_DIR}" in result.stdout
+    assert "TORCHTITAN_NPU_SIM" in result.stdout.splitlines()[0]  # the unset line
+
+
+def test_op_table_lists_exactly_the_computed_operators():
+    """op_table.json has a row for every aclnn operator the library computes, and no row without one."""
+    sys.path.insert(0, str(REPO / "verification" / "cann_emu"))
+    from build import load_op_table  # verification/cann_emu/build.py
+
+    table = load_op_table()
+    nm = subprocess.run(["nm", "-D", "--defined-only", str(BUILD_DIR / "libcann_emu.so")],
+                        capture_output=True, text=True, check=True).stdout
+    stubs = set((BUILD_DIR / "stub_names.txt").read_text().split())
+    computed = {line.split()[-1] for line in nm.splitlines()
+                if line.split()[-1].startswith("aclnn") and line.split()[-1] not in stubs}
+    operators = {name for name in computed if not name.endswith("GetWorkspaceSize")}
+    assert {f"{name}GetWorkspaceSize" for name in operators} <= computed
+    assert operators == set(table)
+    assert table["aclnnAdd"]["verified"] and table["aclnnAdd"]["engine"] == "AiCore"

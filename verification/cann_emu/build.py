@@ -1,0 +1,226 @@
+"""Builds the CANN emulation's shared libraries with the system g++.
+
+    python verification/cann_emu/build.py [--torch-npu DIR] [--force]
+
+Output in verification/cann_emu/build/ (git-ignored):
+- ``libcann_emu.so``: everything the emulation implements (csrc/*.cpp), plus one stub for every other
+  CANN function the installed torch_npu names (its dynamic imports and the names it looks up with
+  dlsym at run time, read from its .so files): a stub prints ``<name> is not implemented by the CANN
+  emulation`` and returns an error status, so an unimplemented call fails loudly by name and never
+  silently succeeds.
+- ``libascendcl.so``, ``libhccl.so``, ... (``LIBRARIES``): the file names torch_npu links against or
+  dlopens, each empty but for ``DT_NEEDED libcann_emu.so``, so the dynamic linker and ``dlsym`` on
+  their handles find the emulation's symbols.
+
+A stamp (digest of the sources, the names and the flags) skips the build when nothing changed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import importlib.util
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+CSRC = HERE / "csrc"
+BUILD = HERE / "build"
+CORE = "libcann_emu.so"
+
+# File names torch_npu needs: DT_NEEDED of libtorch_npu.so, _C and libtensorpipe.so (readelf -d), and
+# the libraries its FunctionLoader / op-plugin dlopen by name (strings of libtorch_npu.so; ctypes in
+# torch_npu/npu/__init__.py for libascend_hal.so). libatb.so stays absent on purpose: torch_npu loads
+# libop_plugin_atb.so inside try/except, as on a CANN install without the NNAL package.
+LIBRARIES = (
+    "libascendcl.so",
+    "libhccl.so",
+    "libacl_op_compiler.so",
+    "libge_runner.so",
+    "libgraph.so",
+    "libacl_tdt_channel.so",
+    "libopapi.so",
+    "libnnopbase.so",
+    "libascend_hal.so",
+)
+
+# CANN function names as torch_npu spells them (C identifiers, not parts of mangled C++ names).
+NAME_RE = re.compile(
+    rb"(?<![A-Za-z0-9_])("
+    rb"acl(?:nn|rt|op|mdl|prof|sys|tdt)?[A-Z][A-Za-z0-9_]*"
+    rb"|Acl[A-Z][A-Za-z0-9_]*"
+    rb"|Hccl[A-Z][A-Za-z0-9_]*"
+    rb"|Msprof[A-Z][A-Za-z0-9_]*"
+    rb"|rt[A-Z][A-Za-z0-9]*"
+    rb"|drv[A-Z][A-Za-z0-9_]*"
+    rb")(?![A-Za-z0-9_])"
+)
+OP_TABLE = HERE / "op_table.json"
+# aclDataType values (hicann/runtime include/external/acl/acl_base_rt.h), by the names CANN's documents use.
+ACL_DTYPES = {
+    "FLOAT": 0, "FLOAT16": 1, "INT8": 2, "INT32": 3, "UINT8": 4, "INT16": 6, "UINT16": 7, "UINT32": 8,
+    "INT64": 9, "UINT64": 10, "DOUBLE": 11, "BOOL": 12, "STRING": 13, "COMPLEX64": 16, "COMPLEX128": 17,
+    "BFLOAT16": 27, "INT4": 29, "UINT1": 30, "COMPLEX32": 33, "HIFLOAT8": 34, "FLOAT8_E5M2": 35,
+    "FLOAT8_E4M3FN": 36, "FLOAT8_E8M0": 37,
+}
+ENGINES = ("AiCore", "AiCpu")
+CXXFLAGS = ["-std=c++20", "-O2", "-fPIC", "-fvisibility=hidden", "-Wall", "-Wno-unused-parameter"]
+
+
+def torch_npu_dir(explicit: str | None) -> Path:
+    if explicit:
+        return Path(explicit)
+    spec = importlib.util.find_spec("torch_npu")  # locates the package without importing it
+    if spec is None or not spec.submodule_search_locations:
+        raise SystemExit(
+            "cann_emu build: torch_npu is not installed in this Python "
+            f"({sys.executable}); run verification/cann_emu/setup.sh or pass --torch-npu DIR"
+        )
+    return Path(list(spec.submodule_search_locations)[0])
+
+
+def wheel_libraries(package: Path) -> list[Path]:
+    return sorted(p for p in package.rglob("*.so") if "torchair" not in p.parts)
+
+
+def cann_names(package: Path) -> set[str]:
+    """CANN function names the wheel's libraries import or look up by name."""
+    names: set[str] = set()
+    for lib in wheel_libraries(package):
+        names.update(m.decode() for m in NAME_RE.findall(lib.read_bytes()))
+    return names
+
+
+def load_op_table(path: Path = OP_TABLE) -> dict[str, dict]:
+    """op_table.json without its '_about', checked: every field present, dtypes and engines known."""
+    table = {name: entry for name, entry in json.loads(path.read_text()).items() if not name.startswith("_")}
+    for name, entry in table.items():
+        where = f"{path.name}: {name}"
+        missing = {"args", "formats", "engine", "source", "verified"} - set(entry)
+        if missing:
+            raise SystemExit(f"{where}: missing {sorted(missing)}")
+        if entry["engine"] not in ENGINES:
+            raise SystemExit(f"{where}: engine {entry['engine']!r} is not one of {ENGINES}")
+        for arg, dtypes in entry["args"].items():
+            unknown = [d for d in dtypes if d not in ACL_DTYPES]
+            if unknown:
+                raise SystemExit(f"{where}.{arg}: unknown dtypes {unknown} (known: {sorted(ACL_DTYPES)})")
+    return table
+
+
+def op_table_source(table: dict[str, dict]) -> str:
+    """C++ for the table: cann_emu::op_arg_dtypes and cann_emu::op_engine (declared in csrc/cann_emu.h)."""
+    arrays, rows, engines = [], [], []
+    for i, (name, entry) in enumerate(sorted(table.items())):
+        engines.append(f'    {{"{name}", "{entry["engine"]}"}},')
+        for j, (arg, dtypes) in enumerate(entry["args"].items()):
+            arrays.append(f"const int k{i}_{j}[] = {{{', '.join(str(ACL_DTYPES[d]) for d in dtypes)}}};")
+            rows.append(f'    {{"{name}", "{arg}", k{i}_{j}, {len(dtypes)}}},')
+    return (
+        "// Generated by verification/cann_emu/build.py from op_table.json.\n"
+        "#include <cstring>\n\nnamespace cann_emu {\nnamespace {\n"
+        + "\n".join(arrays)
+        + "\nstruct Row { const char* op; const char* arg; const int* dtypes; int n; };\n"
+        "const Row kRows[] = {\n" + "\n".join(rows) + "\n};\n"
+        "struct Engine { const char* op; const char* engine; };\n"
+        "const Engine kEngines[] = {\n" + "\n".join(engines) + "\n};\n}  // namespace\n\n"
+        "bool op_arg_dtypes(const char* op, const char* arg, const int** dtypes, int* n) {\n"
+        "    for (const Row& r : kRows)\n"
+        "        if (!std::strcmp(r.op, op) && !std::strcmp(r.arg, arg)) { *dtypes = r.dtypes; *n = r.n; return true; }\n"
+        "    return false;\n}\n"
+        "const char* op_engine(const char* op) {\n"
+        "    for (const Engine& e : kEngines) if (!std::strcmp(e.op, op)) return e.engine;\n"
+        "    return nullptr;\n}\n}  // namespace cann_emu\n"
+    )
+
+
+def torch_dirs() -> tuple[Path, Path]:
+    """(include, lib) of this Python's torch: csrc/aten_*.cpp compile against ATen, libcann_emu.so links it."""
+    spec = importlib.util.find_spec("torch")  # located, not imported
+    if spec is None or not spec.submodule_search_locations:
+        raise SystemExit(f"cann_emu build: torch is not installed in {sys.executable}")
+    root = Path(list(spec.submodule_search_locations)[0])
+    return root / "include", root / "lib"
+
+
+def defined_symbols(objects: list[Path]) -> set[str]:
+    out = subprocess.run(["nm", "-g", "--defined-only", *map(str, objects)], check=True,
+                         capture_output=True, text=True).stdout
+    return {line.split()[-1] for line in out.splitlines() if len(line.split()) == 3}
+
+
+def run(cmd: list[str]) -> None:
+    result = subprocess.run(cmd, capture_output=True, text=True)
+    if result.returncode != 0:
+        raise SystemExit(f"cann_emu build: {' '.join(cmd)} failed:\n{result.stderr[-4000:]}")
+
+
+def build(package: Path, force: bool = False) -> Path:
+    sources = sorted(CSRC.glob("*.cpp"))
+    headers = sorted(CSRC.glob("*.h"))
+    names = sorted(cann_names(package))
+    digest = hashlib.sha256()
+    for path in (*sources, *headers, Path(__file__), OP_TABLE):
+        digest.update(path.read_bytes())
+    digest.update("\n".join(names).encode())
+    digest.update(" ".join(CXXFLAGS).encode())
+    digest.update(str(torch_dirs()).encode())
+    stamp = BUILD / "stamp"
+    if not force and stamp.exists() and stamp.read_text() == digest.hexdigest() and all(
+        (BUILD / lib).exists() for lib in (CORE, *LIBRARIES)
+    ):
+        return BUILD
+    BUILD.mkdir(exist_ok=True)
+    table_src = BUILD / "op_table.cpp"
+    table_src.write_text(op_table_source(load_op_table()))
+    objects = []
+    torch_include, torch_lib = torch_dirs()
+    for src in (*sources, table_src):
+        obj = BUILD / (src.stem + ".o")
+        aten = ["-isystem", str(torch_include)] if src.name.startswith("aten_") else []
+        run(["g++", *CXXFLAGS, *aten, f"-I{CSRC}", "-c", str(src), "-o", str(obj)])
+        objects.append(obj)
+    implemented = defined_symbols(objects)
+    missing = [n for n in names if n not in implemented]
+    stubs = BUILD / "stubs.cpp"
+    stubs.write_text(
+        "// Generated by verification/cann_emu/build.py: CANN functions torch_npu names that the\n"
+        "// emulation does not implement. Each fails loudly by name.\n"
+        "namespace cann_emu { int unimplemented(const char* name); }\n"
+        + "".join(
+            f'extern "C" __attribute__((visibility("default"))) int {n}(...) '
+            f'{{ return cann_emu::unimplemented("{n}"); }}\n'
+            for n in missing
+        )
+    )
+    (BUILD / "stub_names.txt").write_text("".join(n + "\n" for n in missing))
+    stub_obj = BUILD / "stubs.o"
+    run(["g++", "-O0", "-fPIC", "-c", str(stubs), "-o", str(stub_obj)])
+    core = BUILD / CORE
+    run(["g++", "-shared", "-o", str(core), *map(str, objects), str(stub_obj), f"-Wl,-soname,{CORE}",
+         f"-L{torch_lib}", "-ltorch_cpu", "-lc10", f"-Wl,-rpath,{torch_lib}", "-lpthread"])
+    empty = BUILD / "empty.cpp"
+    empty.write_text("// The named CANN libraries carry no code: DT_NEEDED libcann_emu.so serves their symbols.\n")
+    for lib in LIBRARIES:
+        run(["g++", "-shared", "-fPIC", "-o", str(BUILD / lib), str(empty), f"-Wl,-soname,{lib}",
+             "-Wl,--no-as-needed", f"-L{BUILD}", "-lcann_emu", "-Wl,-rpath,$ORIGIN"])
+    stamp.write_text(digest.hexdigest())
+    print(f"cann_emu: built {BUILD} ({len(implemented & set(names))} of {len(names)} named functions "
+          f"implemented, {len(missing)} stubs)")
+    return BUILD
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--torch-npu", help="torch_npu package directory (default: the one this Python finds)")
+    parser.add_argument("--force", action="store_true", help="rebuild even when the stamp matches")
+    args = parser.parse_args()
+    build(torch_npu_dir(args.torch_npu), force=args.force)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,56 @@
+// aclnn's argument objects (our layout: torch_npu only passes them through) and the helpers every
+// operator file shares (aclnn.cpp defines them).
+#pragma once
+
+#include "cann_emu.h"
+
+#include <functional>
+#include <string>
+#include <vector>
+
+struct aclTensor {
+    std::vector<int64_t> view;
+    std::vector<int64_t> strides;  // in elements
+    int64_t offset = 0;            // in elements
+    int dtype = ACL_DT_UNDEFINED;
+    int format = ACL_FORMAT_ND;
+    std::vector<int64_t> storage;
+    void* data = nullptr;
+};
+struct aclScalar {
+    int dtype;
+    unsigned char value[16];
+};
+struct aclIntArray {
+    std::vector<int64_t> v;
+};
+struct aclFloatArray {
+    std::vector<float> v;
+};
+struct aclBoolArray {
+    std::vector<bool> v;
+};
+struct aclTensorList {
+    std::vector<aclTensor*> v;
+};
+struct aclScalarList {
+    std::vector<aclScalar*> v;
+};
+struct aclOpExecutor {
+    std::string op;
+    std::function<aclnnStatus()> run;
+    bool repeatable = false;
+};
+
+namespace cann_emu {
+double scalar_value(const aclScalar* s);
+// Null check, op_table.json dtype check (161002 naming op and arg), at most 8 dims, no internal format.
+aclnnStatus check_tensor(const char* op, const char* arg, const aclTensor* t);
+bool broadcastable_to(const aclTensor& t, const aclTensor& out);
+// Phase one's end: workspace 0 and an executor that runs run() at launch.
+aclnnStatus make_executor(const char* op, std::function<aclnnStatus()> run, uint64_t* ws, aclOpExecutor** ex);
+// Counts one call of op (CANN_EMU_COUNTS); warns once when op_table.json says CANN runs op on AI CPU.
+void count_call(const char* op);
+// Phase two: runs the executor (named op) and frees it unless repeatable.
+aclnnStatus execute(const char* op, aclOpExecutor* e);
+}  // namespace cann_emu

@@ -1,0 +1,101 @@
+// The CANN emulation's shared declarations: our own types for what torch_npu passes through the ACL
+// C API (names and values follow CANN's public headers: hicann/runtime include/external/acl/*.h,
+// hicann/opbase include/nnopbase/aclnn/acl_meta.h), and the emulation's state helpers.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+
+#define CANN_API extern "C" __attribute__((visibility("default")))
+
+typedef int aclError;
+typedef int32_t aclnnStatus;
+typedef void* aclrtStream;
+typedef void* aclrtEvent;
+typedef void* aclrtContext;
+
+// Status codes (acl_base_rt.h, rt_error_codes.h, aclnn's op_errno.h).
+constexpr aclError ACL_SUCCESS = 0;
+constexpr aclError ACL_ERROR_INVALID_PARAM = 100000;
+constexpr aclError ACL_ERROR_REPEAT_INITIALIZE = 100002;
+constexpr aclError ACL_ERROR_BAD_ALLOC = 200000;
+constexpr aclError ACL_ERROR_INVALID_DEVICE = 200002;
+constexpr aclError ACL_ERROR_INTERNAL_ERROR = 500000;
+constexpr aclError ACL_ERROR_RT_PARAM_INVALID = 107000;
+constexpr aclError ACL_ERROR_RT_INVALID_DEVICEID = 107001;
+constexpr aclError ACL_ERROR_RT_CONTEXT_NULL = 107002;
+constexpr aclError ACL_ERROR_RT_MEMORY_ALLOCATION = 207001;
+constexpr aclnnStatus ACLNN_ERR_PARAM_NULLPTR = 161001;
+constexpr aclnnStatus ACLNN_ERR_PARAM_INVALID = 161002;
+constexpr aclnnStatus ACLNN_ERR_INNER = 561000;
+
+typedef enum {
+    ACL_DT_UNDEFINED = -1,
+    ACL_FLOAT = 0,
+    ACL_FLOAT16 = 1,
+    ACL_INT8 = 2,
+    ACL_INT32 = 3,
+    ACL_UINT8 = 4,
+    ACL_INT16 = 6,
+    ACL_UINT16 = 7,
+    ACL_UINT32 = 8,
+    ACL_INT64 = 9,
+    ACL_UINT64 = 10,
+    ACL_DOUBLE = 11,
+    ACL_BOOL = 12,
+    ACL_STRING = 13,
+    ACL_COMPLEX64 = 16,
+    ACL_COMPLEX128 = 17,
+    ACL_BF16 = 27,
+} aclDataType;
+
+typedef enum {
+    ACL_FORMAT_UNDEFINED = -1,
+    ACL_FORMAT_NCHW = 0,
+    ACL_FORMAT_NHWC = 1,
+    ACL_FORMAT_ND = 2,
+    ACL_FORMAT_NC1HWC0 = 3,
+    ACL_FORMAT_FRACTAL_Z = 4,
+    ACL_FORMAT_FRACTAL_NZ = 29,
+    ACL_FORMAT_NCDHW = 30,
+    ACL_FORMAT_NC = 35,
+    ACL_FORMAT_NCL = 47,
+} aclFormat;
+
+typedef enum {
+    ACL_MEMCPY_HOST_TO_HOST,
+    ACL_MEMCPY_HOST_TO_DEVICE,
+    ACL_MEMCPY_DEVICE_TO_HOST,
+    ACL_MEMCPY_DEVICE_TO_DEVICE,
+    ACL_MEMCPY_DEFAULT,
+    ACL_MEMCPY_HOST_TO_BUF_TO_DEVICE,
+    ACL_MEMCPY_INNER_DEVICE_TO_DEVICE,
+    ACL_MEMCPY_INTER_DEVICE_TO_DEVICE,
+} aclrtMemcpyKind;
+
+namespace cann_emu {
+
+struct Config {
+    int devices;               // CANN_EMU_DEVICES, default 8
+    std::string soc;           // CANN_EMU_SOC, default Ascend910B2
+    uint64_t capacity;         // CANN_EMU_MEMORY_GB per device, default 64
+    std::string cann_version;  // CANN_EMU_CANN_VERSION, default 9.1.0
+};
+const Config& config();
+
+// Remembers msg for aclGetRecentErrMsg (torch_npu appends it to its exception text), prints it to
+// stderr, and returns code.
+int fail(int code, const std::string& msg);
+// For the generated stubs: torch_npu reached a CANN function the emulation does not implement.
+int unimplemented(const char* name);
+
+int current_device();  // the calling thread's device (aclrtSetDevice), -1 before any
+size_t dtype_size(int dtype);  // bytes per element; 0 for a dtype the emulation does not know
+const char* dtype_name(int dtype);
+// op_table.json, compiled in by build.py: the dtypes argument arg of operator op accepts (false when
+// the table has no such row) and the engine CANN runs op on ("AiCore"/"AiCpu"; null when absent).
+bool op_arg_dtypes(const char* op, const char* arg, const int** dtypes, int* n);
+const char* op_engine(const char* op);
+
+}  // namespace cann_emu

@@ -1,0 +1,562 @@
+// ACL runtime on host memory: devices, memory counted against a per-device capacity, streams and
+// events that execute at launch (work is done when it is enqueued, so every stream order holds),
+// copies of every kind, synchronisation, device properties and versions.
+// Signatures follow CANN's public headers (hicann/runtime include/external/acl/acl_rt.h, acl_base_rt.h).
+#include "cann_emu.h"
+
+#include <chrono>
+#include <cstdarg>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <mutex>
+#include <string>
+#include <unordered_map>
+#include <unordered_set>
+#include <vector>
+
+namespace cann_emu {
+
+static int env_int(const char* name, int fallback) {
+    const char* v = std::getenv(name);
+    return v && *v ? std::atoi(v) : fallback;
+}
+
+const Config& config() {
+    // Never destroyed: static destructors (the operator counts' writer) and late runtime calls read it.
+    static const Config& cfg = *new Config([] {
+        Config c;
+        c.devices = env_int("CANN_EMU_DEVICES", 8);
+        const char* soc = std::getenv("CANN_EMU_SOC");
+        c.soc = soc && *soc ? soc : "Ascend910B2";
+        const char* gb = std::getenv("CANN_EMU_MEMORY_GB");
+        c.capacity = (uint64_t)((gb && *gb ? std::atof(gb) : 64.0) * (1ULL << 30));
+        const char* ver = std::getenv("CANN_EMU_CANN_VERSION");
+        c.cann_version = ver && *ver ? ver : "9.1.0";
+        if (c.devices < 1 || c.devices > 64) {
+            std::fprintf(stderr, "cann_emu: CANN_EMU_DEVICES=%d is outside 1..64\n", c.devices);
+            std::abort();
+        }
+        return c;
+    }());
+    return cfg;
+}
+
+static thread_local std::string t_last_error;
+
+int fail(int code, const std::string& msg) {
+    t_last_error = "cann_emu: " + msg;
+    std::fprintf(stderr, "%s (status %d)\n", t_last_error.c_str(), code);
+    return code;
+}
+
+int unimplemented(const char* name) {
+    bool is_aclnn = std::strncmp(name, "aclnn", 5) == 0;
+    return fail(is_aclnn ? ACLNN_ERR_INNER : ACL_ERROR_INTERNAL_ERROR,
+                std::string(name) + " is not implemented by the CANN emulation");
+}
+
+static thread_local int t_device = -1;
+int current_device() { return t_device; }
+
+// ---- memory ------------------------------------------------------------------------------------
+struct Allocation {
+    int device;  // -1: host (aclrtMallocHost)
+    size_t size;
+};
+static std::mutex g_mem_mutex;
+static std::unordered_map<void*, Allocation> g_allocations;
+static std::vector<uint64_t> g_used;  // bytes in use per device
+
+static std::vector<uint64_t>& used() {
+    if (g_used.empty()) g_used.assign(config().devices, 0);
+    return g_used;
+}
+
+static constexpr size_t kAlign = 512;  // device addresses on Ascend are 512-byte aligned for aclnn
+
+static void* host_alloc(size_t size) {
+    void* p = nullptr;
+    if (posix_memalign(&p, kAlign, size ? size : 1) != 0) return nullptr;
+    return p;
+}
+
+// ---- streams and events ------------------------------------------------------------------------
+struct Stream {
+    int device;
+    int id;
+};
+static int g_next_stream_id = 1;  // 0: the default stream
+struct Event {
+    uint32_t flags;
+    bool recorded = false;
+    double time_ms = 0;
+};
+static std::mutex g_obj_mutex;
+static std::unordered_set<Stream*> g_streams;
+static std::unordered_set<Event*> g_events;
+
+static double now_ms() {
+    using namespace std::chrono;
+    return duration<double, std::milli>(steady_clock::now().time_since_epoch()).count();
+}
+
+}  // namespace cann_emu
+
+using namespace cann_emu;
+
+static int check_device(int32_t device) {
+    if (device < 0 || device >= config().devices)
+        return fail(ACL_ERROR_RT_INVALID_DEVICEID,
+                    "device " + std::to_string(device) + " does not exist (CANN_EMU_DEVICES=" +
+                        std::to_string(config().devices) + ")");
+    return ACL_SUCCESS;
+}
+
+// ---- initialisation, errors, versions ----------------------------------------------------------
+static bool g_initialized = false;
+
+CANN_API aclError aclInit(const char* /*configPath*/) {
+    if (g_initialized) return ACL_ERROR_REPEAT_INITIALIZE;
+    g_initialized = true;
+    return ACL_SUCCESS;
+}
+CANN_API aclError aclFinalize() {
+    g_initialized = false;
+    return ACL_SUCCESS;
+}
+CANN_API const char* aclGetRecentErrMsg() {
+    static thread_local std::string returned;
+    if (t_last_error.empty()) return nullptr;
+    returned.swap(t_last_error);
+    t_last_error.clear();
+    return returned.c_str();
+}
+CANN_API void aclAppLog(int level, const char* func, const char* file, uint32_t line, const char* fmt, ...) {
+    // As CANN, application logs go to the log files unless ASCEND_SLOG_PRINT_TO_STDOUT=1; the emulation
+    // keeps no log files, so they are printed when asked for (or with CANN_EMU_LOG) and dropped otherwise.
+    const char* to_stdout = std::getenv("ASCEND_SLOG_PRINT_TO_STDOUT");
+    if (!std::getenv("CANN_EMU_LOG") && !(to_stdout && std::strcmp(to_stdout, "1") == 0)) return;
+    va_list ap;
+    va_start(ap, fmt);
+    std::fprintf(stderr, "cann_emu log [%d] %s (%s:%u): ", level, func ? func : "", file ? file : "", line);
+    std::vfprintf(stderr, fmt, ap);
+    std::fprintf(stderr, "\n");
+    va_end(ap);
+}
+
+struct aclCANNPackageVersion {
+    char version[128];
+    char majorVersion[64];
+    char minorVersion[64];
+    char releaseVersion[64];
+    char patchVersion[64];
+    char reserved[128];
+};
+CANN_API aclError aclsysGetCANNVersion(int /*aclCANNPackageName*/ name, aclCANNPackageVersion* v) {
+    if (!v) return fail(ACL_ERROR_INVALID_PARAM, "aclsysGetCANNVersion: version is null");
+    (void)name;  // every package of the emulation has the one version
+    std::memset(v, 0, sizeof(*v));
+    const std::string& ver = config().cann_version;
+    std::snprintf(v->version, sizeof(v->version), "%s", ver.c_str());
+    std::string parts[4];
+    size_t start = 0;
+    for (int i = 0; i < 4 && start <= ver.size(); ++i) {
+        size_t dot = ver.find('.', start);
+        parts[i] = ver.substr(start, dot == std::string::npos ? std::string::npos : dot - start);
+        if (dot == std::string::npos) break;
+        start = dot + 1;
+    }
+    std::snprintf(v->majorVersion, 64, "%s", parts[0].c_str());
+    std::snprintf(v->minorVersion, 64, "%s", parts[1].c_str());
+    std::snprintf(v->releaseVersion, 64, "%s", parts[2].c_str());
+    std::snprintf(v->patchVersion, 64, "%s", parts[3].c_str());
+    return ACL_SUCCESS;
+}
+CANN_API const char* aclrtGetSocName() { return config().soc.c_str(); }
+
+// ---- devices -----------------------------------------------------------------------------------
+CANN_API aclError aclrtGetDeviceCount(uint32_t* count) {
+    if (!count) return fail(ACL_ERROR_INVALID_PARAM, "aclrtGetDeviceCount: count is null");
+    *count = (uint32_t)config().devices;
+    return ACL_SUCCESS;
+}
+CANN_API aclError aclrtSetDevice(int32_t device) {
+    if (int rc = check_device(device)) return rc;
+    t_device = device;
+    return ACL_SUCCESS;
+}
+CANN_API aclError aclrtGetDevice(int32_t* device) {
+    if (!device) return fail(ACL_ERROR_INVALID_PARAM, "aclrtGetDevice: deviceId is null");
+    if (t_device < 0) {
+        // As CANN: no context on this thread yet (torch_npu treats this as "not initialised").
+        return ACL_ERROR_RT_CONTEXT_NULL;
+    }
+    *device = t_device;
+    return ACL_SUCCESS;
+}
+CANN_API aclError aclrtResetDevice(int32_t device) { return check_device(device); }
+CANN_API aclError aclrtResetDeviceForce(int32_t device) { return check_device(device); }
+CANN_API aclError aclrtSynchronizeDevice() { return ACL_SUCCESS; }  // all work ran at launch
+CANN_API aclError aclrtSynchronizeDeviceWithTimeout(int32_t /*timeout*/) { return ACL_SUCCESS; }
+
+// Contexts: one per device; the handle is the device number + 1 (never null).
+CANN_API aclError aclrtGetCurrentContext(aclrtContext* ctx) {
+    if (!ctx) return fail(ACL_ERROR_INVALID_PARAM, "aclrtGetCurrentContext: context is null");
+    if (t_device < 0) return ACL_ERROR_RT_CONTEXT_NULL;
+    *ctx = reinterpret_cast<aclrtContext>((intptr_t)t_device + 1);
+    return ACL_SUCCESS;
+}
+CANN_API aclError aclrtSetCurrentContext(aclrtContext ctx) {
+    intptr_t d = reinterpret_cast<intptr_t>(ctx) - 1;
+    if (int rc = check_device((int32_t)d)) return rc;
+    t_device = (int)d;
+    return ACL_SUCCESS;
+}
+
+// aclrtDevAttr values (acl_rt.h)
+CANN_API aclError aclrtGetDeviceInfo(uint32_t device, int attr, int64_t* value) {
+    if (int rc = check_device((int32_t)device)) return rc;
+    if (!value) return fail(ACL_ERROR_INVALID_PARAM, "aclrtGetDeviceInfo: value is null");
+    switch (attr) {
+        case 1: *value = 6; return ACL_SUCCESS;     // AI CPU cores
+        case 101: *value = 24; return ACL_SUCCESS;  // AI cores (910B2: 24 cube cores)
+        case 102: *value = 24; return ACL_SUCCESS;  // cube cores
+        case 201: *value = 48; return ACL_SUCCESS;  // vector cores
+        case 301: *value = (int64_t)config().capacity; return ACL_SUCCESS;
+        default:
+            return fail(ACL_ERROR_INVALID_PARAM,
+                        "aclrtGetDeviceInfo: attribute " + std::to_string(attr) + " is not emulated");
+    }
+}
+// aclDeviceInfo: 0 AI core num, 1 vector core num, 2 L2 size
+CANN_API aclError aclGetDeviceCapability(uint32_t device, int info, int64_t* value) {
+    if (int rc = check_device((int32_t)device)) return rc;
+    if (!value) return fail(ACL_ERROR_INVALID_PARAM, "aclGetDeviceCapability: value is null");
+    switch (info) {
+        case 0: *value = 24; return ACL_SUCCESS;
+        case 1: *value = 48; return ACL_SUCCESS;
+        case 2: *value = 192LL << 20; return ACL_SUCCESS;
+        default:
+            return fail(ACL_ERROR_INVALID_PARAM,
+                        "aclGetDeviceCapability: info " + std::to_string(info) + " is not emulated");
+    }
+}
+CANN_API aclError aclrtGetRunMode(int* mode) {
+    if (!mode) return fail(ACL_ERROR_INVALID_PARAM, "aclrtGetRunMode: runMode is null");
+    *mode = 1;  // ACL_HOST: the program runs on the host beside the device
+    return ACL_SUCCESS;
+}
+CANN_API aclError aclrtDeviceCanAccessPeer(int32_t* can, int32_t device, int32_t peer) {
+    if (int rc = check_device(device)) return rc;
+    if (int rc = check_device(peer)) return rc;
+    if (!can) return fail(ACL_ERROR_INVALID_PARAM, "aclrtDeviceCanAccessPeer: canAccessPeer is null");
+    *can = device != peer;
+    return ACL_SUCCESS;
+}
+CANN_API aclError aclrtDeviceEnablePeerAccess(int32_t peer, uint32_t /*flags*/) { return check_device(peer); }
+
+// ---- memory ------------------------------------------------------------------------------------
+CANN_API aclError aclrtMalloc(void** ptr, size_t size, int /*policy*/) {
+    if (!ptr) return fail(ACL_ERROR_INVALID_PARAM, "aclrtMalloc: devPtr is null");
+    if (size == 0) return fail(ACL_ERROR_INVALID_PARAM, "aclrtMalloc: size is 0");
+    int dev = t_device;
+    if (dev < 0) return fail(ACL_ERROR_RT_CONTEXT_NULL, "aclrtMalloc: no device set on this thread");
+    {
+        std::lock_guard<std::mutex> lock(g_mem_mutex);
+        auto& u = used();
+        if (u[dev] + size > config().capacity) {
+            return fail(ACL_ERROR_RT_MEMORY_ALLOCATION,
+                        "aclrtMalloc: out of device memory on device " + std::to_string(dev) + ": " +
+                            std::to_string(size) + " bytes requested, " + std::to_string(u[dev]) +
+                            " of " + std::to_string(config().capacity) + " in use");
+        }
+        void* p = host_alloc(size);
+        if (!p) return fail(ACL_ERROR_BAD_ALLOC, "aclrtMalloc: the host has no memory for " +
+                                                     std::to_string(size) + " bytes");
+        u[dev] += size;
+        g_allocations[p] = {dev, size};
+        *ptr = p;
+    }
+    return ACL_SUCCESS;
+}
+CANN_API aclError aclrtMallocAlign32(void** ptr, size_t size, int policy) { return aclrtMalloc(ptr, size, policy); }
+CANN_API aclError aclrtFree(void* ptr) {
+    if (!ptr) return fail(ACL_ERROR_INVALID_PARAM, "aclrtFree: devPtr is null");
+    std::lock_guard<std::mutex> lock(g_mem_mutex);
+    auto it = g_allocations.find(ptr);
+    if (it == g_allocations.end() || it->second.device < 0)
+        return fail(ACL_ERROR_INVALID_PARAM, "aclrtFree: not a device allocation");
+    used()[it->second.device] -= it->second.size;
+    g_allocations.erase(it);
+    std::free(ptr);
+    return ACL_SUCCESS;
+}
+CANN_API aclError aclrtMallocHost(void** ptr, size_t size) {
+    if (!ptr) return fail(ACL_ERROR_INVALID_PARAM, "aclrtMallocHost: hostPtr is null");
+    void* p = host_alloc(size);
+    if (!p) return fail(ACL_ERROR_BAD_ALLOC, "aclrtMallocHost: no host memory");
+    std::lock_guard<std::mutex> lock(g_mem_mutex);
+    g_allocations[p] = {-1, size};
+    *ptr = p;
+    return ACL_SUCCESS;
+}
+CANN_API aclError aclrtFreeHost(void* ptr) {
+    if (!ptr) return fail(ACL_ERROR_INVALID_PARAM, "aclrtFreeHost: hostPtr is null");
+    std::lock_guard<std::mutex> lock(g_mem_mutex);
+    auto it = g_allocations.find(ptr);
+    if (it == g_allocations.end() || it->second.device >= 0)
+        return fail(ACL_ERROR_INVALID_PARAM, "aclrtFreeHost: not a host allocation of aclrtMallocHost");
+    g_allocations.erase(it);
+    std::free(ptr);
+    return ACL_SUCCESS;
+}
+CANN_API aclError aclrtGetMemInfo(int /*attr*/, size_t* free_bytes, size_t* total) {
+    if (!free_bytes || !total) return fail(ACL_ERROR_INVALID_PARAM, "aclrtGetMemInfo: null output");
+    int dev = t_device;
+    if (dev < 0) return fail(ACL_ERROR_RT_CONTEXT_NULL, "aclrtGetMemInfo: no device set on this thread");
+    std::lock_guard<std::mutex> lock(g_mem_mutex);
+    *total = config().capacity;
+    *free_bytes = config().capacity - used()[dev];
+    return ACL_SUCCESS;
+}
+
+static aclError copy(const char* api, void* dst, size_t dest_max, const void* src, size_t count, int kind) {
+    if (count == 0) return ACL_SUCCESS;
+    if (!dst || !src) return fail(ACL_ERROR_INVALID_PARAM, std::string(api) + ": null address");
+    if (count > dest_max)
+        return fail(ACL_ERROR_INVALID_PARAM, std::string(api) + ": count " + std::to_string(count) +
+                                                 " exceeds destMax " + std::to_string(dest_max));
+    if (kind < ACL_MEMCPY_HOST_TO_HOST || kind > ACL_MEMCPY_INTER_DEVICE_TO_DEVICE)
+        return fail(ACL_ERROR_INVALID_PARAM, std::string(api) + ": invalid kind " + std::to_string(kind));
+    std::memmove(dst, src, count);
+    return ACL_SUCCESS;
+}
+CANN_API aclError aclrtMemcpy(void* dst, size_t dest_max, const void* src, size_t count, int kind) {
+    return copy("aclrtMemcpy", dst, dest_max, src, count, kind);
+}
+CANN_API aclError aclrtMemcpyAsync(void* dst, size_t dest_max, const void* src, size_t count, int kind,
+                                   aclrtStream) {
+    return copy("aclrtMemcpyAsync", dst, dest_max, src, count, kind);
+}
+CANN_API aclError aclrtMemcpyAsyncWithCondition(void* dst, size_t dest_max, const void* src, size_t count,
+                                                int kind, aclrtStream) {
+    return copy("aclrtMemcpyAsyncWithCondition", dst, dest_max, src, count, kind);
+}
+CANN_API aclError aclrtMemcpy2d(void* dst, size_t dpitch, const void* src, size_t spitch, size_t width,
+                                size_t height, int kind) {
+    if (kind < 0 || kind > ACL_MEMCPY_INTER_DEVICE_TO_DEVICE)
+        return fail(ACL_ERROR_INVALID_PARAM, "aclrtMemcpy2d: invalid kind");
+    if (width > dpitch || width > spitch) return fail(ACL_ERROR_INVALID_PARAM, "aclrtMemcpy2d: width exceeds pitch");
+    for (size_t r = 0; r < height; ++r)
+        std::memmove((char*)dst + r * dpitch, (const char*)src + r * spitch, width);
+    return ACL_SUCCESS;
+}
+CANN_API aclError aclrtMemcpy2dAsync(void* dst, size_t dpitch, const void* src, size_t spitch, size_t width,
+                                     size_t height, int kind, aclrtStream) {
+    return aclrtMemcpy2d(dst, dpitch, src, spitch, width, height, kind);
+}
+CANN_API aclError aclrtMemset(void* ptr, size_t max_count, int32_t value, size_t count) {
+    if (count > max_count) return fail(ACL_ERROR_INVALID_PARAM, "aclrtMemset: count exceeds maxCount");
+    if (count) std::memset(ptr, value, count);
+    return ACL_SUCCESS;
+}
+CANN_API aclError aclrtMemsetAsync(void* ptr, size_t max_count, int32_t value, size_t count, aclrtStream) {
+    return aclrtMemset(ptr, max_count, value, count);
+}
+
+// ---- streams -----------------------------------------------------------------------------------
+static aclError make_stream(aclrtStream* stream, const char* api) {
+    if (!stream) return fail(ACL_ERROR_INVALID_PARAM, std::string(api) + ": stream is null");
+    if (t_device < 0) return fail(ACL_ERROR_RT_CONTEXT_NULL, std::string(api) + ": no device set on this thread");
+    std::lock_guard<std::mutex> lock(g_obj_mutex);
+    auto* s = new Stream{t_device, g_next_stream_id++};
+    g_streams.insert(s);
+    *stream = s;
+    return ACL_SUCCESS;
+}
+CANN_API aclError aclrtCreateStream(aclrtStream* stream) { return make_stream(stream, "aclrtCreateStream"); }
+CANN_API aclError aclrtCreateStreamWithConfig(aclrtStream* stream, uint32_t, uint32_t) {
+    return make_stream(stream, "aclrtCreateStreamWithConfig");
+}
+CANN_API aclError aclrtDestroyStream(aclrtStream stream) {
+    std::lock_guard<std::mutex> lock(g_obj_mutex);
+    auto* s = static_cast<Stream*>(stream);
+    if (!g_streams.erase(s)) return fail(ACL_ERROR_INVALID_PARAM, "aclrtDestroyStream: unknown stream");
+    delete s;
+    return ACL_SUCCESS;
+}
+CANN_API aclError aclrtDestroyStreamForce(aclrtStream stream) { return aclrtDestroyStream(stream); }
+CANN_API aclError aclrtSynchronizeStream(aclrtStream) { return ACL_SUCCESS; }  // work ran at launch
+CANN_API aclError aclrtSynchronizeStreamWithTimeout(aclrtStream, int32_t) { return ACL_SUCCESS; }
+CANN_API aclError aclrtStreamQuery(aclrtStream, int* status) {
+    if (!status) return fail(ACL_ERROR_INVALID_PARAM, "aclrtStreamQuery: status is null");
+    *status = 0;  // ACL_STREAM_STATUS_COMPLETE
+    return ACL_SUCCESS;
+}
+CANN_API aclError aclrtSetStreamFailureMode(aclrtStream, uint64_t) { return ACL_SUCCESS; }
+CANN_API aclError aclrtStreamWaitEvent(aclrtStream, aclrtEvent event) {
+    if (!event) return fail(ACL_ERROR_INVALID_PARAM, "aclrtStreamWaitEvent: event is null");
+    return ACL_SUCCESS;  // the recorded work is done already
+}
+
+// ---- events ------------------------------------------------------------------------------------
+static aclError make_event(aclrtEvent* event, uint32_t flags, const char* api) {
+    if (!event) return fail(ACL_ERROR_INVALID_PARAM, std::string(api) + ": event is null");
+    auto* e = new Event{flags};
+    std::lock_guard<std::mutex> lock(g_obj_mutex);
+    g_events.insert(e);
+    *event = e;
+    return ACL_SUCCESS;
+}
+CANN_API aclError aclrtCreateEvent(aclrtEvent* event) { return make_event(event, 0, "aclrtCreateEvent"); }
+CANN_API aclError aclrtCreateEventWithFlag(aclrtEvent* event, uint32_t flag) {
+    return make_event(event, flag, "aclrtCreateEventWithFlag");
+}
+CANN_API aclError aclrtCreateEventExWithFlag(aclrtEvent* event, uint32_t flag) {
+    return make_event(event, flag, "aclrtCreateEventExWithFlag");
+}
+static Event* find_event(aclrtEvent event) {
+    std::lock_guard<std::mutex> lock(g_obj_mutex);
+    auto* e = static_cast<Event*>(event);
+    return g_events.count(e) ? e : nullptr;
+}
+CANN_API aclError aclrtDestroyEvent(aclrtEvent event) {
+    std::lock_guard<std::mutex> lock(g_obj_mutex);
+    auto* e = static_cast<Event*>(event);
+    if (!g_events.erase(e)) return fail(ACL_ERROR_INVALID_PARAM, "aclrtDestroyEvent: unknown event");
+    delete e;
+    return ACL_SUCCESS;
+}
+CANN_API aclError aclrtRecordEvent(aclrtEvent event, aclrtStream) {
+    Event* e = find_event(event);
+    if (!e) return fail(ACL_ERROR_INVALID_PARAM, "aclrtRecordEvent: unknown event");
+    e->recorded = true;
+    e->time_ms = now_ms();
+    return ACL_SUCCESS;
+}
+CANN_API aclError aclrtResetEvent(aclrtEvent event, aclrtStream) {
+    Event* e = find_event(event);
+    if (!e) return fail(ACL_ERROR_INVALID_PARAM, "aclrtResetEvent: unknown event");
+    e->recorded = false;
+    return ACL_SUCCESS;
+}
+CANN_API aclError aclrtSynchronizeEvent(aclrtEvent event) {
+    if (!find_event(event)) return fail(ACL_ERROR_INVALID_PARAM, "aclrtSynchronizeEvent: unknown event");
+    return ACL_SUCCESS;
+}
+CANN_API aclError aclrtSynchronizeEventWithTimeout(aclrtEvent event, int32_t) { return aclrtSynchronizeEvent(event); }
+CANN_API aclError aclrtQueryEventStatus(aclrtEvent event, int* status) {
+    if (!find_event(event) || !status) return fail(ACL_ERROR_INVALID_PARAM, "aclrtQueryEventStatus: bad argument");
+    *status = 1;  // ACL_EVENT_RECORDED_STATUS_COMPLETE: all work ran at launch
+    return ACL_SUCCESS;
+}
+CANN_API aclError aclrtQueryEventWaitStatus(aclrtEvent event, int* status) {
+    if (!find_event(event) || !status) return fail(ACL_ERROR_INVALID_PARAM, "aclrtQueryEventWaitStatus: bad argument");
+    *status = 0;  // ACL_EVENT_WAIT_STATUS_COMPLETE
+    return ACL_SUCCESS;
+}
+CANN_API aclError aclrtEventElapsedTime(float* ms, aclrtEvent start, aclrtEvent end) {
+    Event* s = find_event(start);
+    Event* e = find_event(end);
+    if (!ms || !s || !e) return fail(ACL_ERROR_INVALID_PARAM, "aclrtEventElapsedTime: bad argument");
+    if (!s->recorded || !e->recorded)
+        return fail(ACL_ERROR_INVALID_PARAM, "aclrtEventElapsedTime: an event was not recorded");
+    *ms = (float)(e->time_ms - s->time_ms);
+    return ACL_SUCCESS;
+}
+
+// ---- driver (libascend_hal.so): torch_npu counts devices with drvGetDevNum through ctypes ------
+CANN_API int drvGetDevNum(uint32_t* count) {
+    if (!count) return 1;  // DRV_ERROR_INVALID_VALUE
+    *count = (uint32_t)config().devices;
+    return 0;
+}
+
+CANN_API aclError aclrtStreamGetId(aclrtStream stream, int32_t* id) {
+    if (!id) return fail(ACL_ERROR_INVALID_PARAM, "aclrtStreamGetId: streamId is null");
+    if (!stream) {
+        *id = 0;
+        return ACL_SUCCESS;
+    }
+    std::lock_guard<std::mutex> lock(g_obj_mutex);
+    auto* s = static_cast<Stream*>(stream);
+    if (!g_streams.count(s)) return fail(ACL_ERROR_INVALID_PARAM, "aclrtStreamGetId: unknown stream");
+    *id = s->id;
+    return ACL_SUCCESS;
+}
+
+// ---- timeouts, callbacks, status ---------------------------------------------------------------
+static uint64_t g_op_timeout_us = 0;
+CANN_API aclError aclrtSetOpExecuteTimeOutV2(uint64_t timeout, uint64_t* actual) {
+    g_op_timeout_us = timeout;
+    if (actual) *actual = timeout;
+    return ACL_SUCCESS;
+}
+CANN_API aclError aclrtSetOpExecuteTimeOut(uint32_t timeout) {
+    g_op_timeout_us = (uint64_t)timeout * 1000000ULL;
+    return ACL_SUCCESS;
+}
+CANN_API aclError aclrtGetOpExecuteTimeout(uint32_t* timeout_ms) {
+    if (!timeout_ms) return fail(ACL_ERROR_INVALID_PARAM, "aclrtGetOpExecuteTimeout: timeoutMs is null");
+    *timeout_ms = (uint32_t)(g_op_timeout_us / 1000);
+    return ACL_SUCCESS;
+}
+CANN_API aclError aclrtSetOpWaitTimeout(uint32_t) { return ACL_SUCCESS; }
+// Kept, never called: the emulation raises no asynchronous device exceptions.
+static void* g_exception_callback = nullptr;
+CANN_API aclError aclrtSetExceptionInfoCallback(void* callback) {
+    g_exception_callback = callback;
+    return ACL_SUCCESS;
+}
+CANN_API aclError aclrtQueryDeviceStatus(int32_t device, int* status) {
+    if (int rc = check_device(device)) return rc;
+    if (!status) return fail(ACL_ERROR_INVALID_PARAM, "aclrtQueryDeviceStatus: deviceStatus is null");
+    *status = 0;  // ACL_RT_DEVICE_STATUS_NORMAL
+    return ACL_SUCCESS;
+}
+
+// aclrtDevResLimitType: 0 cube cores, 1 vector cores (Ascend910B2: 24 and 48).
+static std::mutex g_res_mutex;
+static std::unordered_map<int64_t, uint32_t> g_res_limits;  // (device << 8 | type) -> limit
+static uint32_t default_res_limit(int type) { return type == 0 ? 24 : 48; }
+CANN_API aclError aclrtSetDeviceResLimit(int32_t device, int type, uint32_t value) {
+    if (int rc = check_device(device)) return rc;
+    if (type != 0 && type != 1) return fail(ACL_ERROR_INVALID_PARAM, "aclrtSetDeviceResLimit: type " + std::to_string(type) + " is unknown");
+    std::lock_guard<std::mutex> lock(g_res_mutex);
+    g_res_limits[((int64_t)device << 8) | type] = value;
+    return ACL_SUCCESS;
+}
+CANN_API aclError aclrtGetDeviceResLimit(int32_t device, int type, uint32_t* value) {
+    if (int rc = check_device(device)) return rc;
+    if (!value || (type != 0 && type != 1)) return fail(ACL_ERROR_INVALID_PARAM, "aclrtGetDeviceResLimit: bad argument");
+    std::lock_guard<std::mutex> lock(g_res_mutex);
+    auto it = g_res_limits.find(((int64_t)device << 8) | type);
+    *value = it == g_res_limits.end() ? default_res_limit(type) : it->second;
+    return ACL_SUCCESS;
+}
+CANN_API aclError aclrtGetStreamResLimit(aclrtStream, int type, uint32_t* value) {
+    if (t_device < 0) return fail(ACL_ERROR_RT_CONTEXT_NULL, "aclrtGetStreamResLimit: no device set on this thread");
+    return aclrtGetDeviceResLimit(t_device, type, value);
+}
+
+struct aclrtUuid {
+    char bytes[16];
+};
+// A fixed UUID per device: "cann-emu-dev" and the device number.
+CANN_API aclError aclrtDeviceGetUuid(int32_t device, aclrtUuid* uuid) {
+    if (int rc = check_device(device)) return rc;
+    if (!uuid) return fail(ACL_ERROR_INVALID_PARAM, "aclrtDeviceGetUuid: uuid is null");
+    std::memset(uuid->bytes, 0, 16);
+    std::memcpy(uuid->bytes, "cann-emu-dev", 12);
+    uuid->bytes[15] = (char)device;
+    return ACL_SUCCESS;
+}
+
+// ---- graph capture (aclmdlRI*): not emulated; no stream is ever capturing --------------------
+CANN_API aclError aclmdlRICaptureGetInfo(aclrtStream, int* status, void** model) {
+    if (!status) return fail(ACL_ERROR_INVALID_PARAM, "aclmdlRICaptureGetInfo: status is null");
+    *status = 0;  // ACL_MODEL_RI_CAPTURE_STATUS_NONE
+    if (model) *model = nullptr;
+    return ACL_SUCCESS;
+}
