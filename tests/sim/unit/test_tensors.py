@@ -133,3 +133,14 @@ def test_efficient_zero_tensors_stay_zero_tensors() -> None:
     zeros = torch._efficientzerotensor(3, device="npu")
     assert zeros._is_zerotensor()
     assert torch.equal((zeros + 1).cpu(), torch.ones(3))
+
+
+def test_lazy_clone_is_an_independent_copy() -> None:
+    # torch_npu implements _lazy_clone for the NPU; spmd_types' replicate-to-varying calls it
+    # (qwen3_5 MoE under PP + selective AC). It must read as a clone: equal now, apart after a write.
+    source = torch.arange(6.0, device="npu").view(2, 3)
+    copy = source._lazy_clone()
+    assert copy.device == source.device and torch.equal(copy.cpu(), torch.arange(6.0).view(2, 3))
+    copy.add_(1.0)
+    assert torch.equal(source.cpu(), torch.arange(6.0).view(2, 3))
+    assert torch.equal(copy.cpu(), torch.arange(6.0).view(2, 3) + 1)

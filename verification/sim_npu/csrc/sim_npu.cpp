@@ -1206,6 +1206,14 @@ at::Tensor efficient_zero_tensor(
       size, &allocator, keys, c10::dtype_or_default(dtype), std::nullopt);
 }
 
+// torch_npu lists _lazy_clone among its NPU kernels (npu_native_functions.yaml). Through the CPU
+// fallback, the CPU kernel's copy-on-write would share the host alias's storage, which the
+// simulated device tensor does not own ("Expected storage != nullptr"): a lazy clone is, to
+// every observer, a clone.
+at::Tensor lazy_clone(const at::Tensor& self) {
+  return self.clone();
+}
+
 void record_stream(at::Tensor& /*self*/, c10::Stream /*stream*/) {
   // Work runs synchronously: nothing to order.
 }
@@ -1417,6 +1425,7 @@ TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
   m.impl("_local_scalar_dense", local_scalar_dense);
   m.impl("record_stream", record_stream);
   m.impl("_efficientzerotensor", efficient_zero_tensor);
+  m.impl("_lazy_clone", lazy_clone);
 }
 
 TORCH_LIBRARY_IMPL(_, PrivateUse1, m) {
