@@ -16,7 +16,13 @@ CPU backward) and VarlenAttention (CUDA flash attention). This patch:
 
 Packed documents reach the kernel (``npu_fusion_attention_v3``) as a CPU int64
 tensor of document ends, never as host ints inside a compiled block: dynamo
-would specialize on every offset and recompile each batch.
+would specialize on every offset and recompile each batch. In eager the ends come
+from the metadata's host offsets, which ``Decoder.forward`` fills in once per forward
+(one device-to-host copy, outside the checkpointed blocks) when torchtitan made the
+metadata without them. Each layer then does the same ops whatever ran before it:
+selective activation checkpointing replays a block's ops by count, and a pipeline
+schedule runs the next microbatch's forward before this one's backward, so a
+"first layer reads, the others reuse" cache made recomputes read where forwards had not.
 """
 
 from __future__ import annotations
@@ -59,6 +65,24 @@ def plan_for_mask_mods(mask_mods, positions_BL, codes):
     return AttentionPlan(causal=True, window=window)
 
 
+def with_host_offsets(attention_masks):
+    """``attention_masks`` with every VarlenMetadata carrying its host offsets, as torchtitan's
+    ``create_varlen_metadata_for_document(..., include_host_offsets=True)`` makes them."""
+    from torchtitan.models.common.attention import VarlenMetadata
+
+    from npu_inject.ops import spmd_typing
+
+    def filled(metadata):
+        if not isinstance(metadata, VarlenMetadata) or metadata.cu_seq_q_host is not None:
+            return metadata
+        with spmd_typing.opaque_kernel():  # host metadata, unchecked as in upstream's own tolist()
+            return metadata._replace(cu_seq_q_host=tuple(int(end) for end in metadata.cu_seq_q.tolist()))
+
+    if isinstance(attention_masks, dict):
+        return {key: filled(value) for key, value in attention_masks.items()}
+    return filled(attention_masks)
+
+
 def apply(ctx: PatchContext) -> None:
     import torch
     from torch.nn.attention.flex_attention import create_mask
@@ -77,8 +101,11 @@ def apply(ctx: PatchContext) -> None:
     )
 
     codes = _mask_mod_codes()
-    # Every layer of one forward gets the same cu_seq tensor: in eager, copy its ends to the host once.
-    last_ends: dict = {"cu_seq": None, "ends": None}
+
+    def decoder_forward(original, decoder, tokens, positions=None, attention_masks=None):
+        if attention_masks is not None and not torch.compiler.is_compiling():
+            attention_masks = with_host_offsets(attention_masks)
+        return original(decoder, tokens, positions=positions, attention_masks=attention_masks)
 
     def create_flex_attention_mask(original, decoder, positions, attn_config, mask_mods):
         plan = plan_for_mask_mods(mask_mods, positions, codes)
@@ -136,17 +163,13 @@ def apply(ctx: PatchContext) -> None:
             return _host_document_ends(metadata)
 
     def _host_document_ends(metadata):
-        cu_seq = metadata.cu_seq_q
-        if torch.compiler.is_compiling():
-            # A compiled block copies its own: the cache below would put a tensor identity in its guards,
-            # and host offsets would be ints it specializes on.
-            return cu_seq[1:].to(device="cpu", dtype=torch.int64)
-        if last_ends["cu_seq"] is not cu_seq:
-            host = metadata.cu_seq_q_host
-            ends = (torch.tensor(host[1:], dtype=torch.int64) if host is not None
-                    else cu_seq[1:].to(device="cpu", dtype=torch.int64))
-            last_ends.update(cu_seq=cu_seq, ends=ends)
-        return last_ends["ends"]
+        host = metadata.cu_seq_q_host
+        if host is not None and not torch.compiler.is_compiling():
+            # Host offsets would be ints a compiled block specializes on: it copies its own below.
+            return torch.tensor(host[1:], dtype=torch.int64)
+        # Compiled, or metadata that did not pass Decoder.forward (a model with its own forward):
+        # a device-to-host copy per layer.
+        return metadata.cu_seq_q[1:].to(device="cpu", dtype=torch.int64)
 
     def varlen_forward(original, varlen, q_BLNH, k_BLNH, v_BLNH, *, attention_masks, scale=None,
                        out_transform=None, **kwargs):
@@ -178,6 +201,7 @@ def apply(ctx: PatchContext) -> None:
         out_BLNH, _ = fusion_attention_BLNH(q_BLNH, k_BLNH, v_BLNH, plan, scale)
         return out_BLNH
 
+    ctx.wrap("Decoder.forward", decoder_forward)
     ctx.wrap("Decoder._create_flex_attention_mask", create_flex_attention_mask)
     ctx.wrap("FlexAttention.forward", flex_forward)
     ctx.wrap("VarlenAttention.forward", varlen_forward)

@@ -6,6 +6,12 @@ Docs entry ``npu_rms_norm``: ``(self, gamma, epsilon=1e-06) -> (out, rstd)`` wit
 gives ``out`` self's shape and dtype and ``rstd`` float32 with gamma's dims kept as 1.
 ``npu_rms_norm_backward(dy, self, gamma, rstd) -> (dx, dgamma)`` is the schema's backward
 (the kernel's autograd formula); dgamma has gamma's shape and dtype.
+
+``out`` is a fresh contiguous tensor whatever ``self``'s strides, as the NPU kernel writes
+its output (and as torch's own rms_norm returns it, which torchtitan relies on: MoE's
+``RoutedExperts.forward`` ``view``s the ffn_norm output). Sequence-parallel shards arrive
+with a transposed layout (the embedding's Shard(1) output is (L, B, D) in memory), and
+elementwise math would carry that layout into ``out``.
 """
 
 from __future__ import annotations
@@ -29,7 +35,7 @@ def npu_rms_norm(self: torch.Tensor, gamma: torch.Tensor, epsilon: float = 1e-06
     wide = compute_dtype(self.dtype)
     x = self.to(wide)
     rstd = torch.rsqrt(x.pow(2).mean(dim=dims, keepdim=True) + epsilon)
-    out = (x * rstd * gamma.to(wide)).to(self.dtype)
+    out = (x * rstd * gamma.to(wide)).to(self.dtype).contiguous()
     return out, rstd.to(torch.float32) if wide == torch.float32 else rstd
 
 

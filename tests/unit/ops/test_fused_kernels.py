@@ -38,6 +38,19 @@ def test_rms_norm_matches_torch(shape, normalized, dtype, tolerance):
     torch.testing.assert_close(rstd, 1 / x.float().pow(2).mean(dims, keepdim=True).add(1e-5).sqrt())
 
 
+def test_rms_norm_output_is_contiguous_like_torchs_for_a_transposed_input():
+    # A sequence-parallel shard's layout: (B, L, D) viewed over (L, B, D) memory. torch's
+    # rms_norm returns a contiguous output, and torchtitan's MoE views the ffn_norm output.
+    x = torch.randn(6, 2, 16).to(torch.bfloat16).transpose(0, 1)
+    gamma = torch.rand(16).to(torch.bfloat16) + 0.5
+    out, _ = reference.npu_rms_norm(x, gamma, epsilon=1e-5)
+    expected = F.rms_norm(x, (16,), gamma, eps=1e-5)
+    assert expected.is_contiguous()
+    assert out.is_contiguous()
+    out.view(12, 16)
+    torch.testing.assert_close(out.float(), expected.float(), atol=2e-2, rtol=2e-2)
+
+
 def test_rms_norm_backward_matches_autograd_of_torch():
     x, gamma = torch.randn(3, 7, 12, dtype=torch.float64), torch.randn(12, dtype=torch.float64)
     dy = torch.randn(3, 7, 12, dtype=torch.float64)

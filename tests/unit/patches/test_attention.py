@@ -305,3 +305,48 @@ def test_plan_keep_mask_matches_explicit_loops(causal, window, document_ends, en
     keep_B1LL = plan_keep_mask(plan, B, L, L, torch.device("cpu"))
     assert keep_B1LL.shape == (B, 1, L, L) and keep_B1LL.dtype == torch.bool
     assert torch.equal(keep_B1LL[:, 0], explicit_keep(B, L, causal, window, document_ends))
+
+
+# ---- selective activation checkpointing: a recompute runs the forward's ops ----------
+
+
+def test_varlen_under_selective_checkpoint_with_another_batch_between(patched):
+    # Pipeline schedules run the next microbatch's forward before this one's backward. Selective
+    # checkpointing then replays this block's ops by count; the host document ends must not be read
+    # in the recompute when the forward did not (or the other way round): torch raises "aten.slice
+    # invocation index N encountered during backward but not found in storage".
+    from torch.utils.checkpoint import CheckpointPolicy, checkpoint, create_selective_checkpoint_contexts
+
+    _, attention, _ = patched
+    module = attention.VarlenAttention(attention.VarlenAttention.Config(window_size=(-1, 0)))
+    policy = lambda ctx, func, *args, **kwargs: CheckpointPolicy.PREFER_RECOMPUTE  # noqa: E731
+
+    def layer(q, k, v, metadata):  # one checkpointed block per layer, as torchtitan wraps them
+        return checkpoint(lambda *a: module(*a, attention_masks=metadata, enable_gqa=True), q, k, v,
+                          use_reentrant=False, context_fn=lambda: create_selective_checkpoint_contexts(policy))
+
+    def block(q, k, v, metadata):
+        return layer(layer(q, k, v, metadata), k, v, metadata)
+
+    positions = positions_with_documents()
+    other = torch.arange(L).repeat(B, 1)
+    metadata, other_metadata = (attention.create_varlen_metadata_for_document(p) for p in (positions, other))
+    q, k, v = qkv(7)
+    out = block(q, k, v, metadata)
+    block(*qkv(8), other_metadata)  # the next microbatch's forward
+    document = torch.cumsum((positions == 0).int(), dim=1)
+    keep = (document.unsqueeze(2) == document.unsqueeze(1)) & torch.ones(L, L, dtype=torch.bool).tril()
+    expected = sdpa_expected(sdpa_expected(q, k, v, keep), k, v, keep)
+    assert_same_with_grads(out, expected, (q, k, v))
+
+
+def test_decoder_forward_gives_varlen_metadata_torchtitans_host_offsets(patched):
+    from npu_inject.patches.attention import with_host_offsets
+
+    _, attention, _ = patched
+    positions = positions_with_documents()
+    upstream = attention.create_varlen_metadata_for_document(positions, include_host_offsets=True)
+    filled = with_host_offsets(attention.create_varlen_metadata_for_document(positions))
+    assert filled.cu_seq_q_host == upstream.cu_seq_q_host == (0, 10, 24, 29, 41, 48)
+    assert filled.max_q == upstream.max_q and torch.equal(filled.cu_seq_q, upstream.cu_seq_q)
+    assert with_host_offsets({"global": filled, "none": None}) == {"global": filled, "none": None}
