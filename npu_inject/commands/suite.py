@@ -33,6 +33,7 @@ from typing import Any, Sequence
 SUITES = ("features", "models")
 # Upstream's debug configs train 10 steps; --steps N scales a variant's own --training.steps by N/10.
 UPSTREAM_STEPS = 10
+UPSTREAM_LOCAL_BATCH = 8  # torchtitan's training.local_batch_size default, which the cases keep
 LOSS_LINE = re.compile(r"step:\s*(\d+)\s+(?:\x1b\[[0-9;]*m)?loss:\s*([-+0-9.naif]+)")
 ERROR_LINE = re.compile(r"^(?:\[rank\d+\]:\s*)?((?:[\w.]+\.)?(\w*(?:Error|Exception|Exit)\w*)): (.+)$")
 FRAME_LINE = re.compile(r'File "([^"]+)", line \d+')
@@ -119,6 +120,26 @@ def shorten(args: list[str], steps: int) -> list[str]:
             token, explicit = str(max(1, int(token) * steps // UPSTREAM_STEPS)), True
         out.append(token.replace(f"step-{UPSTREAM_STEPS}/", f"step-{steps}/"))
     return out if explicit else _with_flags(out, ["--training.steps", str(steps)])
+
+
+def shrink(args: list[str], seq_len: int, local_batch: int) -> list[str]:
+    """The run's arguments at a smaller shape: ``seq_len`` tokens, ``local_batch`` rows per rank.
+
+    A run's own ``--training.global_batch_size G`` scales with the local batch (G * local_batch /
+    the run's local batch, upstream's 8 unless it sets one), so a case accumulates gradients over
+    as many microbatches as upstream's does, and no more.
+    """
+    value = lambda flag, default: int(args[args.index(flag) + 1]) if flag in args else default  # noqa: E731
+    upstream_local = value("--training.local_batch_size", UPSTREAM_LOCAL_BATCH)
+    out = list(args)
+    if "--training.global_batch_size" in args:
+        at = args.index("--training.global_batch_size") + 1
+        scaled, remainder = divmod(int(args[at]) * local_batch, upstream_local)
+        if remainder:
+            raise ValueError(f"--shrink {seq_len},{local_batch}: global batch {args[at]} does not scale to a "
+                             f"whole number for local batch {local_batch} (upstream's {upstream_local})")
+        out[at] = str(scaled)
+    return _with_flags(out, ["--training.seq_len", str(seq_len), "--training.local_batch_size", str(local_batch)])
 
 
 def _with_flags(args: list[str], flags: list[str]) -> list[str]:
@@ -231,12 +252,12 @@ def with_checkout_recipes(torchtitan_src: str, workdir: str, env: dict[str, str]
 def run_case(case: Case, args: argparse.Namespace, workdir: str, env: dict[str, str]) -> Result:
     output_dir = os.path.join(workdir, "artifacts-to-be-uploaded")  # upstream's relative checkpoint paths
     os.makedirs(output_dir, exist_ok=True)
-    shrink = ["--training.seq_len", str(args.shrink[0]), "--training.local_batch_size", str(args.shrink[1])] \
-        if args.shrink else []
     started, losses, peak, status, cause, who, command = time.monotonic(), {}, 0, "green", "", "", ""
     for number, run_args in enumerate(case.runs, start=1):
         run_args = shorten(run_args, args.steps) if args.steps else list(run_args)
-        run_args = _with_flags(run_args, [*shrink, "--dump_folder", os.path.join(output_dir, case.name)])
+        if args.shrink:
+            run_args = shrink(run_args, *args.shrink)
+        run_args = _with_flags(run_args, ["--dump_folder", os.path.join(output_dir, case.name)])
         command = ["bash", args.run_train, *run_args]
         run_env = {**env, "NGPU": str(case.ngpu), "LOG_RANK": ",".join(map(str, range(case.ngpu)))}
         limit = args.case_timeout - (time.monotonic() - started)
@@ -332,6 +353,13 @@ def cmd_suite(args: argparse.Namespace) -> int:
                   f"{', '.join(case.name for case in cases)}", file=sys.stderr)
             return 2
         cases = [case for case in cases if case.name in wanted]
+    try:  # a --shrink some case cannot take is refused before anything runs
+        for case in cases if args.shrink else ():
+            for run_args in case.runs:
+                shrink(run_args, *args.shrink)
+    except ValueError as error:
+        print(f"npu-inject suite: {error} (case {case.name})", file=sys.stderr)
+        return 2
     if os.path.isdir(workdir) and os.listdir(workdir):
         print(f"npu-inject suite: {workdir} is not empty (--output needs a new or empty folder)", file=sys.stderr)
         return 2

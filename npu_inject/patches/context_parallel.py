@@ -61,6 +61,7 @@ def query_heads(config) -> int | None:
 
 def apply(ctx: PatchContext) -> None:
     import torch
+    from torch.distributed.tensor.experimental._attention import _context_parallel_shard, _PTRRLoadBalancer
     from torch.nn.attention.flex_attention import create_block_mask
 
     from npu_inject.ops.attention import AttentionPlan
@@ -120,13 +121,19 @@ def apply(ctx: PatchContext) -> None:
         B, L = inputs[0].shape[:2]
         device = inputs[0].device
         positions_BL = torch.arange(L, device=device).expand(B, L).contiguous()
-        balancer_mask = None
         if load_balancer_type == "ptrr":
-            # PTRR is built from a BlockMask; any order is exact here, so the causal mask's
-            # cost profile serves for every plan.
-            balancer_mask = create_block_mask(lambda b, h, q, kv: kv <= q, None, None, L, L, device=device)
-        sharded, _ = original(cp_mesh, (*inputs, positions_BL), balancer_mask, load_balancer_type,
-                              input_seq_dim, ptrr_mask_key)
+            # PTRR is built from a BlockMask; any order is exact here, so the causal mask's cost
+            # profile serves for every plan. Upstream's cp_shard would also shard that mask (a
+            # compiled create_block_mask on the device), which nothing here reads: shard the
+            # inputs with the balancer as upstream does, and only them.
+            balancer = _PTRRLoadBalancer(
+                create_block_mask(lambda b, h, q, kv: kv <= q, None, None, L, L, device=device), cp_mesh.size(0))
+            buffers = (*inputs, positions_BL)
+            sharded = _context_parallel_shard(mesh=cp_mesh, buffers=buffers, seq_dims=(1,) * len(buffers),
+                                              load_balancer=balancer)
+        else:
+            sharded, _ = original(cp_mesh, (*inputs, positions_BL), None, load_balancer_type, input_seq_dim,
+                                  ptrr_mask_key)
         *sharded_inputs, local_positions_Bl = sharded
         if not bool((local_positions_Bl == local_positions_Bl[:1]).all()):
             raise NotImplementedError(f"load balancer {load_balancer_type!r} orders batch rows differently; "

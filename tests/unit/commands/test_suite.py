@@ -125,3 +125,16 @@ def test_a_checkouts_recipes_go_ahead_of_the_installed_ones(tmp_path):
     assert os.path.realpath(printed[0]).startswith(str(checkout)) and printed[1] == "True"
     assert env["PYTHONPATH"].endswith(os.pathsep + "/elsewhere")
     assert suite.with_checkout_recipes(str(tmp_path / "copy-without-recipes"), str(workdir), {}) == {}
+
+
+def test_a_shrunk_case_accumulates_as_many_microbatches_as_upstreams():
+    # gpt_oss PP+SAC: global 64 at upstream's local 8; gradient_accumulation: local 8, global 32.
+    shrunk = suite.shrink(["--training.global_batch_size", "64", "activation-checkpoint:selective"], 256, 2)
+    assert shrunk == ["--training.global_batch_size", "16", "--training.seq_len", "256",
+                      "--training.local_batch_size", "2", "activation-checkpoint:selective"]
+    own = suite.shrink(["--training.local_batch_size", "8", "--training.global_batch_size", "32"], 256, 2)
+    assert own[own.index("--training.global_batch_size") + 1] == "8" and own[-1] == "2"
+    assert suite.shrink(["--parallelism.data_parallel_shard_degree", "2"], 128, 1)[-4:] == [
+        "--training.seq_len", "128", "--training.local_batch_size", "1"]
+    with pytest.raises(ValueError, match="whole number"):
+        suite.shrink(["--training.global_batch_size", "36"], 256, 3)
