@@ -85,6 +85,19 @@ def document_ends_from_positions(positions_BL: torch.Tensor) -> tuple[int, ...]:
     return tuple(starts[1:]) + (positions_BL.numel(),)
 
 
+def vision_document_ends(num_patches: list[int], max_num_patch: int) -> tuple[int, ...]:
+    """Cumulative TND document ends over N x max_num_patch tokens: each image's patches, then its padding."""
+    ends: list[int] = []
+    for row, count in enumerate(num_patches):
+        if not 0 < count <= max_num_patch:
+            raise ValueError(f"vision encoder: image {row} has {count} patches; expected 1..{max_num_patch} "
+                             "(grid_thw's t*h*w within the padded patch count)")
+        ends.append(row * max_num_patch + count)
+        if count < max_num_patch:
+            ends.append((row + 1) * max_num_patch)
+    return tuple(ends)
+
+
 def document_plan(causal: bool, window: int | None, document_ends: tuple[int, ...]) -> AttentionPlan:
     """A packed-document plan carrying its ends both ways (host ints and the kernel's CPU tensor, no sync)."""
     ends_T = torch.tensor(document_ends, dtype=torch.int64, device="cpu")

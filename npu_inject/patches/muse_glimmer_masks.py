@@ -13,6 +13,16 @@ patch's ``FlexAttention.forward`` runs on ``npu_fusion_attention`` (torch_npu on
 the NPU, the reference kernel in the rehearsal). The document ends are read from
 ``positions`` once per forward, shared by every key. Varlen configs keep upstream's
 path (the attention patch already handles VarlenAttention).
+
+Its vision encoder (``muse_glimmer_mm``) masks each image to its own patches through
+a torch.compile'd ``create_block_mask``, even without ``--compile.enable``. That mask
+mod is answered, as qwen3_5_masks does, with a bidirectional AttentionPlan (one
+document per image's patches and one per row's padding, whose outputs are never
+read). Its windowed mask (``sparse_attention_factor`` > 1) is built by eager
+``create_block_mask`` -- the same BlockMask, run on the attention patch's reference
+fallback: compiling it fails on both targets (torch 2.14.1's CPU inductor emits
+invalid C++ for a batch-indexed mask shorter than a block; inductor has no backend
+for the simulated npu). That choice is a reported fallback.
 """
 
 from __future__ import annotations
@@ -24,7 +34,13 @@ def apply(ctx: PatchContext) -> None:
     from torchtitan.models.common.attention import FlexAttention
     from torchtitan.models.muse_glimmer.model import _window_mask_key
 
-    from npu_inject.ops.attention import document_ends_from_positions, document_plan
+    import torch
+    from torch.nn.attention.flex_attention import create_block_mask
+    from torchtitan.models.common.vision_encoder import get_vision_block_mask_mod
+
+    from npu_inject.ops.attention import document_ends_from_positions, document_plan, vision_document_ends
+
+    vision_mask_code = get_vision_block_mask_mod(torch.ones(1, dtype=torch.long)).__code__
 
     def get_attention_masks(original, model, positions):
         if not isinstance(model.config.first_attention.inner_attention, FlexAttention.Config):
@@ -36,4 +52,18 @@ def apply(ctx: PatchContext) -> None:
             masks[_window_mask_key(window)] = document_plan(causal=True, window=window, document_ends=document_ends)
         return masks
 
+    def vision_block_mask(original, mask_mod, B, H, Q_LEN, KV_LEN, *args, **kwargs):
+        if getattr(mask_mod, "__code__", None) is vision_mask_code and Q_LEN == KV_LEN:
+            cells = dict(zip(mask_mod.__code__.co_freevars, mask_mod.__closure__ or ()))
+            num_patches = cells["num_patches"].cell_contents.tolist()  # one host read per encoder forward
+            if len(num_patches) != B:
+                raise ValueError(f"muse_glimmer vision encoder: {len(num_patches)} patch counts for a batch of "
+                                 f"{B} images")
+            return document_plan(causal=False, window=None, document_ends=vision_document_ends(num_patches, Q_LEN))
+        ctx.fallback("muse_glimmer vision encoder: a mask other than per-image (the windowed one) is built by "
+                     "eager create_block_mask and runs on reference attention (its compiled build fails on the "
+                     "CPU and has no inductor backend on the simulated npu)")
+        return create_block_mask(mask_mod, B, H, Q_LEN, KV_LEN, *args, **kwargs)
+
     ctx.wrap("MuseGlimmerModel.get_attention_masks", get_attention_masks)
+    ctx.wrap("compiled_create_block_mask", vision_block_mask)

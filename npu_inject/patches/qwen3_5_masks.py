@@ -31,19 +31,6 @@ from __future__ import annotations
 from npu_inject.patching import PatchContext
 
 
-def vision_document_ends(num_patches: list[int], max_num_patch: int) -> tuple[int, ...]:
-    """Cumulative TND document ends over N x max_num_patch tokens: each image's patches, then its padding."""
-    ends: list[int] = []
-    for row, count in enumerate(num_patches):
-        if not 0 < count <= max_num_patch:
-            raise ValueError(f"qwen3_5 vision encoder: image {row} has {count} patches; expected 1..{max_num_patch} "
-                             "(grid_thw's t*h*w within the padded patch count)")
-        ends.append(row * max_num_patch + count)
-        if count < max_num_patch:
-            ends.append((row + 1) * max_num_patch)
-    return tuple(ends)
-
-
 def apply(ctx: PatchContext) -> None:
     import importlib
 
@@ -52,7 +39,7 @@ def apply(ctx: PatchContext) -> None:
     from torchtitan.models.common.decoder import Decoder
     from torchtitan.models.common.vision_encoder import get_vision_block_mask_mod
 
-    from npu_inject.ops.attention import document_plan
+    from npu_inject.ops.attention import document_plan, vision_document_ends
 
     model_module = importlib.import_module("torchtitan.models.qwen3_5.model")
     vision_mask_code = get_vision_block_mask_mod(torch.ones(1, dtype=torch.long)).__code__

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import pytest
 
-from npu_inject.patches.qwen3_5_masks import vision_document_ends
+from npu_inject.ops.attention import vision_document_ends
 from testkit import REPO, clean_env, run_python
 
 CHECK = """
