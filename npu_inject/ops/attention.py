@@ -108,6 +108,20 @@ def document_plan(causal: bool, window: int | None, document_ends: tuple[int, ..
     return AttentionPlan(causal=causal, window=window, document_ends=document_ends, document_ends_tensor=ends_T)
 
 
+def vision_plan(mask_mod, vision_mask_code, B: int, Q_LEN: int, KV_LEN: int, model: str) -> AttentionPlan | None:
+    """The bidirectional plan for torchtitan's per-image vision mask (``get_vision_block_mask_mod``, whose
+    code object is ``vision_mask_code``): one document per image's patches, one per row's padding.
+    None for any other mask mod. One host read of the patch counts per encoder forward."""
+    if getattr(mask_mod, "__code__", None) is not vision_mask_code or Q_LEN != KV_LEN:
+        return None
+    cells = dict(zip(mask_mod.__code__.co_freevars, mask_mod.__closure__ or ()))
+    num_patches = cells["num_patches"].cell_contents.tolist()
+    if len(num_patches) != B:
+        raise ValueError(f"{model} vision encoder: {len(num_patches)} patch counts for a batch of {B} images")
+    # With the ends as a tensor too, a compiled encoder does not specialise on the patch counts.
+    return document_plan(causal=False, window=None, document_ends=vision_document_ends(num_patches, Q_LEN))
+
+
 def _sparse_arguments(plan: AttentionPlan) -> dict:
     if not plan.causal:
         return {"sparse_mode": 0, "atten_mask": None}

@@ -31,14 +31,13 @@ from npu_inject.patching import PatchContext
 
 
 def apply(ctx: PatchContext) -> None:
-    from torchtitan.models.common.attention import FlexAttention
-    from torchtitan.models.muse_glimmer.model import _window_mask_key
-
     import torch
     from torch.nn.attention.flex_attention import create_block_mask
+    from torchtitan.models.common.attention import FlexAttention
     from torchtitan.models.common.vision_encoder import get_vision_block_mask_mod
+    from torchtitan.models.muse_glimmer.model import _window_mask_key
 
-    from npu_inject.ops.attention import document_ends_from_positions, document_plan, vision_document_ends
+    from npu_inject.ops.attention import document_ends_from_positions, document_plan, vision_plan
 
     vision_mask_code = get_vision_block_mask_mod(torch.ones(1, dtype=torch.long)).__code__
 
@@ -53,13 +52,9 @@ def apply(ctx: PatchContext) -> None:
         return masks
 
     def vision_block_mask(original, mask_mod, B, H, Q_LEN, KV_LEN, *args, **kwargs):
-        if getattr(mask_mod, "__code__", None) is vision_mask_code and Q_LEN == KV_LEN:
-            cells = dict(zip(mask_mod.__code__.co_freevars, mask_mod.__closure__ or ()))
-            num_patches = cells["num_patches"].cell_contents.tolist()  # one host read per encoder forward
-            if len(num_patches) != B:
-                raise ValueError(f"muse_glimmer vision encoder: {len(num_patches)} patch counts for a batch of "
-                                 f"{B} images")
-            return document_plan(causal=False, window=None, document_ends=vision_document_ends(num_patches, Q_LEN))
+        plan = vision_plan(mask_mod, vision_mask_code, B, Q_LEN, KV_LEN, "muse_glimmer")
+        if plan is not None:
+            return plan
         ctx.fallback("muse_glimmer vision encoder: a mask other than per-image (the windowed one) is built by "
                      "eager create_block_mask and runs on reference attention (its compiled build fails on the "
                      "CPU and has no inductor backend on the simulated npu)")

@@ -39,7 +39,7 @@ def apply(ctx: PatchContext) -> None:
     from torchtitan.models.common.decoder import Decoder
     from torchtitan.models.common.vision_encoder import get_vision_block_mask_mod
 
-    from npu_inject.ops.attention import document_plan, vision_document_ends
+    from npu_inject.ops.attention import vision_plan
 
     model_module = importlib.import_module("torchtitan.models.qwen3_5.model")
     vision_mask_code = get_vision_block_mask_mod(torch.ones(1, dtype=torch.long)).__code__
@@ -56,14 +56,8 @@ def apply(ctx: PatchContext) -> None:
         }
 
     def create_block_mask(original, mask_mod, B, H, Q_LEN, KV_LEN, *args, **kwargs):
-        if getattr(mask_mod, "__code__", None) is not vision_mask_code or Q_LEN != KV_LEN:
-            return original(mask_mod, B, H, Q_LEN, KV_LEN, *args, **kwargs)
-        cells = dict(zip(mask_mod.__code__.co_freevars, mask_mod.__closure__ or ()))
-        num_patches = cells["num_patches"].cell_contents.tolist()  # one host read per encoder forward
-        if len(num_patches) != B:
-            raise ValueError(f"qwen3_5 vision encoder: {len(num_patches)} patch counts for a batch of {B} images")
-        # With the ends as a tensor too, a compiled encoder does not specialise on the patch counts.
-        return document_plan(causal=False, window=None, document_ends=vision_document_ends(num_patches, Q_LEN))
+        plan = vision_plan(mask_mod, vision_mask_code, B, Q_LEN, KV_LEN, "qwen3_5")
+        return plan if plan is not None else original(mask_mod, B, H, Q_LEN, KV_LEN, *args, **kwargs)
 
     ctx.wrap("Qwen35Model.get_attention_masks", get_attention_masks)
     ctx.wrap("compiled_create_block_mask", create_block_mask)
