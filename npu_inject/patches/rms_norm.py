@@ -26,7 +26,10 @@ def apply(ctx: PatchContext) -> None:
         if norm.weight is None or norm.eps is None:
             ctx.fallback("an RMSNorm without weight or eps runs upstream's forward (npu_rms_norm needs both)")
             return original(norm, x)
-        out, _rstd = kernels().npu_rms_norm(x, norm.weight.to(x.dtype), epsilon=norm.eps)
+        # Contiguous in, as torch's own rms_norm returns it: torch_npu's meta gives ``out`` the input's
+        # strides (empty_like), and torchtitan's MoE views the ffn_norm output, which a compiled
+        # sequence-parallel shard (transposed (L, B, D) memory) would otherwise fail to trace.
+        out, _rstd = kernels().npu_rms_norm(x.contiguous(), norm.weight.to(x.dtype), epsilon=norm.eps)
         return out
 
     ctx.wrap("RMSNorm.forward", forward)

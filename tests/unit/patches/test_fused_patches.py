@@ -51,6 +51,21 @@ def test_rms_norm_module_matches_f_rms_norm(fused):
     assert [name for name, _ in norm.named_parameters()] == ["weight"]
 
 
+def test_rms_norm_gives_the_kernel_a_contiguous_input(fused, monkeypatch):
+    # torch_npu's meta for npu_rms_norm is empty_like(self): a transposed sequence-parallel shard
+    # would give a transposed output under compile, which MoE's view() of ffn_norm's output rejects.
+    from npu_inject.ops import reference
+    from torchtitan.models.common.nn_modules import RMSNorm
+
+    def meta_like_npu_rms_norm(x, gamma, epsilon):
+        return torch.empty_like(x), torch.empty(x.shape[:-1] + (1,))
+
+    monkeypatch.setattr(reference, "npu_rms_norm", meta_like_npu_rms_norm)  # the rehearsal's kernels()
+    norm = RMSNorm(RMSNorm.Config(normalized_shape=16, eps=1e-5))
+    x_BLD = torch.randn(6, 2, 16).transpose(0, 1)  # (B, L, D) over (L, B, D) memory
+    assert norm(x_BLD).view(12, 16).shape == (12, 16)
+
+
 def _angles(dim, positions, theta=10000.0):
     inv_freq = 1.0 / theta ** (torch.arange(0, dim, 2, dtype=torch.float64) / dim)
     return positions.to(torch.float64)[..., None] * inv_freq  # (..., L, dim/2)
