@@ -6,7 +6,8 @@ torchtitan 0.3.0 has two RoPE formats (``models/common/rope.py``):
   and rotates adjacent pairs with ``view_as_complex`` -- complex tensors, which Ascend
   handles poorly. The patch builds the cache on the host as upstream does and keeps only
   its real ``[cos | sin]`` (each repeated per pair, width 2H) on the device; rotation is
-  ``npu_rotary_mul(x, cos, sin, 'interleave')``.
+  ``npu_rotary_mul(x, cos, sin, 'interleave')``. A complex cache built elsewhere and passed to
+  ``apply_rotary_emb`` (muse_glimmer's vision encoder) is made real the same way first.
 * ``CosSinRoPE`` (qwen3) keeps ``[cos | sin]`` in rotate-half layout; rotation is
   ``npu_rotary_mul(x, cos, sin, 'half')``.
 
@@ -34,6 +35,10 @@ def apply(ctx: PatchContext) -> None:
         return rotary.interleaved_cos_sin_cache(cis_SP).to(device)
 
     def complex_apply(original, query, key, rope_cache):
+        if rope_cache.is_complex():
+            # A cache built outside _precompute_cache (muse_glimmer's vision encoder makes its own 2D
+            # one per forward, (N, P, 1, H/2)): the same cos/sin, made real before the kernel.
+            rope_cache = rotary.interleaved_cos_sin_cache(rope_cache)
         return rotary.rotate_pairs(query, rope_cache), rotary.rotate_pairs(key, rope_cache)
 
     def cos_sin_apply(original, query, key, rope_cache):

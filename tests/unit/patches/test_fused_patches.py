@@ -66,6 +66,22 @@ def test_rms_norm_gives_the_kernel_a_contiguous_input(fused, monkeypatch):
     assert norm(x_BLD).view(12, 16).shape == (12, 16)
 
 
+def test_complex_rope_takes_a_complex_cache_built_elsewhere(fused):
+    # muse_glimmer's vision encoder builds its own (N, P, 1, H/2) complex cache per forward and calls
+    # ComplexRoPE.apply_rotary_emb: pairs (x_2i, x_2i+1) rotate by cis(angle), written out here.
+    from torchtitan.models.common.rope import ComplexRoPE
+
+    angles = torch.rand(2, 4, 1, 4, dtype=torch.float64) * 6
+    cis = torch.polar(torch.ones_like(angles), angles).to(torch.complex64)
+    q, k = _leaf(2, 4, 3, 8, seed=1), _leaf(2, 4, 3, 8, seed=2)
+    q_out, k_out = ComplexRoPE.apply_rotary_emb(q, k, cis)
+    cos, sin = angles.cos().float(), angles.sin().float()
+    for x, out in ((q, q_out), (k, k_out)):
+        even, odd = x[..., ::2], x[..., 1::2]
+        expected = torch.stack([even * cos - odd * sin, even * sin + odd * cos], dim=-1).flatten(-2)
+        torch.testing.assert_close(out, expected)
+
+
 def _angles(dim, positions, theta=10000.0):
     inv_freq = 1.0 / theta ** (torch.arange(0, dim, 2, dtype=torch.float64) / dim)
     return positions.to(torch.float64)[..., None] * inv_freq  # (..., L, dim/2)
