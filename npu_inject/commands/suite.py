@@ -215,6 +215,11 @@ def root_cause(output: str) -> tuple[str, str]:
         where = frames[-1] if frames else ""
         message = f"{match.group(2)}: {match.group(3)}"[:300]
         return message, attribute(where, message)
+    aborted = re.search(r"^(?:\[rank(\d+)\]:)?terminate called[^\n]*", output, re.MULTILINE)
+    if aborted:
+        after = "after training completed" if "Training completed" in output else "during the run"
+        return (f"rank {aborted.group(1) or '?'} aborted {after}: {aborted.group(0).split(':', 1)[-1].strip()} "
+                "(a C++ thread or exception at exit, no Python traceback)")[:300], "unknown"
     if re.search(r"exitcode\s*:\s*-9|Signal 9|SIGKILL|Killed", output):
         return "a rank was killed (signal 9): out of host memory?", "host memory"
     tail = next((line.strip() for line in reversed(lines) if line.strip()), "(no output)")

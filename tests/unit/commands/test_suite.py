@@ -50,6 +50,8 @@ ROOT_CAUSES = [
     ('  File "/x/site-packages/torch_npu/npu/utils.py", line 9, in g\nRuntimeError: bad device\n', "bad device",
      "torch_npu"),
     ("torchrun ... exitcode  : -9 (pid: 12)\n", "killed", "host memory"),
+    ("[rank3]:[titan] Training completed\n[rank3]:terminate called without an active exception\n"
+     "[rank3]:Fatal Python error: Aborted\n", "rank 3 aborted after training completed", "unknown"),
     ("│ Unrecognized or misplaced options: │\n", "config parser", "torchtitan"),
     ("│ Config function 'llama3_debugmodel_fsdp2_cp2' not found in torchtitan_recipes.tests. Available config "
      "functions: [] │\n", "torchtitan checkout", "torchtitan (packaging)"),
