@@ -276,20 +276,24 @@ def _segment_indices(plan, local_positions, B, L, device):
             list(itertools.accumulate(q_lens)), list(itertools.accumulate(k_lens)))
 
 
+def _whole_sequence_BLNH(x_BlNH: torch.Tensor, cp: ContextParallelPlan, natural: torch.Tensor,
+                        gathered: bool) -> torch.Tensor:
+    """Key or value over the whole sequence, (B, L, N, H) in natural order: all-gathered over CP,
+    or reordered when the spmd_types boundary already gathered them (rank after rank)."""
+    if gathered:
+        return x_BlNH.index_select(1, natural)
+    gathered_WBlNH = _AllGather.apply(x_BlNH.transpose(0, 1).contiguous(), cp.group)  # (W*l, B, N, H)
+    return gathered_WBlNH.index_select(0, natural).transpose(0, 1)
+
+
 def _allgather_kv(q_BlNH, k_BlNH, v_BlNH, cp: ContextParallelPlan, plan: AttentionPlan, scale):
     B, l, N, H = q_BlNH.shape
     L = l * cp.world_size
     natural = spmd_typing.replicated_metadata(_natural_order_index(cp.balanced_order, q_BlNH.device))
 
     gathered = kv_gathered(q_BlNH, k_BlNH, cp)
-
-    def gather(x_BlNH):
-        if gathered:  # already whole-sequence, rank after rank
-            return x_BlNH.index_select(1, natural).reshape(B * L, *x_BlNH.shape[2:])
-        gathered_WBlNH = _AllGather.apply(x_BlNH.transpose(0, 1).contiguous(), cp.group)  # (W*l, B, N, H)
-        return gathered_WBlNH.index_select(0, natural).transpose(0, 1).reshape(B * L, *x_BlNH.shape[2:])
-
-    k_TNH, v_TNH = gather(k_BlNH), gather(v_BlNH)
+    k_TNH, v_TNH = (_whole_sequence_BLNH(x_BlNH, cp, natural, gathered).reshape(B * L, *x_BlNH.shape[2:])
+                    for x_BlNH in (k_BlNH, v_BlNH))
     q_index, q_restore, k_index, q_ends, k_ends = _segment_indices(plan, cp.local_positions, B, L, q_BlNH.device)
     # Built from host lists every rank shares (cached, possibly outside a type-checked forward).
     q_index, q_restore, k_index = (spmd_typing.replicated_metadata(t) for t in (q_index, q_restore, k_index))
@@ -336,14 +340,7 @@ def context_parallel_reference_attention_BLNH(q_BlNH, k_BlNH, v_BlNH, cp: Contex
     L = l * cp.world_size
     natural = spmd_typing.replicated_metadata(_natural_order_index(cp.balanced_order, q_BlNH.device))
     gathered = kv_gathered(q_BlNH, k_BlNH, cp)
-
-    def gather(x_BlNH):  # -> (B, L, N_kv, H) in natural order
-        if gathered:
-            return x_BlNH.index_select(1, natural)
-        gathered_WBlNH = _AllGather.apply(x_BlNH.transpose(0, 1).contiguous(), cp.group)  # (W*l, B, N, H)
-        return gathered_WBlNH.index_select(0, natural).transpose(0, 1)
-
-    k_BLNH, v_BLNH = gather(k_BlNH), gather(v_BlNH)
+    k_BLNH, v_BLNH = (_whole_sequence_BLNH(x_BlNH, cp, natural, gathered) for x_BlNH in (k_BlNH, v_BlNH))
     with spmd_typing.opaque_kernel():  # a typing boundary, as the fused kernel's
         local = torch.tensor(cp.local_positions, dtype=torch.long, device=q_BlNH.device)
         keep_B1lL = plan_keep_mask(plan, B, L, L, q_BlNH.device).index_select(2, local)
