@@ -1,133 +1,441 @@
-// aclnn operators computed with ATen's CPU kernels on the host buffers (issue 20: "computed with ATen
-// CPU kernels"). An aclTensor becomes a CPU at::Tensor over the same memory (at::from_blob with its
-// view, strides and offset); the operator runs its out= form into the output's memory. Argument checks
-// follow each operator's CANN document (op_table.json and the shape rules cited beside the operator).
-#include "aclnn_internal.h"
-
-#include <ATen/core/LegacyTypeDispatch.h>
-#include <ATen/core/Tensor.h>
-#include <ATen/ops/addmm.h>
-#include <ATen/ops/from_blob.h>
-#include <ATen/ops/mul.h>
-
-#include <exception>
-#include <string>
-
-namespace cann_emu {
-namespace {
-
-at::ScalarType scalar_type(int dtype) {
-    switch (dtype) {
-        case ACL_FLOAT: return at::kFloat;
-        case ACL_FLOAT16: return at::kHalf;
-        case ACL_BF16: return at::kBFloat16;
-        case ACL_DOUBLE: return at::kDouble;
-        case ACL_INT8: return at::kChar;
-        case ACL_INT16: return at::kShort;
-        case ACL_INT32: return at::kInt;
-        case ACL_INT64: return at::kLong;
-        case ACL_UINT8: return at::kByte;
-        case ACL_UINT16: return at::kUInt16;
-        case ACL_UINT32: return at::kUInt32;
-        case ACL_UINT64: return at::kUInt64;
-        case ACL_BOOL: return at::kBool;
-        case ACL_COMPLEX64: return at::kComplexFloat;
-        case ACL_COMPLEX128: return at::kComplexDouble;
-        default: return at::ScalarType::Undefined;
-    }
-}
-
-at::Tensor host_view(const aclTensor& t) {
-    auto type = scalar_type(t.dtype);
-    char* base = static_cast<char*>(t.data) + t.offset * (int64_t)dtype_size(t.dtype);
-    return at::from_blob(base, t.view, t.strides, at::TensorOptions().dtype(type).device(at::kCPU));
-}
-
-at::Scalar host_scalar(const aclScalar& s) {
-    switch (s.dtype) {
-        case ACL_FLOAT: case ACL_FLOAT16: case ACL_BF16: case ACL_DOUBLE: return at::Scalar(scalar_value(&s));
-        case ACL_BOOL: return at::Scalar(scalar_value(&s) != 0);
-        default: return at::Scalar((int64_t)scalar_value(&s));
-    }
-}
-
-// Runs body with ATen below autograd; an ATen error becomes ACLNN_ERR_INNER naming the operator.
-template <typename Body>
-aclnnStatus run_aten(const char* op, Body body) {
-    try {
-        at::AutoDispatchBelowADInplaceOrView guard;
-        body();
-        return 0;
-    } catch (const std::exception& error) {
-        return fail(ACLNN_ERR_INNER, std::string(op) + ": ATen failed: " + error.what());
-    }
-}
-
-}  // namespace
-}  // namespace cann_emu
+// Elementwise, comparison, reduction, indexing and creation operators computed by ATen's CPU kernels on
+// the host buffers (aten_support.h). Each GetWorkspaceSize has the signature of CANN's header for that
+// operator (hicann/ops-math, ops-nn: <op>/op_api/aclnn_*.h or the operator's docs/aclnn*.md), checks
+// its tensors against op_table.json and returns an executor; the body runs the ATen out= form into the
+// output's own memory (an output of the wrong shape fails: its storage cannot be resized).
+#include "aten_support.h"
 
 using namespace cann_emu;
 
-// aclnnMul / aclnnInplaceMul: out = self * other (hicann/ops-math math/mul/docs/aclnnMul&aclnnInplaceMul_en.md)
-static aclnnStatus mul_prepare(const char* op, const aclTensor* self, const aclTensor* other, const aclTensor* out,
-                               uint64_t* ws, aclOpExecutor** ex) {
-    bool inplace = self == out;
-    if (int rc = check_tensor(op, inplace ? "selfRef" : "self", self)) return rc;
-    if (int rc = check_tensor(op, "other", other)) return rc;
-    if (!inplace)
-        if (int rc = check_tensor(op, "out", out)) return rc;
-    if (!broadcastable_to(*self, *out) || !broadcastable_to(*other, *out))
-        return fail(ACLNN_ERR_PARAM_INVALID, std::string(op) + ": shapes do not broadcast to out's shape");
-    aclTensor s = *self, o = *other, r = *out;
-    return make_executor(op, [op, s, o, r]() {
-        return run_aten(op, [&] {
-            at::Tensor result = host_view(r);
-            at::mul_out(result, host_view(s), host_view(o));
-        });
-    }, ws, ex);
-}
-CANN_API aclnnStatus aclnnMulGetWorkspaceSize(const aclTensor* self, const aclTensor* other, aclTensor* out,
-                                              uint64_t* ws, aclOpExecutor** ex) {
-    return mul_prepare("aclnnMul", self, other, out, ws, ex);
-}
-CANN_API aclnnStatus aclnnMul(void*, uint64_t, aclOpExecutor* ex, aclrtStream) { return execute("aclnnMul", ex); }
-CANN_API aclnnStatus aclnnInplaceMulGetWorkspaceSize(aclTensor* self, const aclTensor* other, uint64_t* ws,
-                                                     aclOpExecutor** ex) {
-    return mul_prepare("aclnnInplaceMul", self, other, self, ws, ex);
-}
-CANN_API aclnnStatus aclnnInplaceMul(void*, uint64_t, aclOpExecutor* ex, aclrtStream) {
-    return execute("aclnnInplaceMul", ex);
-}
+// ---- families sharing one signature ------------------------------------------------------------------
+// out = fn(self): (const aclTensor* self, aclTensor* out, ...)
+#define CANN_EMU_UNARY(name, fn)                                                                          \
+    CANN_API aclnnStatus name##GetWorkspaceSize(const aclTensor* self, aclTensor* out, uint64_t* ws,        \
+                                                aclOpExecutor** ex) {                                   \
+        if (int rc = check_args(#name, {{"self", self}, {"out", out}})) return rc;                       \
+        return aten_executor(#name, [s = hold(self), o = hold(out)] { at::Tensor r = view(o); fn(r, view(s)); }, \
+                             ws, ex);                                                                     \
+    }                                                                                                    \
+    CANN_EMU_LAUNCH(name)
+// out = fn(self, other) on tensors: (const aclTensor* self, const aclTensor* other, aclTensor* out, ...)
+#define CANN_EMU_BINARY(name, fn)                                                                         \
+    CANN_API aclnnStatus name##GetWorkspaceSize(const aclTensor* self, const aclTensor* other, aclTensor* out, \
+                                                uint64_t* ws, aclOpExecutor** ex) {                     \
+        if (int rc = check_args(#name, {{"self", self}, {"other", other}, {"out", out}})) return rc;     \
+        if (!broadcastable_to(*self, *out) || !broadcastable_to(*other, *out))                           \
+            return invalid(#name, "self and other do not broadcast to out's shape");                     \
+        return aten_executor(#name, [s = hold(self), t = hold(other), o = hold(out)] {                   \
+            at::Tensor r = view(o);                                                                      \
+            fn(r, view(s), view(t));                                                                     \
+        }, ws, ex);                                                                                      \
+    }                                                                                                    \
+    CANN_EMU_LAUNCH(name)
+// out = fn(self, scalar other): (const aclTensor* self, const aclScalar* other, aclTensor* out, ...)
+#define CANN_EMU_TENSOR_SCALAR(name, fn)                                                                  \
+    CANN_API aclnnStatus name##GetWorkspaceSize(const aclTensor* self, const aclScalar* other, aclTensor* out, \
+                                                uint64_t* ws, aclOpExecutor** ex) {                     \
+        if (int rc = check_present(#name, "other", other)) return rc;                                   \
+        if (int rc = check_args(#name, {{"self", self}, {"out", out}})) return rc;                       \
+        return aten_executor(#name, [s = hold(self), v = host_scalar(*other), o = hold(out)] {           \
+            at::Tensor r = view(o);                                                                      \
+            fn(r, view(s), v);                                                                           \
+        }, ws, ex);                                                                                      \
+    }                                                                                                    \
+    CANN_EMU_LAUNCH(name)
+// selfRef = fn(selfRef, other): (aclTensor* selfRef, const aclTensor* other, ...)
+#define CANN_EMU_INPLACE_BINARY(name, fn)                                                                 \
+    CANN_API aclnnStatus name##GetWorkspaceSize(aclTensor* self, const aclTensor* other, uint64_t* ws,      \
+                                                aclOpExecutor** ex) {                                   \
+        if (int rc = check_args(#name, {{"selfRef", self}, {"other", other}})) return rc;                \
+        if (!broadcastable_to(*other, *self)) return invalid(#name, "other does not broadcast to selfRef's shape"); \
+        return aten_executor(#name, [s = hold(self), t = hold(other)] {                                  \
+            at::Tensor r = view(s);                                                                      \
+            fn(r, r, view(t));                                                                           \
+        }, ws, ex);                                                                                      \
+    }                                                                                                    \
+    CANN_EMU_LAUNCH(name)
+// selfRef = fn(selfRef, scalar other): (aclTensor* selfRef, const aclScalar* other, ...)
+#define CANN_EMU_INPLACE_SCALAR(name, fn)                                                                 \
+    CANN_API aclnnStatus name##GetWorkspaceSize(aclTensor* self, const aclScalar* other, uint64_t* ws,      \
+                                                aclOpExecutor** ex) {                                   \
+        if (int rc = check_present(#name, "other", other)) return rc;                                   \
+        if (int rc = check_args(#name, {{"selfRef", self}})) return rc;                                  \
+        return aten_executor(#name, [s = hold(self), v = host_scalar(*other)] {                          \
+            at::Tensor r = view(s);                                                                      \
+            fn(r, r, v);                                                                                 \
+        }, ws, ex);                                                                                      \
+    }                                                                                                    \
+    CANN_EMU_LAUNCH(name)
 
-// aclnnAddmm: out = beta * self + alpha * (mat1 @ mat2) (hicann/ops-nn matmul/mat_mul_v3/docs/
-// aclnnAddmm&aclnnInplaceAddmm.md): mat1 (m, k), mat2 (k, n), self broadcast to out (m, n); on Atlas A2
-// cubeMathType 2 (USE_FP16) is refused for BFLOAT16 and 3 (USE_HF32) for anything but FLOAT32. The
-// emulation computes HF32 requests (cubeMathType 1/3 on FLOAT32) in FLOAT32.
-CANN_API aclnnStatus aclnnAddmmGetWorkspaceSize(const aclTensor* self, const aclTensor* mat1, const aclTensor* mat2,
-                                                const aclScalar* beta, const aclScalar* alpha, aclTensor* out,
-                                                int8_t cube_math_type, uint64_t* ws, aclOpExecutor** ex) {
-    const char* op = "aclnnAddmm";
-    if (!beta || !alpha) return fail(ACLNN_ERR_PARAM_NULLPTR, std::string(op) + ": beta or alpha is null");
-    if (int rc = check_tensor(op, "self", self)) return rc;
-    if (int rc = check_tensor(op, "mat1", mat1)) return rc;
-    if (int rc = check_tensor(op, "mat2", mat2)) return rc;
-    if (int rc = check_tensor(op, "out", out)) return rc;
-    if (mat1->view.size() != 2 || mat2->view.size() != 2 || out->view.size() != 2 ||
-        mat1->view[1] != mat2->view[0] || out->view[0] != mat1->view[0] || out->view[1] != mat2->view[1])
-        return fail(ACLNN_ERR_PARAM_INVALID, std::string(op) + ": mat1 (m, k), mat2 (k, n) and out (m, n) do not agree");
-    if (self->view.size() < 1 || self->view.size() > 2 || !broadcastable_to(*self, *out))
-        return fail(ACLNN_ERR_PARAM_INVALID, std::string(op) + ": self does not broadcast to out's shape");
-    if ((cube_math_type == 2 && mat1->dtype == ACL_BF16) || (cube_math_type == 3 && mat1->dtype != ACL_FLOAT) ||
-        cube_math_type < 0 || cube_math_type > 4)
-        return fail(ACLNN_ERR_PARAM_INVALID, std::string(op) + ": cubeMathType " + std::to_string(cube_math_type) +
-                                                 " is not supported for " + dtype_name(mat1->dtype));
-    aclTensor s = *self, a = *mat1, b = *mat2, r = *out;
-    aclScalar be = *beta, al = *alpha;
-    return make_executor(op, [op, s, a, b, r, be, al]() {
-        return run_aten(op, [&] {
-            at::Tensor result = host_view(r);
-            at::addmm_out(result, host_view(s), host_view(a), host_view(b), host_scalar(be), host_scalar(al));
-        });
+// hicann/ops-math math/<op>/docs and ops-nn activation/<op>/docs.
+CANN_EMU_UNARY(aclnnLog, at::log_out)
+CANN_EMU_UNARY(aclnnExp, at::exp_out)
+CANN_EMU_UNARY(aclnnReciprocal, at::reciprocal_out)
+CANN_EMU_UNARY(aclnnNeg, at::neg_out)
+CANN_EMU_UNARY(aclnnSqrt, at::sqrt_out)
+CANN_EMU_UNARY(aclnnRsqrt, at::rsqrt_out)
+CANN_EMU_UNARY(aclnnAbs, at::abs_out)
+CANN_EMU_UNARY(aclnnSilu, at::silu_out)
+CANN_EMU_UNARY(aclnnSigmoid, at::sigmoid_out)
+CANN_EMU_UNARY(aclnnTanh, at::tanh_out)
+
+CANN_EMU_BINARY(aclnnMul, at::mul_out)
+CANN_EMU_BINARY(aclnnDiv, at::div_out)
+CANN_EMU_BINARY(aclnnEqTensor, at::eq_out)
+CANN_EMU_BINARY(aclnnNeTensor, at::ne_out)
+CANN_EMU_BINARY(aclnnGtTensor, at::gt_out)
+CANN_EMU_BINARY(aclnnGeTensor, at::ge_out)
+CANN_EMU_BINARY(aclnnLtTensor, at::lt_out)
+CANN_EMU_BINARY(aclnnLeTensor, at::le_out)
+CANN_EMU_BINARY(aclnnBitwiseAndTensor, at::bitwise_and_out)
+CANN_EMU_BINARY(aclnnBitwiseOrTensor, at::bitwise_or_out)
+CANN_EMU_BINARY(aclnnLogicalAnd, at::logical_and_out)
+CANN_EMU_BINARY(aclnnMaximum, at::maximum_out)
+CANN_EMU_BINARY(aclnnMinimum, at::minimum_out)
+
+CANN_EMU_TENSOR_SCALAR(aclnnMuls, at::mul_out)
+CANN_EMU_TENSOR_SCALAR(aclnnDivs, at::div_out)
+CANN_EMU_TENSOR_SCALAR(aclnnEqScalar, at::eq_out)
+CANN_EMU_TENSOR_SCALAR(aclnnNeScalar, at::ne_out)
+CANN_EMU_TENSOR_SCALAR(aclnnGtScalar, at::gt_out)
+CANN_EMU_TENSOR_SCALAR(aclnnGeScalar, at::ge_out)
+CANN_EMU_TENSOR_SCALAR(aclnnLtScalar, at::lt_out)
+CANN_EMU_TENSOR_SCALAR(aclnnLeScalar, at::le_out)
+CANN_EMU_TENSOR_SCALAR(aclnnPowTensorScalar, at::pow_out)
+CANN_EMU_TENSOR_SCALAR(aclnnBitwiseAndScalar, at::bitwise_and_out)
+CANN_EMU_TENSOR_SCALAR(aclnnBitwiseOrScalar, at::bitwise_or_out)
+CANN_EMU_TENSOR_SCALAR(aclnnClampMin, at::clamp_min_out)
+CANN_EMU_TENSOR_SCALAR(aclnnClampMax, at::clamp_max_out)
+
+CANN_EMU_INPLACE_BINARY(aclnnInplaceMul, at::mul_out)
+CANN_EMU_INPLACE_BINARY(aclnnInplaceDiv, at::div_out)
+CANN_EMU_INPLACE_SCALAR(aclnnInplaceMuls, at::mul_out)
+CANN_EMU_INPLACE_SCALAR(aclnnInplaceDivs, at::div_out)
+
+// ---- with alpha (hicann/ops-math math/sub, math/add: aclnnSub, aclnnSubs, aclnnAdds and their in-place forms) ----
+// out = self + sign * alpha * other, other a tensor or a scalar.
+static aclnnStatus alpha_prepare(const char* op, const aclTensor* self, const aclTensor* other,
+                                 const aclScalar* other_scalar, const aclScalar* alpha, const aclTensor* out,
+                                 double sign, uint64_t* ws, aclOpExecutor** ex) {
+    bool inplace = self == out;
+    if (int rc = check_present(op, "alpha", alpha)) return rc;
+    if (int rc = check_args(op, {{inplace ? "selfRef" : "self", self}})) return rc;
+    if (!inplace)
+        if (int rc = check_args(op, {{"out", out}})) return rc;
+    if (other) {
+        if (int rc = check_args(op, {{"other", other}})) return rc;
+        if (!broadcastable_to(*self, *out) || !broadcastable_to(*other, *out))
+            return invalid(op, "self and other do not broadcast to out's shape");
+    } else if (int rc = check_present(op, "other", other_scalar)) {
+        return rc;
+    }
+    at::Scalar a = host_scalar(*alpha);
+    a = a.isIntegral(true) ? at::Scalar(a.toLong() * (int64_t)sign) : at::Scalar(a.toDouble() * sign);
+    std::optional<at::Scalar> s_other = hold(other_scalar);
+    return aten_executor(op, [s = hold(self), t = hold(other), s_other, a, o = hold(out)] {
+        at::Tensor r = view(o);
+        if (t)
+            at::add_out(r, view(s), view(t), a);
+        else
+            at::add_out(r, view(s), at::scalar_to_tensor(*s_other), a);
     }, ws, ex);
 }
-CANN_API aclnnStatus aclnnAddmm(void*, uint64_t, aclOpExecutor* ex, aclrtStream) { return execute("aclnnAddmm", ex); }
+CANN_API aclnnStatus aclnnSubGetWorkspaceSize(const aclTensor* self, const aclTensor* other, const aclScalar* alpha,
+                                              aclTensor* out, uint64_t* ws, aclOpExecutor** ex) {
+    return alpha_prepare("aclnnSub", self, other, nullptr, alpha, out, -1.0, ws, ex);
+}
+CANN_EMU_LAUNCH(aclnnSub)
+CANN_API aclnnStatus aclnnInplaceSubGetWorkspaceSize(aclTensor* self, const aclTensor* other, const aclScalar* alpha,
+                                                     uint64_t* ws, aclOpExecutor** ex) {
+    return alpha_prepare("aclnnInplaceSub", self, other, nullptr, alpha, self, -1.0, ws, ex);
+}
+CANN_EMU_LAUNCH(aclnnInplaceSub)
+CANN_API aclnnStatus aclnnSubsGetWorkspaceSize(const aclTensor* self, const aclScalar* other, const aclScalar* alpha,
+                                               aclTensor* out, uint64_t* ws, aclOpExecutor** ex) {
+    return alpha_prepare("aclnnSubs", self, nullptr, other, alpha, out, -1.0, ws, ex);
+}
+CANN_EMU_LAUNCH(aclnnSubs)
+CANN_API aclnnStatus aclnnInplaceSubsGetWorkspaceSize(aclTensor* self, const aclScalar* other, const aclScalar* alpha,
+                                                      uint64_t* ws, aclOpExecutor** ex) {
+    return alpha_prepare("aclnnInplaceSubs", self, nullptr, other, alpha, self, -1.0, ws, ex);
+}
+CANN_EMU_LAUNCH(aclnnInplaceSubs)
+CANN_API aclnnStatus aclnnAddsGetWorkspaceSize(const aclTensor* self, const aclScalar* other, const aclScalar* alpha,
+                                               aclTensor* out, uint64_t* ws, aclOpExecutor** ex) {
+    return alpha_prepare("aclnnAdds", self, nullptr, other, alpha, out, 1.0, ws, ex);
+}
+CANN_EMU_LAUNCH(aclnnAdds)
+CANN_API aclnnStatus aclnnInplaceAddsGetWorkspaceSize(aclTensor* self, const aclScalar* other, const aclScalar* alpha,
+                                                      uint64_t* ws, aclOpExecutor** ex) {
+    return alpha_prepare("aclnnInplaceAdds", self, nullptr, other, alpha, self, 1.0, ws, ex);
+}
+CANN_EMU_LAUNCH(aclnnInplaceAdds)
+
+// aclnnClamp (ops-math math/clamp): either bound may be null.
+CANN_API aclnnStatus aclnnClampGetWorkspaceSize(const aclTensor* self, const aclScalar* min, const aclScalar* max,
+                                                aclTensor* out, uint64_t* ws, aclOpExecutor** ex) {
+    const char* op = "aclnnClamp";
+    if (!min && !max) return invalid(op, "clipValueMin and clipValueMax are both null");
+    if (int rc = check_args(op, {{"self", self}, {"out", out}})) return rc;
+    return aten_executor(op, [s = hold(self), lo = hold(min), hi = hold(max), o = hold(out)] {
+        at::Tensor r = view(o);
+        at::clamp_out(r, view(s), lo, hi);
+    }, ws, ex);
+}
+CANN_EMU_LAUNCH(aclnnClamp)
+
+// aclnnSWhere (ops-math math/s_where): out = condition ? self : other.
+CANN_API aclnnStatus aclnnSWhereGetWorkspaceSize(const aclTensor* condition, const aclTensor* self,
+                                                 const aclTensor* other, aclTensor* out, uint64_t* ws,
+                                                 aclOpExecutor** ex) {
+    const char* op = "aclnnSWhere";
+    if (int rc = check_args(op, {{"condition", condition}, {"self", self}, {"other", other}, {"out", out}})) return rc;
+    return aten_executor(op, [c = hold(condition), s = hold(self), t = hold(other), o = hold(out)] {
+        at::Tensor r = view(o);
+        at::where_out(r, view(c), view(s), view(t));
+    }, ws, ex);
+}
+CANN_EMU_LAUNCH(aclnnSWhere)
+
+// aclnnCast (ops-math math/cast): out = self converted to dtype (out's dtype must be dtype).
+CANN_API aclnnStatus aclnnCastGetWorkspaceSize(const aclTensor* self, int dtype, aclTensor* out, uint64_t* ws,
+                                               aclOpExecutor** ex) {
+    const char* op = "aclnnCast";
+    if (int rc = check_args(op, {{"self", self}, {"out", out}})) return rc;
+    if (out->dtype != dtype) return invalid(op, std::string("out's dtype is not ") + dtype_name(dtype));
+    return aten_executor(op, [s = hold(self), o = hold(out)] { view(o).copy_(view(s)); }, ws, ex);
+}
+CANN_EMU_LAUNCH(aclnnCast)
+
+// ---- reductions (ops-math math/reduce_sum, mean, reduce_all/any, linalg_vector_norm; ops-nn) ----
+static at::OptionalIntArrayRef dims_or_all(const std::vector<int64_t>& dims) {
+    return dims.empty() ? at::OptionalIntArrayRef() : at::OptionalIntArrayRef(dims);
+}
+CANN_API aclnnStatus aclnnReduceSumGetWorkspaceSize(const aclTensor* self, const aclIntArray* dims, bool keep_dims,
+                                                    int dtype, aclTensor* out, uint64_t* ws, aclOpExecutor** ex) {
+    const char* op = "aclnnReduceSum";
+    if (int rc = check_present(op, "dims", dims)) return rc;
+    if (int rc = check_args(op, {{"self", self}, {"out", out}})) return rc;
+    return aten_executor(op, [s = hold(self), d = hold(dims), keep_dims, type = scalar_type(dtype), o = hold(out)] {
+        at::Tensor r = view(o);
+        at::sum_out(r, view(s), dims_or_all(d), keep_dims, type);
+    }, ws, ex);
+}
+CANN_EMU_LAUNCH(aclnnReduceSum)
+CANN_API aclnnStatus aclnnMeanGetWorkspaceSize(const aclTensor* self, const aclIntArray* dims, bool keep_dims,
+                                               int dtype, aclTensor* out, uint64_t* ws, aclOpExecutor** ex) {
+    const char* op = "aclnnMean";
+    if (int rc = check_args(op, {{"self", self}, {"out", out}})) return rc;
+    return aten_executor(op, [s = hold(self), d = hold(dims), keep_dims, type = scalar_type(dtype), o = hold(out)] {
+        at::Tensor r = view(o);
+        at::mean_out(r, view(s), dims_or_all(d), keep_dims, type);
+    }, ws, ex);
+}
+CANN_EMU_LAUNCH(aclnnMean)
+#define CANN_EMU_DIMS_REDUCE(name, fn)                                                                    \
+    CANN_API aclnnStatus name##GetWorkspaceSize(const aclTensor* self, const aclIntArray* dims, bool keep_dims, \
+                                                aclTensor* out, uint64_t* ws, aclOpExecutor** ex) {     \
+        if (int rc = check_args(#name, {{"self", self}, {"out", out}})) return rc;                       \
+        return aten_executor(#name, [s = hold(self), d = hold(dims), keep_dims, o = hold(out)] {          \
+            at::Tensor r = view(o);                                                                      \
+            fn(r, view(s), dims_or_all(d), keep_dims);                                                   \
+        }, ws, ex);                                                                                      \
+    }                                                                                                    \
+    CANN_EMU_LAUNCH(name)
+// amax/amin take every dimension for an empty list.
+static void amax_out(at::Tensor& r, const at::Tensor& s, at::OptionalIntArrayRef d, bool keep) {
+    at::amax_out(r, s, d.has_value() ? *d : at::IntArrayRef{}, keep);
+}
+static void amin_out(at::Tensor& r, const at::Tensor& s, at::OptionalIntArrayRef d, bool keep) {
+    at::amin_out(r, s, d.has_value() ? *d : at::IntArrayRef{}, keep);
+}
+CANN_EMU_DIMS_REDUCE(aclnnAll, at::all_out)
+CANN_EMU_DIMS_REDUCE(aclnnAny, at::any_out)
+CANN_EMU_DIMS_REDUCE(aclnnAmax, amax_out)
+CANN_EMU_DIMS_REDUCE(aclnnAmin, amin_out)
+
+CANN_API aclnnStatus aclnnLinalgVectorNormGetWorkspaceSize(const aclTensor* self, const aclScalar* ord,
+                                                           const aclIntArray* dims, bool keep_dims, int dtype,
+                                                           aclTensor* out, uint64_t* ws, aclOpExecutor** ex) {
+    const char* op = "aclnnLinalgVectorNorm";
+    if (int rc = check_present(op, "ord", ord)) return rc;
+    if (int rc = check_args(op, {{"self", self}, {"out", out}})) return rc;
+    return aten_executor(op, [s = hold(self), p = host_scalar(*ord), d = hold(dims), keep_dims,
+                              type = scalar_type(dtype), o = hold(out)] {
+        at::Tensor r = view(o);
+        at::linalg_vector_norm_out(r, view(s), p, dims_or_all(d), keep_dims, type);
+    }, ws, ex);
+}
+CANN_EMU_LAUNCH(aclnnLinalgVectorNorm)
+CANN_API aclnnStatus aclnnNormGetWorkspaceSize(const aclTensor* self, const aclScalar* p, const aclIntArray* dims,
+                                               bool keep_dims, aclTensor* out, uint64_t* ws, aclOpExecutor** ex) {
+    const char* op = "aclnnNorm";
+    if (int rc = check_present(op, "pScalar", p)) return rc;
+    if (int rc = check_args(op, {{"self", self}, {"out", out}})) return rc;
+    return aten_executor(op, [s = hold(self), pv = host_scalar(*p), d = hold(dims), keep_dims, o = hold(out)] {
+        at::Tensor r = view(o);
+        at::linalg_vector_norm_out(r, view(s), pv, dims_or_all(d), keep_dims, r.scalar_type());
+    }, ws, ex);
+}
+CANN_EMU_LAUNCH(aclnnNorm)
+
+// aclnnCumsum (ops-math math/cumsum): along dim, accumulated in dtype.
+CANN_API aclnnStatus aclnnCumsumGetWorkspaceSize(const aclTensor* self, int64_t dim, int dtype, aclTensor* out,
+                                                 uint64_t* ws, aclOpExecutor** ex) {
+    const char* op = "aclnnCumsum";
+    if (int rc = check_args(op, {{"self", self}, {"out", out}})) return rc;
+    return aten_executor(op, [s = hold(self), dim, type = scalar_type(dtype), o = hold(out)] {
+        at::Tensor r = view(o);
+        at::cumsum_out(r, view(s), dim, type);
+    }, ws, ex);
+}
+CANN_EMU_LAUNCH(aclnnCumsum)
+
+// ---- joining, triangles, creation ----------------------------------------------------------------------
+#define CANN_EMU_JOIN(name, fn)                                                                            \
+    CANN_API aclnnStatus name##GetWorkspaceSize(const aclTensorList* tensors, int64_t dim, aclTensor* out,  \
+                                                uint64_t* ws, aclOpExecutor** ex) {                     \
+        if (int rc = check_list(#name, "tensors", tensors)) return rc;                                   \
+        if (int rc = check_args(#name, {{"out", out}})) return rc;                                       \
+        return aten_executor(#name, [l = hold(tensors), dim, o = hold(out)] {                            \
+            at::Tensor r = view(o);                                                                      \
+            fn(r, view(l), dim);                                                                         \
+        }, ws, ex);                                                                                      \
+    }                                                                                                    \
+    CANN_EMU_LAUNCH(name)
+CANN_EMU_JOIN(aclnnCat, at::cat_out)
+CANN_EMU_JOIN(aclnnStack, at::stack_out)
+
+#define CANN_EMU_TRIANGLE(name, fn)                                                                        \
+    CANN_API aclnnStatus name##GetWorkspaceSize(const aclTensor* self, int64_t diagonal, aclTensor* out,     \
+                                                uint64_t* ws, aclOpExecutor** ex) {                     \
+        if (int rc = check_args(#name, {{"self", self}, {"out", out}})) return rc;                       \
+        return aten_executor(#name, [s = hold(self), diagonal, o = hold(out)] {                          \
+            at::Tensor r = view(o);                                                                      \
+            fn(r, view(s), diagonal);                                                                    \
+        }, ws, ex);                                                                                      \
+    }                                                                                                    \
+    CANN_EMU_LAUNCH(name)
+CANN_EMU_TRIANGLE(aclnnTriu, at::triu_out)
+CANN_EMU_TRIANGLE(aclnnTril, at::tril_out)
+
+// aclnnArange (ops-math math/arange): out = start, start + step, ... < end.
+CANN_API aclnnStatus aclnnArangeGetWorkspaceSize(const aclScalar* start, const aclScalar* end, const aclScalar* step,
+                                                 aclTensor* out, uint64_t* ws, aclOpExecutor** ex) {
+    const char* op = "aclnnArange";
+    if (int rc = check_present(op, "start", start) || check_present(op, "end", end) || check_present(op, "step", step))
+        return rc;
+    if (int rc = check_args(op, {{"out", out}})) return rc;
+    return aten_executor(op, [a = host_scalar(*start), b = host_scalar(*end), c = host_scalar(*step), o = hold(out)] {
+        at::Tensor r = view(o);
+        at::arange_out(r, a, b, c);
+    }, ws, ex);
+}
+CANN_EMU_LAUNCH(aclnnArange)
+
+// aclnnInplaceFillTensor (ops-math conversion/fill): selfRef[...] = value, a one-element tensor.
+CANN_API aclnnStatus aclnnInplaceFillTensorGetWorkspaceSize(aclTensor* self, const aclTensor* value, uint64_t* ws,
+                                                            aclOpExecutor** ex) {
+    const char* op = "aclnnInplaceFillTensor";
+    if (int rc = check_args(op, {{"selfRef", self}, {"value", value}})) return rc;
+    return aten_executor(op, [s = hold(self), v = hold(value)] { view(s).fill_(view(v)); }, ws, ex);
+}
+CANN_EMU_LAUNCH(aclnnInplaceFillTensor)
+
+// aclnnInplaceMaskedFillScalar (ops-math): selfRef[mask] = value.
+CANN_API aclnnStatus aclnnInplaceMaskedFillScalarGetWorkspaceSize(aclTensor* self, const aclTensor* mask,
+                                                                  const aclScalar* value, uint64_t* ws,
+                                                                  aclOpExecutor** ex) {
+    const char* op = "aclnnInplaceMaskedFillScalar";
+    if (int rc = check_present(op, "value", value)) return rc;
+    if (int rc = check_args(op, {{"selfRef", self}, {"mask", mask}})) return rc;
+    return aten_executor(op, [s = hold(self), m = hold(mask), v = host_scalar(*value)] {
+        view(s).masked_fill_(view(m), v);
+    }, ws, ex);
+}
+CANN_EMU_LAUNCH(aclnnInplaceMaskedFillScalar)
+
+// ---- indexing (ops-math / ops-nn index, gather, scatter) -------------------------------------------------
+CANN_API aclnnStatus aclnnGatherGetWorkspaceSize(const aclTensor* self, const int64_t dim, const aclTensor* index,
+                                                 aclTensor* out, uint64_t* ws, aclOpExecutor** ex) {
+    const char* op = "aclnnGather";
+    if (int rc = check_args(op, {{"self", self}, {"index", index}, {"out", out}})) return rc;
+    return aten_executor(op, [s = hold(self), dim, i = hold(index), o = hold(out)] {
+        at::Tensor r = view(o);
+        at::gather_out(r, view(s), dim, view(i));
+    }, ws, ex);
+}
+CANN_EMU_LAUNCH(aclnnGather)
+
+// reduce: 0 none, 1 add, 2 multiply (aclnnScatter's document).
+static std::optional<c10::string_view> scatter_reduce(int64_t reduce) {
+    if (reduce == 1) return c10::string_view("add");
+    if (reduce == 2) return c10::string_view("multiply");
+    return std::nullopt;
+}
+CANN_API aclnnStatus aclnnScatterGetWorkspaceSize(const aclTensor* self, int64_t dim, const aclTensor* index,
+                                                  const aclTensor* src, int64_t reduce, aclTensor* out, uint64_t* ws,
+                                                  aclOpExecutor** ex) {
+    const char* op = "aclnnScatter";
+    if (reduce < 0 || reduce > 2) return invalid(op, "reduce must be 0 (none), 1 (add) or 2 (multiply)");
+    if (int rc = check_args(op, {{"self", self}, {"index", index}, {"src", src}, {"out", out}})) return rc;
+    return aten_executor(op, [s = hold(self), dim, i = hold(index), x = hold(src), reduce, o = hold(out)] {
+        at::Tensor r = view(o);
+        if (auto how = scatter_reduce(reduce))
+            at::scatter_out(r, view(s), dim, view(i), view(x), *how);
+        else
+            at::scatter_out(r, view(s), dim, view(i), view(x));
+    }, ws, ex);
+}
+CANN_EMU_LAUNCH(aclnnScatter)
+CANN_API aclnnStatus aclnnInplaceScatterGetWorkspaceSize(aclTensor* self, int64_t dim, const aclTensor* index,
+                                                         const aclTensor* src, int64_t reduce, uint64_t* ws,
+                                                         aclOpExecutor** ex) {
+    const char* op = "aclnnInplaceScatter";
+    if (reduce < 0 || reduce > 2) return invalid(op, "reduce must be 0 (none), 1 (add) or 2 (multiply)");
+    if (int rc = check_args(op, {{"selfRef", self}, {"index", index}, {"src", src}})) return rc;
+    return aten_executor(op, [s = hold(self), dim, i = hold(index), x = hold(src), reduce] {
+        at::Tensor r = view(s);
+        if (auto how = scatter_reduce(reduce))
+            r.scatter_(dim, view(i), view(x), *how);
+        else
+            r.scatter_(dim, view(i), view(x));
+    }, ws, ex);
+}
+CANN_EMU_LAUNCH(aclnnInplaceScatter)
+CANN_API aclnnStatus aclnnScatterAddGetWorkspaceSize(const aclTensor* self, int64_t dim, const aclTensor* index,
+                                                     const aclTensor* src, aclTensor* out, uint64_t* ws,
+                                                     aclOpExecutor** ex) {
+    const char* op = "aclnnScatterAdd";
+    if (int rc = check_args(op, {{"self", self}, {"index", index}, {"src", src}, {"out", out}})) return rc;
+    return aten_executor(op, [s = hold(self), dim, i = hold(index), x = hold(src), o = hold(out)] {
+        at::Tensor r = view(o);
+        at::scatter_add_out(r, view(s), dim, view(i), view(x));
+    }, ws, ex);
+}
+CANN_EMU_LAUNCH(aclnnScatterAdd)
+CANN_API aclnnStatus aclnnIndexSelectGetWorkspaceSize(const aclTensor* self, int64_t dim, const aclTensor* index,
+                                                      aclTensor* out, uint64_t* ws, aclOpExecutor** ex) {
+    const char* op = "aclnnIndexSelect";
+    if (int rc = check_args(op, {{"self", self}, {"index", index}, {"out", out}})) return rc;
+    return aten_executor(op, [s = hold(self), dim, i = hold(index), o = hold(out)] {
+        at::Tensor r = view(o);
+        at::index_select_out(r, view(s), dim, view(i));
+    }, ws, ex);
+}
+CANN_EMU_LAUNCH(aclnnIndexSelect)
+
+// aclnnNonzero (ops-math math/non_zero): out is (n, rank) INT64 sized for every element; CANN writes the
+// count's rows and torch_npu reads the real shape back (EXEC_NPU_CMD_SYNC), so rows past the count stay.
+CANN_API aclnnStatus aclnnNonzeroGetWorkspaceSize(const aclTensor* self, aclTensor* out, uint64_t* ws,
+                                                  aclOpExecutor** ex) {
+    const char* op = "aclnnNonzero";
+    if (int rc = check_args(op, {{"self", self}, {"out", out}})) return rc;
+    return aten_executor(op, [s = hold(self), o = hold(out), out_desc = const_cast<aclTensor*>(out)] {
+        at::Tensor found = at::nonzero(view(s));
+        at::Tensor r = view(o);
+        r.narrow(0, 0, found.size(0)).copy_(found);
+        out_desc->view = {found.size(0), found.size(1)};  // the shape torch_npu reads back (aclGetViewShape)
+    }, ws, ex);
+}
+CANN_EMU_LAUNCH(aclnnNonzero)

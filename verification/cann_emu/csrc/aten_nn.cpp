@@ -1,0 +1,185 @@
+// Matrix products, softmax, losses, embedding, activation backward and random fills computed by ATen's
+// CPU kernels on the host buffers (aten_support.h). Signatures from CANN's headers (hicann/ops-nn
+// matmul/*, activation/*, loss/*, index/*; ops-math random/*).
+#include "aten_support.h"
+
+using namespace cann_emu;
+
+// cubeMathType (aclnnMm's document): 0 KEEP_DTYPE, 1 ALLOW_FP32_DOWN_PRECISION, 2 USE_FP16, 3 USE_HF32,
+// 4 FORCE_GRP_ACC_FOR_FP32 (newer). On Atlas A2, USE_FP16 is refused for BFLOAT16 and USE_HF32 for
+// anything but FLOAT. The emulation computes every accepted request in the input dtype (HF32 in FP32).
+static aclnnStatus check_cube_math(const char* op, const aclTensor* self, int8_t cube_math_type) {
+    if (cube_math_type < 0 || cube_math_type > 4 || (cube_math_type == 2 && self->dtype == ACL_BF16) ||
+        (cube_math_type == 3 && self->dtype != ACL_FLOAT))
+        return invalid(op, "cubeMathType " + std::to_string(cube_math_type) + " is not supported for " +
+                               dtype_name(self->dtype));
+    return 0;
+}
+
+// out = self @ mat2: aclnnMm (2-D), aclnnBatchMatMul (3-D), aclnnMatmul (torch.matmul's broadcasting).
+#define CANN_EMU_MATMUL(name, rank_ok, fn)                                                                  \
+    CANN_API aclnnStatus name##GetWorkspaceSize(const aclTensor* self, const aclTensor* mat2, aclTensor* out, \
+                                                int8_t cube_math_type, uint64_t* ws, aclOpExecutor** ex) { \
+        if (int rc = check_args(#name, {{"self", self}, {"mat2", mat2}, {"out", out}})) return rc;         \
+        if (!(rank_ok)) return invalid(#name, "self, mat2 and out have ranks the operator does not accept"); \
+        if (int rc = check_cube_math(#name, self, cube_math_type)) return rc;                              \
+        return aten_executor(#name, [s = hold(self), m = hold(mat2), o = hold(out)] {                      \
+            at::Tensor r = view(o);                                                                        \
+            fn(r, view(s), view(m));                                                                       \
+        }, ws, ex);                                                                                        \
+    }                                                                                                      \
+    CANN_EMU_LAUNCH(name)
+CANN_EMU_MATMUL(aclnnMm, self->view.size() == 2 && mat2->view.size() == 2 && out->view.size() == 2, at::mm_out)
+CANN_EMU_MATMUL(aclnnBatchMatMul, self->view.size() == 3 && mat2->view.size() == 3 && out->view.size() == 3,
+                at::bmm_out)
+CANN_EMU_MATMUL(aclnnMatmul, self->view.size() >= 1 && mat2->view.size() >= 1, at::matmul_out)
+
+// aclnnAddmm (ops-nn matmul/mat_mul_v3 aclnnAddmm&aclnnInplaceAddmm): out = beta * self + alpha * (mat1 @ mat2).
+CANN_API aclnnStatus aclnnAddmmGetWorkspaceSize(const aclTensor* self, const aclTensor* mat1, const aclTensor* mat2,
+                                                const aclScalar* beta, const aclScalar* alpha, aclTensor* out,
+                                                int8_t cube_math_type, uint64_t* ws, aclOpExecutor** ex) {
+    const char* op = "aclnnAddmm";
+    if (int rc = check_present(op, "beta", beta) || check_present(op, "alpha", alpha)) return rc;
+    if (int rc = check_args(op, {{"self", self}, {"mat1", mat1}, {"mat2", mat2}, {"out", out}})) return rc;
+    if (mat1->view.size() != 2 || mat2->view.size() != 2 || out->view.size() != 2 ||
+        mat1->view[1] != mat2->view[0] || out->view[0] != mat1->view[0] || out->view[1] != mat2->view[1])
+        return invalid(op, "mat1 (m, k), mat2 (k, n) and out (m, n) do not agree");
+    if (self->view.size() < 1 || self->view.size() > 2 || !broadcastable_to(*self, *out))
+        return invalid(op, "self does not broadcast to out's shape");
+    if (int rc = check_cube_math(op, mat1, cube_math_type)) return rc;
+    return aten_executor(op, [s = hold(self), a = hold(mat1), b = hold(mat2), be = host_scalar(*beta),
+                              al = host_scalar(*alpha), o = hold(out)] {
+        at::Tensor r = view(o);
+        at::addmm_out(r, view(s), view(a), view(b), be, al);
+    }, ws, ex);
+}
+CANN_EMU_LAUNCH(aclnnAddmm)
+
+// ---- softmax (ops-nn activation/softmax, log_softmax and their backward) -------------------------------
+#define CANN_EMU_SOFTMAX(name, fn)                                                                         \
+    CANN_API aclnnStatus name##GetWorkspaceSize(const aclTensor* self, int64_t dim, aclTensor* out, uint64_t* ws, \
+                                                aclOpExecutor** ex) {                                    \
+        if (int rc = check_args(#name, {{"self", self}, {"out", out}})) return rc;                        \
+        return aten_executor(#name, [s = hold(self), dim, o = hold(out)] {                                \
+            at::Tensor r = view(o);                                                                       \
+            fn(r, view(s), dim, false);                                                                   \
+        }, ws, ex);                                                                                       \
+    }                                                                                                     \
+    CANN_EMU_LAUNCH(name)
+#define CANN_EMU_SOFTMAX_BACKWARD(name, fn)                                                                \
+    CANN_API aclnnStatus name##GetWorkspaceSize(const aclTensor* grad, const aclTensor* output, int64_t dim, \
+                                                aclTensor* out, uint64_t* ws, aclOpExecutor** ex) {      \
+        if (int rc = check_args(#name, {{"gradOutput", grad}, {"output", output}, {"out", out}})) return rc; \
+        return aten_executor(#name, [g = hold(grad), y = hold(output), dim, o = hold(out)] {              \
+            at::Tensor r = view(o);                                                                       \
+            at::Tensor y_t = view(y);                                                                     \
+            fn(r, view(g), y_t, dim, y_t.scalar_type());                                                  \
+        }, ws, ex);                                                                                       \
+    }                                                                                                     \
+    CANN_EMU_LAUNCH(name)
+CANN_EMU_SOFTMAX(aclnnSoftmax, at::_softmax_out)
+CANN_EMU_SOFTMAX(aclnnLogSoftmax, at::_log_softmax_out)
+CANN_EMU_SOFTMAX_BACKWARD(aclnnSoftmaxBackward, at::_softmax_backward_data_out)
+CANN_EMU_SOFTMAX_BACKWARD(aclnnLogSoftmaxBackward, at::_log_softmax_backward_data_out)
+
+// ---- losses (ops-nn loss/nll_loss, nll_loss_grad) -------------------------------------------------------
+CANN_API aclnnStatus aclnnNLLLossGetWorkspaceSize(const aclTensor* self, const aclTensor* target,
+                                                  const aclTensor* weight, int64_t reduction, int64_t ignore_index,
+                                                  aclTensor* out, aclTensor* total_weight, uint64_t* ws,
+                                                  aclOpExecutor** ex) {
+    const char* op = "aclnnNLLLoss";
+    if (reduction < 0 || reduction > 2) return invalid(op, "reduction must be 0 (none), 1 (mean) or 2 (sum)");
+    if (int rc = check_args(op, {{"self", self}, {"target", target}, {"weight", weight},
+                                 {"out", out}, {"totalWeightOut", total_weight}}))
+        return rc;
+    return aten_executor(op, [s = hold(self), t = hold(target), w = hold(weight), reduction, ignore_index,
+                              o = hold(out), tw = hold(total_weight)] {
+        at::Tensor r = view(o), r_w = view(tw);
+        at::nll_loss_forward_out(r, r_w, view(s), view(t), view(w), reduction, ignore_index);
+    }, ws, ex);
+}
+CANN_EMU_LAUNCH(aclnnNLLLoss)
+CANN_API aclnnStatus aclnnNLLLossBackwardGetWorkspaceSize(const aclTensor* grad, const aclTensor* self,
+                                                          const aclTensor* target, const aclTensor* weight,
+                                                          int64_t reduction, int64_t ignore_index,
+                                                          const aclTensor* total_weight, aclTensor* out, uint64_t* ws,
+                                                          aclOpExecutor** ex) {
+    const char* op = "aclnnNLLLossBackward";
+    if (reduction < 0 || reduction > 2) return invalid(op, "reduction must be 0 (none), 1 (mean) or 2 (sum)");
+    if (int rc = check_args(op, {{"gradOutput", grad}, {"self", self}, {"target", target}, {"weight", weight},
+                                 {"totalWeight", total_weight}, {"out", out}}))
+        return rc;
+    return aten_executor(op, [g = hold(grad), s = hold(self), t = hold(target), w = hold(weight), reduction,
+                              ignore_index, tw = hold(total_weight), o = hold(out)] {
+        at::Tensor r = view(o);
+        at::nll_loss_backward_out(r, view(g), view(s), view(t), view(w), reduction, ignore_index, view(tw));
+    }, ws, ex);
+}
+CANN_EMU_LAUNCH(aclnnNLLLossBackward)
+
+// ---- embedding (ops-nn index/embedding, embedding_dense_grad) ------------------------------------------
+CANN_API aclnnStatus aclnnEmbeddingGetWorkspaceSize(const aclTensor* weight, const aclTensor* indices,
+                                                    const aclTensor* out, uint64_t* ws, aclOpExecutor** ex) {
+    const char* op = "aclnnEmbedding";
+    if (int rc = check_args(op, {{"weight", weight}, {"indices", indices}, {"out", out}})) return rc;
+    return aten_executor(op, [w = hold(weight), i = hold(indices), o = hold(out)] {
+        view(o).copy_(at::embedding(view(w), view(i)));
+    }, ws, ex);
+}
+CANN_EMU_LAUNCH(aclnnEmbedding)
+// The gradient of each row of weight: the sum of grad's rows whose index selects it (paddingIdx's row 0,
+// scaleGradByFreq divides by the index's frequency), as ATen's embedding_dense_backward.
+CANN_API aclnnStatus aclnnEmbeddingDenseBackwardGetWorkspaceSize(const aclTensor* grad, const aclTensor* indices,
+                                                                 uint64_t num_weights, uint64_t padding_idx,
+                                                                 bool scale_grad_by_freq, const aclTensor* out,
+                                                                 uint64_t* ws, aclOpExecutor** ex) {
+    const char* op = "aclnnEmbeddingDenseBackward";
+    if (int rc = check_args(op, {{"grad", grad}, {"indices", indices}, {"out", out}})) return rc;
+    return aten_executor(op, [g = hold(grad), i = hold(indices), num_weights, padding_idx, scale_grad_by_freq,
+                              o = hold(out)] {
+        // paddingIdx arrives as uint64 (CANN's prototype): torch's -1 ("none") is 2^64-1.
+        int64_t padding = (int64_t)padding_idx;
+        view(o).copy_(at::embedding_dense_backward(view(g), view(i), (int64_t)num_weights, padding, scale_grad_by_freq));
+    }, ws, ex);
+}
+CANN_EMU_LAUNCH(aclnnEmbeddingDenseBackward)
+
+// ---- activation backward (ops-nn activation/silu_grad, gelu_grad) --------------------------------------
+CANN_API aclnnStatus aclnnSiluBackwardGetWorkspaceSize(const aclTensor* grad, const aclTensor* self,
+                                                       aclTensor* grad_input, uint64_t* ws, aclOpExecutor** ex) {
+    const char* op = "aclnnSiluBackward";
+    if (int rc = check_args(op, {{"gradOutput", grad}, {"self", self}, {"gradInput", grad_input}})) return rc;
+    return aten_executor(op, [g = hold(grad), s = hold(self), o = hold(grad_input)] {
+        at::Tensor r = view(o);
+        at::silu_backward_out(r, view(g), view(s));
+    }, ws, ex);
+}
+CANN_EMU_LAUNCH(aclnnSiluBackward)
+
+// ---- random fills (ops-math random/dsa_random_normal, dsa_random_uniform) -------------------------------
+// torch_npu passes the generator's seed and offset; the emulation draws from a CPU generator seeded from
+// both, so a seed gives the same numbers run after run (not the numbers Ascend's Philox kernel gives).
+static at::Generator seeded(int64_t seed, int64_t offset) {
+    at::Generator gen = at::make_generator<at::CPUGeneratorImpl>((uint64_t)seed * 1000003ULL + (uint64_t)offset);
+    return gen;
+}
+CANN_API aclnnStatus aclnnInplaceNormalGetWorkspaceSize(const aclTensor* self, float mean, float std, int64_t seed,
+                                                        int64_t offset, uint64_t* ws, aclOpExecutor** ex) {
+    const char* op = "aclnnInplaceNormal";
+    if (int rc = check_args(op, {{"selfRef", self}})) return rc;
+    if (std < 0) return invalid(op, "std must be >= 0");
+    return aten_executor(op, [s = hold(self), mean, std, seed, offset] {
+        view(s).normal_(mean, std, seeded(seed, offset));
+    }, ws, ex);
+}
+CANN_EMU_LAUNCH(aclnnInplaceNormal)
+CANN_API aclnnStatus aclnnInplaceUniformGetWorkspaceSize(const aclTensor* self, double from, double to, uint64_t seed,
+                                                         uint64_t offset, uint64_t* ws, aclOpExecutor** ex) {
+    const char* op = "aclnnInplaceUniform";
+    if (int rc = check_args(op, {{"selfRef", self}})) return rc;
+    if (from > to) return invalid(op, "from must be <= to");
+    return aten_executor(op, [s = hold(self), from, to, seed, offset] {
+        view(s).uniform_(from, to, seeded((int64_t)seed, (int64_t)offset));
+    }, ws, ex);
+}
+CANN_EMU_LAUNCH(aclnnInplaceUniform)

@@ -1,0 +1,119 @@
+// Optimizer operators computed by ATen's CPU kernels on the host buffers (aten_support.h): the foreach
+// family torch's optimizers and grad clipping use, and aclnnApplyAdamWV2 (torch_npu's _fused_adamw_).
+// Signatures from hicann/ops-nn foreach/* and optim/apply_adam_w_v2.
+#include "aten_support.h"
+
+using namespace cann_emu;
+
+// out[i] = x[i] op scalar, the scalar a one-element tensor (aclnnForeach*Scalar) or an aclScalar (V2).
+#define CANN_EMU_FOREACH_SCALAR_TENSOR(name, fn)                                                           \
+    CANN_API aclnnStatus name##GetWorkspaceSize(const aclTensorList* x, const aclTensor* scalar,           \
+                                                const aclTensorList* out, uint64_t* ws, aclOpExecutor** ex) { \
+        if (int rc = check_list(#name, "x", x) || check_list(#name, "out", out)) return rc;               \
+        if (int rc = check_args(#name, {{"scalar", scalar}})) return rc;                                   \
+        if (x->v.size() != out->v.size()) return invalid(#name, "x and out differ in length");           \
+        return aten_executor(#name, [xs = hold(x), s = hold(scalar), os = hold(out)] {                    \
+            at::Scalar v = view(s).item();                                                                 \
+            for (size_t i = 0; i < xs.size(); ++i) {                                                       \
+                at::Tensor r = host_view(os[i]);                                                           \
+                fn(r, host_view(xs[i]), v);                                                                \
+            }                                                                                              \
+        }, ws, ex);                                                                                        \
+    }                                                                                                      \
+    CANN_EMU_LAUNCH(name)
+#define CANN_EMU_FOREACH_SCALAR(name, fn)                                                                  \
+    CANN_API aclnnStatus name##GetWorkspaceSize(const aclTensorList* x, const aclScalar* scalar,           \
+                                                aclTensorList* out, uint64_t* ws, aclOpExecutor** ex) {  \
+        if (int rc = check_list(#name, "x", x) || check_list(#name, "out", out)) return rc;               \
+        if (int rc = check_present(#name, "scalar", scalar)) return rc;                                    \
+        if (x->v.size() != out->v.size()) return invalid(#name, "x and out differ in length");           \
+        return aten_executor(#name, [xs = hold(x), v = host_scalar(*scalar), os = hold(out)] {            \
+            for (size_t i = 0; i < xs.size(); ++i) {                                                       \
+                at::Tensor r = host_view(os[i]);                                                           \
+                fn(r, host_view(xs[i]), v);                                                                \
+            }                                                                                              \
+        }, ws, ex);                                                                                        \
+    }                                                                                                      \
+    CANN_EMU_LAUNCH(name)
+static void add_scalar(at::Tensor& r, const at::Tensor& x, const at::Scalar& v) { at::add_out(r, x, at::scalar_to_tensor(v)); }
+CANN_EMU_FOREACH_SCALAR_TENSOR(aclnnForeachAddScalar, add_scalar)
+CANN_EMU_FOREACH_SCALAR_TENSOR(aclnnForeachMulScalar, at::mul_out)
+CANN_EMU_FOREACH_SCALAR_TENSOR(aclnnForeachDivScalar, at::div_out)
+CANN_EMU_FOREACH_SCALAR(aclnnForeachAddScalarV2, add_scalar)
+CANN_EMU_FOREACH_SCALAR(aclnnForeachMulScalarV2, at::mul_out)
+CANN_EMU_FOREACH_SCALAR(aclnnForeachDivScalarV2, at::div_out)
+
+// out[i] = x[i] * scalars[i]
+CANN_API aclnnStatus aclnnForeachMulScalarListGetWorkspaceSize(const aclTensorList* x, const aclScalarList* scalars,
+                                                               const aclTensorList* out, uint64_t* ws,
+                                                               aclOpExecutor** ex) {
+    const char* op = "aclnnForeachMulScalarList";
+    if (int rc = check_list(op, "x", x) || check_list(op, "out", out)) return rc;
+    if (int rc = check_present(op, "scalars", scalars)) return rc;
+    if (x->v.size() != out->v.size() || x->v.size() != scalars->v.size())
+        return invalid(op, "x, scalars and out differ in length");
+    std::vector<at::Scalar> values;
+    for (const aclScalar* s : scalars->v) values.push_back(host_scalar(*s));
+    return aten_executor(op, [xs = hold(x), values, os = hold(out)] {
+        for (size_t i = 0; i < xs.size(); ++i) {
+            at::Tensor r = host_view(os[i]);
+            at::mul_out(r, host_view(xs[i]), values[i]);
+        }
+    }, ws, ex);
+}
+CANN_EMU_LAUNCH(aclnnForeachMulScalarList)
+
+// out[i] = x[i] * y[i]
+CANN_API aclnnStatus aclnnForeachMulListGetWorkspaceSize(const aclTensorList* x1, const aclTensorList* x2,
+                                                         const aclTensorList* out, uint64_t* ws, aclOpExecutor** ex) {
+    const char* op = "aclnnForeachMulList";
+    if (int rc = check_list(op, "x1", x1) || check_list(op, "x2", x2) || check_list(op, "out", out)) return rc;
+    if (x1->v.size() != out->v.size() || x2->v.size() != out->v.size()) return invalid(op, "x1, x2 and out differ in length");
+    return aten_executor(op, [a = hold(x1), b = hold(x2), os = hold(out)] {
+        for (size_t i = 0; i < a.size(); ++i) {
+            at::Tensor r = host_view(os[i]);
+            at::mul_out(r, host_view(a[i]), host_view(b[i]));
+        }
+    }, ws, ex);
+}
+CANN_EMU_LAUNCH(aclnnForeachMulList)
+
+// out[i] = ||x[i]||_p (one-element tensors), p from scalar.
+CANN_API aclnnStatus aclnnForeachNormGetWorkspaceSize(const aclTensorList* x, const aclScalar* scalar,
+                                                      const aclTensorList* out, uint64_t* ws, aclOpExecutor** ex) {
+    const char* op = "aclnnForeachNorm";
+    if (int rc = check_list(op, "x", x) || check_list(op, "out", out)) return rc;
+    if (int rc = check_present(op, "scalar", scalar)) return rc;
+    if (x->v.size() != out->v.size()) return invalid(op, "x and out differ in length");
+    return aten_executor(op, [xs = hold(x), p = host_scalar(*scalar), os = hold(out)] {
+        for (size_t i = 0; i < xs.size(); ++i) {
+            at::Tensor r = host_view(os[i]);
+            at::linalg_vector_norm_out(r, host_view(xs[i]), p, at::OptionalIntArrayRef(), false, r.scalar_type());
+        }
+    }, ws, ex);
+}
+CANN_EMU_LAUNCH(aclnnForeachNorm)
+
+// aclnnApplyAdamWV2 (ops-nn optim/apply_adam_w_v2): one parameter's AdamW step in place; step holds the
+// step count minus one (torch_npu passes state_step - 1). The update is torch's AdamW formula,
+// computed by ATen's _fused_adamw_ on the CPU (step + 1 as its state step).
+CANN_API aclnnStatus aclnnApplyAdamWV2GetWorkspaceSize(aclTensor* var, aclTensor* m, aclTensor* v, aclTensor* max_v,
+                                                       const aclTensor* grad, const aclTensor* step, float lr,
+                                                       float beta1, float beta2, float weight_decay, float eps,
+                                                       bool amsgrad, bool maximize, uint64_t* ws, aclOpExecutor** ex) {
+    const char* op = "aclnnApplyAdamWV2";
+    if (int rc = check_args(op, {{"varRef", var}, {"mRef", m}, {"vRef", v},
+                                 {"maxGradNormOptionalRef", max_v, true}, {"grad", grad}, {"step", step}}))
+        return rc;
+    if (amsgrad && !max_v) return invalid(op, "amsgrad needs maxGradNormOptionalRef");
+    return aten_executor(op, [p = hold(var), m_ = hold(m), v_ = hold(v), mv = hold(max_v), g = hold(grad),
+                              s = hold(step), lr, beta1, beta2, weight_decay, eps, amsgrad, maximize] {
+        at::Tensor state_step = view(s).to(at::kFloat).add(1).reshape({});
+        std::vector<at::Tensor> maxes;
+        if (mv) maxes.push_back(view(mv));
+        at::_fused_adamw_(at::TensorList{view(p)}, at::TensorList{view(g)}, at::TensorList{view(m_)},
+                          at::TensorList{view(v_)}, maxes, at::TensorList{state_step}, (double)lr, (double)beta1,
+                          (double)beta2, (double)weight_decay, (double)eps, amsgrad, maximize);
+    }, ws, ex);
+}
+CANN_EMU_LAUNCH(aclnnApplyAdamWV2)

@@ -1,0 +1,210 @@
+"""Reads aclnn operators' dtype support for Atlas A2 training products out of CANN's own documents.
+
+    python verification/cann_emu/op_docs.py DOCS_ROOT aclnnMul aclnnSilu ...   # prints op_table.json rows
+    python verification/cann_emu/op_docs.py DOCS_ROOT --check                 # op_table.json against the documents
+
+DOCS_ROOT holds checkouts of hicann/ops-math, ops-nn and ops-transformer (one folder each, any names):
+each operator's document (``docs/aclnn<Op>*.md``) has a parameter table per function with a data-type
+column. A cell may name products ("<term>Atlas A2 训练系列产品</term>：FLOAT16、BFLOAT16"); the clause
+for Atlas A2 training products is taken, else the cell's product-free part. "同self"-style cells
+("数据类型与self一致", "same as self") copy the named parameter's list. Rows the reader cannot settle are
+printed with "verified": false and the raw cell, for a person to read.
+
+This is how op_table.json's rows were made and how they are re-checked; nothing here runs in the
+emulation.
+"""
+
+from __future__ import annotations
+
+import argparse
+import html
+import json
+import re
+import sys
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+DTYPE_WORDS = {
+    "FLOAT32": "FLOAT", "FLOAT": "FLOAT", "FLOAT16": "FLOAT16", "BFLOAT16": "BFLOAT16", "DOUBLE": "DOUBLE",
+    "FLOAT64": "DOUBLE", "INT8": "INT8", "INT16": "INT16", "INT32": "INT32", "INT64": "INT64", "UINT8": "UINT8",
+    "UINT16": "UINT16", "UINT32": "UINT32", "UINT64": "UINT64", "BOOL": "BOOL", "COMPLEX64": "COMPLEX64",
+    "COMPLEX128": "COMPLEX128", "COMPLEX32": "COMPLEX32", "HIFLOAT8": "HIFLOAT8", "FLOAT8_E5M2": "FLOAT8_E5M2",
+    "FLOAT8_E4M3FN": "FLOAT8_E4M3FN", "FLOAT8_E8M0": "FLOAT8_E8M0", "INT4": "INT4",
+}
+A2 = "Atlas A2 训练系列产品"
+TAG = re.compile(r"<[^>]+>")
+
+
+def find_doc(root: Path, op: str) -> Path | None:
+    """The document of op: docs/<op>.md, or a combined one (docs/aclnnAdd&aclnnInplaceAdd.md)."""
+    exact, combined = [], []
+    for path in root.rglob("aclnn*.md"):
+        if path.parent.name != "docs" or path.stem.endswith("_en"):
+            continue
+        names = path.stem.split("&")
+        if path.stem == op:
+            exact.append(path)
+        elif op in names:
+            combined.append(path)
+    # CANN's experimental/ folders hold drafts of operators documented again outside them.
+    order = lambda p: ("experimental" in p.parts, str(p))  # noqa: E731
+    found = sorted(exact, key=order) or sorted(combined, key=order)
+    return found[0] if found else None
+
+
+def _cells(row: str) -> list[str]:
+    return [html.unescape(TAG.sub(" ", c)).strip() for c in re.findall(r"<td[^>]*>(.*?)</td>", row, flags=re.S)]
+
+
+def _dtypes(text: str) -> list[str]:
+    words = re.findall(r"[A-Z][A-Z0-9_]+", text)
+    out = []
+    for w in words:
+        d = DTYPE_WORDS.get(w)
+        if d and d not in out:
+            out.append(d)
+    return out
+
+
+def _a2_part(raw_html: str) -> tuple[str, bool]:
+    """The part of a data-type cell that holds for Atlas A2 training products, and whether it is plain."""
+    if "<term>" not in raw_html:
+        return html.unescape(TAG.sub(" ", raw_html)), True
+    # Clauses "<term>products</term>：dtypes" separated by list items or line breaks.
+    clauses = re.split(r"<li>|<br\s*/?>|\n", raw_html)
+    for clause in clauses:
+        terms = " ".join(re.findall(r"<term>(.*?)</term>", clause))
+        if A2 in terms:
+            body = clause.split("</term>")[-1]
+            return html.unescape(TAG.sub(" ", body)), True
+    return html.unescape(TAG.sub(" ", raw_html)), False
+
+
+def tensor_parameters(text: str, op: str) -> set[str] | None:
+    """The aclTensor / aclTensorList parameters of op's GetWorkspaceSize, from the document's prototype."""
+    proto = re.search(re.escape(op) + r"GetWorkspaceSize\s*\(([^;{)]*)\)", text)
+    if not proto:
+        return None
+    names = set()
+    for param in proto.group(1).split(","):
+        words = re.findall(r"\w+", param)
+        if words and any(w in ("aclTensor", "aclTensorList") for w in words):
+            names.add(words[-1])
+    return names
+
+
+def parameter_table(text: str, op: str) -> dict[str, tuple[str, list[str], bool]] | None:
+    """{parameter: (raw cell, dtypes, settled)} from the table documenting op's GetWorkspaceSize."""
+    tensors = tensor_parameters(text, op)
+    best, best_score = None, (0, 0)
+    for table in re.findall(r"<table.*?</table>", text, flags=re.S):
+        header = [TAG.sub("", h).strip() for h in re.findall(r"<th[^>]*>(.*?)</th>", table, flags=re.S)]
+        if "数据类型" not in header:
+            continue
+        col = header.index("数据类型")
+        rows = {}
+        for row in re.findall(r"<tr[^>]*>(.*?)</tr>", table, flags=re.S):
+            raw_cells = re.findall(r"<td[^>]*>(.*?)</td>", row, flags=re.S)
+            if len(raw_cells) <= col:
+                continue
+            kind = html.unescape(TAG.sub("", raw_cells[0]))
+            name = re.split(r"[（(]", kind)[0].strip()
+            typed = re.search(r"[（(]", kind)
+            if typed and "aclTensor" not in kind:  # scalars, arrays and plain values are not tensor-checked
+                continue
+            if not re.fullmatch(r"[A-Za-z_]\w*", name):
+                continue
+            part, plain = _a2_part(raw_cells[col])
+            rows[name] = (html.unescape(TAG.sub(" ", raw_cells[col])).strip(), _dtypes(part), plain)
+        # The table documenting this function names exactly its tensor parameters (a combined document
+        # has one table per function: aclnnDiv's self/other/out, aclnnInplaceDiv's selfRef/other).
+        wanted = tensors if tensors is not None else set(rows)
+        score = (len(wanted & set(rows)), -len(set(rows) - wanted))
+        if score[0] and score > best_score:
+            best, best_score = {k: v for k, v in rows.items() if k in wanted}, score
+    return best
+
+
+def parameter_list(text: str, op: str) -> dict[str, tuple[str, list[str], bool]] | None:
+    """The same from a document that lists parameters as bullets ("- self（aclTensor*，计算输入）：...
+    数据类型支持FLOAT、..."), with per-product sub-bullets ("- <term>Atlas A2 训练系列产品</term>：...")."""
+    func = op + "GetWorkspaceSize"
+    sections = re.split(r"\n(?=#+ )", text)
+    chosen = [sec for sec in sections if func in sec.split("\n", 1)[0]] or [text]
+    rows: dict[str, tuple[str, list[str], bool]] = {}
+    current, raw = None, []
+    def close():
+        if current is None:
+            return
+        cell = "\n".join(raw)
+        a2 = [line for line in raw if "<term>" in line and A2 in line]
+        text_part = a2[0].split("</term>")[-1] if a2 else (cell if "<term>" not in cell else "")
+        supported = re.findall(r"数据类型(?:支持|仅支持)([^。；;]*)", text_part) or ([text_part] if a2 else [])
+        dtypes = _dtypes(" ".join(supported))
+        rows[current] = (TAG.sub(" ", cell).strip(), dtypes, bool(a2) or "<term>" not in cell)
+    for line in chosen[0].splitlines():
+        bullet = re.match(r"\s*-\s*([A-Za-z_]\w*)\s*[（(]\s*(?:const\s+)?aclTensor(?:List)?\s*\*", line)
+        if bullet:
+            close()
+            current, raw = bullet.group(1), [line]
+        elif re.match(r"\s*-\s*[A-Za-z_]\w*\s*[（(]", line):
+            close()
+            current, raw = None, []
+        elif current is not None and re.match(r"\s+-", line):
+            raw.append(line)
+    close()
+    return rows or None
+
+
+def table_rows(root: Path, op: str) -> dict:
+    doc = find_doc(root, op)
+    if doc is None:
+        return {"error": f"no document docs/{op}*.md under {root}"}
+    text = doc.read_text(errors="ignore")
+    rows = parameter_table(text, op) or parameter_list(text, op)
+    repo_root = next((p for p in doc.parents if (p / ".git").exists() or p.parent == root), doc.parent)
+    source = f"hicann/{repo_root.name} {doc.relative_to(repo_root)}" if repo_root != doc.parent else str(doc)
+    if rows is None:
+        return {"error": f"{doc}: no parameter table with a data-type column after {op}GetWorkspaceSize"}
+    args, settled, notes = {}, True, {}
+    for name, (raw, dtypes, plain) in rows.items():
+        same = re.search(r"[与和]\s*[`“\"]?([A-Za-z_][A-Za-z0-9_]*)[`”\"]?\s*(?:参数)?(?:的数据类型)?\s*(?:保持)?(?:一致|相同)|same as `?(\w+)`?", raw)
+        if not dtypes and same:
+            ref = same.group(1) or same.group(2)
+            dtypes = args.get(ref) or rows.get(ref, ("", [], False))[1]
+        if not dtypes or not plain:
+            settled = False
+            notes[name] = raw
+        args[name] = dtypes
+    entry = {"args": args, "formats": ["ND"], "engine": "AiCore", "source": source, "verified": settled}
+    if notes:
+        entry["unsettled"] = notes
+    return entry
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("docs_root", type=Path)
+    parser.add_argument("ops", nargs="*")
+    parser.add_argument("--check", action="store_true", help="compare op_table.json's verified rows with the documents")
+    args = parser.parse_args()
+    if args.check:
+        table = {k: v for k, v in json.loads((HERE / "op_table.json").read_text()).items() if not k.startswith("_")}
+        bad = 0
+        for op, entry in sorted(table.items()):
+            found = table_rows(args.docs_root, op)
+            if "error" in found:
+                print(f"{op}: {found['error']}")
+                bad += entry["verified"]
+                continue
+            for arg, dtypes in entry["args"].items():
+                doc = found["args"].get(arg)
+                if entry["verified"] and doc is not None and sorted(doc) != sorted(dtypes):
+                    print(f"{op}.{arg}: op_table.json {sorted(dtypes)} != document {sorted(doc)}")
+                    bad += 1
+        sys.exit(1 if bad else 0)
+    print(json.dumps({op: table_rows(args.docs_root, op) for op in args.ops}, indent=2, ensure_ascii=False))
+
+
+if __name__ == "__main__":
+    main()
