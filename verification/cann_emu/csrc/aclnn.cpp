@@ -14,9 +14,6 @@
 #include <cstdlib>
 #include <cstring>
 #include <functional>
-#include <map>
-#include <mutex>
-#include <unistd.h>
 #include <string>
 #include <vector>
 
@@ -301,65 +298,6 @@ aclnnStatus make_executor(const char* op, std::function<aclnnStatus()> run, uint
     return 0;
 }
 }  // namespace cann_emu
-namespace cann_emu {
-// Operator calls as torch_npu makes them, per name (and those CANN runs on AI CPU, per op_table.json's
-// engine column, warned about once each). With CANN_EMU_COUNTS=<path> ("{pid}" becomes the process id)
-// the counts are written there as JSON when the process exits.
-namespace {
-struct CallCounts {
-    std::mutex mutex;
-    std::map<std::string, uint64_t> aclnn, aicpu;
-};
-// Never destroyed: torch_npu may still launch work while the process's static objects go away.
-CallCounts& counts() {
-    static CallCounts* c = new CallCounts;
-    return *c;
-}
-void write_counts() {
-    const char* path = std::getenv("CANN_EMU_COUNTS");
-    if (!path || !*path) return;
-    std::string file = path;
-    size_t at = file.find("{pid}");
-    if (at != std::string::npos) file.replace(at, 5, std::to_string(getpid()));
-    FILE* f = std::fopen(file.c_str(), "w");
-    if (!f) {
-        std::fprintf(stderr, "cann_emu: cannot write the operator counts to %s\n", file.c_str());
-        return;
-    }
-    CallCounts& c = counts();
-    std::lock_guard<std::mutex> lock(c.mutex);
-    auto dump = [f](const char* key, const std::map<std::string, uint64_t>& m, const char* end) {
-        std::fprintf(f, "  \"%s\": {", key);
-        const char* sep = "";
-        for (const auto& [name, n] : m) {
-            std::fprintf(f, "%s\"%s\": %llu", sep, name.c_str(), (unsigned long long)n);
-            sep = ", ";
-        }
-        std::fprintf(f, "}%s\n", end);
-    };
-    std::fprintf(f, "{\n  \"soc\": \"%s\",\n", config().soc.c_str());
-    dump("aclnn", c.aclnn, ",");
-    dump("aicpu", c.aicpu, "");
-    std::fprintf(f, "}\n");
-    std::fclose(f);
-}
-struct CountsWriter {
-    ~CountsWriter() { write_counts(); }
-} g_counts_writer;
-}  // namespace
-
-void count_call(const char* op) {
-    const char* engine = op_engine(op);
-    bool aicpu = engine && std::strcmp(engine, "AiCpu") == 0;
-    CallCounts& c = counts();
-    std::lock_guard<std::mutex> lock(c.mutex);
-    ++c.aclnn[op];
-    if (aicpu && c.aicpu[op]++ == 0)
-        std::fprintf(stderr, "cann_emu: %s runs on AI CPU on %s (counted in CANN_EMU_COUNTS)\n", op,
-                     config().soc.c_str());
-}
-}  // namespace cann_emu
-
 namespace cann_emu {
 aclnnStatus execute(const char* op, aclOpExecutor* e) {
     if (!e) return fail(ACLNN_ERR_PARAM_NULLPTR, std::string(op) + ": executor is null");

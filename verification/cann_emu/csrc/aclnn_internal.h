@@ -49,8 +49,6 @@ aclnnStatus check_tensor(const char* op, const char* arg, const aclTensor* t);
 bool broadcastable_to(const aclTensor& t, const aclTensor& out);
 // Phase one's end: workspace 0 and an executor that runs run() at launch.
 aclnnStatus make_executor(const char* op, std::function<aclnnStatus()> run, uint64_t* ws, aclOpExecutor** ex);
-// Counts one call of op (CANN_EMU_COUNTS); warns once when op_table.json says CANN runs op on AI CPU.
-void count_call(const char* op);
 // Phase two: runs the executor (named op) and frees it unless repeatable.
 aclnnStatus execute(const char* op, aclOpExecutor* e);
 }  // namespace cann_emu

@@ -39,7 +39,8 @@ CANN_API aclnnStatus aclnnAddmmGetWorkspaceSize(const aclTensor* self, const acl
                                                 const aclScalar* beta, const aclScalar* alpha, aclTensor* out,
                                                 int8_t cube_math_type, uint64_t* ws, aclOpExecutor** ex) {
     const char* op = "aclnnAddmm";
-    if (int rc = check_present(op, "beta", beta) || check_present(op, "alpha", alpha)) return rc;
+    if (int rc = check_present(op, "beta", beta)) return rc;
+    if (int rc = check_present(op, "alpha", alpha)) return rc;
     if (int rc = check_args(op, {{"self", self}, {"mat1", mat1}, {"mat2", mat2}, {"out", out}})) return rc;
     if (mat1->view.size() != 2 || mat2->view.size() != 2 || out->view.size() != 2 ||
         mat1->view[1] != mat2->view[0] || out->view[0] != mat1->view[0] || out->view[1] != mat2->view[1])

@@ -323,8 +323,9 @@ CANN_EMU_TRIANGLE(aclnnTril, at::tril_out)
 CANN_API aclnnStatus aclnnArangeGetWorkspaceSize(const aclScalar* start, const aclScalar* end, const aclScalar* step,
                                                  aclTensor* out, uint64_t* ws, aclOpExecutor** ex) {
     const char* op = "aclnnArange";
-    if (int rc = check_present(op, "start", start) || check_present(op, "end", end) || check_present(op, "step", step))
-        return rc;
+    if (int rc = check_present(op, "start", start)) return rc;
+    if (int rc = check_present(op, "end", end)) return rc;
+    if (int rc = check_present(op, "step", step)) return rc;
     if (int rc = check_args(op, {{"out", out}})) return rc;
     return aten_executor(op, [a = host_scalar(*start), b = host_scalar(*end), c = host_scalar(*step), o = hold(out)] {
         at::Tensor r = view(o);

@@ -9,7 +9,8 @@ using namespace cann_emu;
 #define CANN_EMU_FOREACH_SCALAR_TENSOR(name, fn)                                                           \
     CANN_API aclnnStatus name##GetWorkspaceSize(const aclTensorList* x, const aclTensor* scalar,           \
                                                 const aclTensorList* out, uint64_t* ws, aclOpExecutor** ex) { \
-        if (int rc = check_list(#name, "x", x) || check_list(#name, "out", out)) return rc;               \
+        if (int rc = check_list(#name, "x", x)) return rc;                                               \
+        if (int rc = check_list(#name, "out", out)) return rc;                                           \
         if (int rc = check_args(#name, {{"scalar", scalar}})) return rc;                                   \
         if (x->v.size() != out->v.size()) return invalid(#name, "x and out differ in length");           \
         return aten_executor(#name, [xs = hold(x), s = hold(scalar), os = hold(out)] {                    \
@@ -24,7 +25,8 @@ using namespace cann_emu;
 #define CANN_EMU_FOREACH_SCALAR(name, fn)                                                                  \
     CANN_API aclnnStatus name##GetWorkspaceSize(const aclTensorList* x, const aclScalar* scalar,           \
                                                 aclTensorList* out, uint64_t* ws, aclOpExecutor** ex) {  \
-        if (int rc = check_list(#name, "x", x) || check_list(#name, "out", out)) return rc;               \
+        if (int rc = check_list(#name, "x", x)) return rc;                                               \
+        if (int rc = check_list(#name, "out", out)) return rc;                                           \
         if (int rc = check_present(#name, "scalar", scalar)) return rc;                                    \
         if (x->v.size() != out->v.size()) return invalid(#name, "x and out differ in length");           \
         return aten_executor(#name, [xs = hold(x), v = host_scalar(*scalar), os = hold(out)] {            \
@@ -48,7 +50,8 @@ CANN_API aclnnStatus aclnnForeachMulScalarListGetWorkspaceSize(const aclTensorLi
                                                                const aclTensorList* out, uint64_t* ws,
                                                                aclOpExecutor** ex) {
     const char* op = "aclnnForeachMulScalarList";
-    if (int rc = check_list(op, "x", x) || check_list(op, "out", out)) return rc;
+    if (int rc = check_list(op, "x", x)) return rc;
+    if (int rc = check_list(op, "out", out)) return rc;
     if (int rc = check_present(op, "scalars", scalars)) return rc;
     if (x->v.size() != out->v.size() || x->v.size() != scalars->v.size())
         return invalid(op, "x, scalars and out differ in length");
@@ -67,7 +70,9 @@ CANN_EMU_LAUNCH(aclnnForeachMulScalarList)
 CANN_API aclnnStatus aclnnForeachMulListGetWorkspaceSize(const aclTensorList* x1, const aclTensorList* x2,
                                                          const aclTensorList* out, uint64_t* ws, aclOpExecutor** ex) {
     const char* op = "aclnnForeachMulList";
-    if (int rc = check_list(op, "x1", x1) || check_list(op, "x2", x2) || check_list(op, "out", out)) return rc;
+    if (int rc = check_list(op, "x1", x1)) return rc;
+    if (int rc = check_list(op, "x2", x2)) return rc;
+    if (int rc = check_list(op, "out", out)) return rc;
     if (x1->v.size() != out->v.size() || x2->v.size() != out->v.size()) return invalid(op, "x1, x2 and out differ in length");
     return aten_executor(op, [a = hold(x1), b = hold(x2), os = hold(out)] {
         for (size_t i = 0; i < a.size(); ++i) {
@@ -82,7 +87,8 @@ CANN_EMU_LAUNCH(aclnnForeachMulList)
 CANN_API aclnnStatus aclnnForeachNormGetWorkspaceSize(const aclTensorList* x, const aclScalar* scalar,
                                                       const aclTensorList* out, uint64_t* ws, aclOpExecutor** ex) {
     const char* op = "aclnnForeachNorm";
-    if (int rc = check_list(op, "x", x) || check_list(op, "out", out)) return rc;
+    if (int rc = check_list(op, "x", x)) return rc;
+    if (int rc = check_list(op, "out", out)) return rc;
     if (int rc = check_present(op, "scalar", scalar)) return rc;
     if (x->v.size() != out->v.size()) return invalid(op, "x and out differ in length");
     return aten_executor(op, [xs = hold(x), p = host_scalar(*scalar), os = hold(out)] {

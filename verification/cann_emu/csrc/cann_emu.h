@@ -98,4 +98,9 @@ const char* dtype_name(int dtype);
 bool op_arg_dtypes(const char* op, const char* arg, const int** dtypes, int* n);
 const char* op_engine(const char* op);
 
+// audit.cpp: per training step, what torch_npu asked of CANN (CANN_EMU_COUNTS).
+void count_call(const char* op);      // an aclnn operator launched (and whether on AI CPU)
+void count_sync(const char* kind);    // a host synchronisation, e.g. "aclrtSynchronizeStream"
+void count_aclop(const char* op_type);  // an operator sent down the legacy aclop path
+
 }  // namespace cann_emu

@@ -197,8 +197,15 @@ CANN_API aclError aclrtGetDevice(int32_t* device) {
 }
 CANN_API aclError aclrtResetDevice(int32_t device) { return check_device(device); }
 CANN_API aclError aclrtResetDeviceForce(int32_t device) { return check_device(device); }
-CANN_API aclError aclrtSynchronizeDevice() { return ACL_SUCCESS; }  // all work ran at launch
-CANN_API aclError aclrtSynchronizeDeviceWithTimeout(int32_t /*timeout*/) { return ACL_SUCCESS; }
+// All work ran at launch, so synchronisation only waits for nothing; each call is counted (audit.cpp).
+CANN_API aclError aclrtSynchronizeDevice() {
+    count_sync("aclrtSynchronizeDevice");
+    return ACL_SUCCESS;
+}
+CANN_API aclError aclrtSynchronizeDeviceWithTimeout(int32_t /*timeout*/) {
+    count_sync("aclrtSynchronizeDevice");
+    return ACL_SUCCESS;
+}
 
 // Contexts: one per device; the handle is the device number + 1 (never null).
 CANN_API aclError aclrtGetCurrentContext(aclrtContext* ctx) {
@@ -332,7 +339,13 @@ static aclError copy(const char* api, void* dst, size_t dest_max, const void* sr
     std::memmove(dst, src, count);
     return ACL_SUCCESS;
 }
+// A synchronous copy blocks the host until the stream's earlier work is done: counted as a sync by
+// direction (ACL_MEMCPY_*, acl_rt.h).
 CANN_API aclError aclrtMemcpy(void* dst, size_t dest_max, const void* src, size_t count, int kind) {
+    static const char* const kinds[] = {"aclrtMemcpy host to host", "aclrtMemcpy host to device",
+                                        "aclrtMemcpy device to host", "aclrtMemcpy device to device"};
+    if (kind >= ACL_MEMCPY_HOST_TO_HOST && kind <= ACL_MEMCPY_DEVICE_TO_DEVICE) count_sync(kinds[kind]);
+    else count_sync("aclrtMemcpy other");
     return copy("aclrtMemcpy", dst, dest_max, src, count, kind);
 }
 CANN_API aclError aclrtMemcpyAsync(void* dst, size_t dest_max, const void* src, size_t count, int kind,
@@ -387,8 +400,14 @@ CANN_API aclError aclrtDestroyStream(aclrtStream stream) {
     return ACL_SUCCESS;
 }
 CANN_API aclError aclrtDestroyStreamForce(aclrtStream stream) { return aclrtDestroyStream(stream); }
-CANN_API aclError aclrtSynchronizeStream(aclrtStream) { return ACL_SUCCESS; }  // work ran at launch
-CANN_API aclError aclrtSynchronizeStreamWithTimeout(aclrtStream, int32_t) { return ACL_SUCCESS; }
+CANN_API aclError aclrtSynchronizeStream(aclrtStream) {  // work ran at launch
+    count_sync("aclrtSynchronizeStream");
+    return ACL_SUCCESS;
+}
+CANN_API aclError aclrtSynchronizeStreamWithTimeout(aclrtStream, int32_t) {
+    count_sync("aclrtSynchronizeStream");
+    return ACL_SUCCESS;
+}
 CANN_API aclError aclrtStreamQuery(aclrtStream, int* status) {
     if (!status) return fail(ACL_ERROR_INVALID_PARAM, "aclrtStreamQuery: status is null");
     *status = 0;  // ACL_STREAM_STATUS_COMPLETE
@@ -442,6 +461,7 @@ CANN_API aclError aclrtResetEvent(aclrtEvent event, aclrtStream) {
     return ACL_SUCCESS;
 }
 CANN_API aclError aclrtSynchronizeEvent(aclrtEvent event) {
+    count_sync("aclrtSynchronizeEvent");
     if (!find_event(event)) return fail(ACL_ERROR_INVALID_PARAM, "aclrtSynchronizeEvent: unknown event");
     return ACL_SUCCESS;
 }

@@ -1,0 +1,130 @@
+// What torch_npu asked of CANN, counted per training step: aclnn operators by name, those CANN runs on
+// AI CPU (op_table.json's engine), operators sent down the legacy aclop path (by op type), and host
+// synchronisations (stream/device/event synchronisation and synchronous copies, by call and direction).
+// A step is what the driver last marked with cann_emu_mark_step (verification/cann_emu/audit/ wraps
+// torchtitan's Trainer.train_step to do so; -1, before any mark and after each step, is "outside steps").
+// torch_npu launches from its task-queue thread, so an operator is counted in the step current when it
+// launches; every step ends in a host synchronisation (the loss), which drains that queue first.
+//
+// CANN_EMU_COUNTS=<path> ("{pid}" becomes the process id): written as JSON when the process exits.
+#include "cann_emu.h"
+
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <map>
+#include <mutex>
+#include <string>
+#include <unistd.h>
+
+namespace cann_emu {
+namespace {
+
+using Counter = std::map<std::string, uint64_t>;
+struct StepCounts {
+    Counter aclnn, aicpu, aclop, syncs;
+};
+struct Audit {
+    std::mutex mutex;
+    int64_t step = -1;
+    std::map<int64_t, StepCounts> steps;  // -1: outside steps
+    std::map<std::string, bool> aicpu_warned;
+};
+// Never destroyed: torch_npu may still launch work while the process's static objects go away.
+Audit& audit() {
+    static Audit* a = new Audit;
+    return *a;
+}
+
+void dump_counter(FILE* f, const char* key, const Counter& m, const char* indent, const char* end) {
+    std::fprintf(f, "%s\"%s\": {", indent, key);
+    const char* sep = "";
+    for (const auto& [name, n] : m) {
+        std::fprintf(f, "%s\"%s\": %llu", sep, name.c_str(), (unsigned long long)n);
+        sep = ", ";
+    }
+    std::fprintf(f, "}%s\n", end);
+}
+
+void write_counts() {
+    const char* path = std::getenv("CANN_EMU_COUNTS");
+    if (!path || !*path) return;
+    std::string file = path;
+    size_t at = file.find("{pid}");
+    if (at != std::string::npos) file.replace(at, 5, std::to_string(getpid()));
+    FILE* f = std::fopen(file.c_str(), "w");
+    if (!f) {
+        std::fprintf(stderr, "cann_emu: cannot write the operator counts to %s\n", file.c_str());
+        return;
+    }
+    Audit& a = audit();
+    std::lock_guard<std::mutex> lock(a.mutex);
+    StepCounts total;
+    for (const auto& [step, c] : a.steps) {
+        for (const auto& [k, n] : c.aclnn) total.aclnn[k] += n;
+        for (const auto& [k, n] : c.aicpu) total.aicpu[k] += n;
+        for (const auto& [k, n] : c.aclop) total.aclop[k] += n;
+        for (const auto& [k, n] : c.syncs) total.syncs[k] += n;
+    }
+    std::fprintf(f, "{\n  \"schema\": 2,\n  \"soc\": \"%s\",\n  \"pid\": %d,\n", config().soc.c_str(), (int)getpid());
+    dump_counter(f, "aclnn", total.aclnn, "  ", ",");
+    dump_counter(f, "aicpu", total.aicpu, "  ", ",");
+    dump_counter(f, "aclop", total.aclop, "  ", ",");
+    dump_counter(f, "syncs", total.syncs, "  ", ",");
+    std::fprintf(f, "  \"steps\": {\n");
+    size_t i = 0;
+    for (const auto& [step, c] : a.steps) {
+        std::string name = step < 0 ? "outside steps" : std::to_string(step);
+        std::fprintf(f, "    \"%s\": {\n", name.c_str());
+        dump_counter(f, "aclnn", c.aclnn, "      ", ",");
+        dump_counter(f, "aicpu", c.aicpu, "      ", ",");
+        dump_counter(f, "aclop", c.aclop, "      ", ",");
+        dump_counter(f, "syncs", c.syncs, "      ", "");
+        std::fprintf(f, "    }%s\n", ++i < a.steps.size() ? "," : "");
+    }
+    std::fprintf(f, "  }\n}\n");
+    std::fclose(f);
+}
+struct CountsWriter {
+    ~CountsWriter() { write_counts(); }
+} g_counts_writer;
+
+}  // namespace
+
+void count_call(const char* op) {
+    const char* engine = op_engine(op);
+    bool aicpu = engine && std::strcmp(engine, "AiCpu") == 0;
+    Audit& a = audit();
+    std::lock_guard<std::mutex> lock(a.mutex);
+    StepCounts& c = a.steps[a.step];
+    ++c.aclnn[op];
+    if (aicpu) {
+        ++c.aicpu[op];
+        if (!a.aicpu_warned[op]) {
+            a.aicpu_warned[op] = true;
+            std::fprintf(stderr, "cann_emu: %s runs on AI CPU on %s (counted in CANN_EMU_COUNTS)\n", op,
+                         config().soc.c_str());
+        }
+    }
+}
+
+void count_sync(const char* kind) {
+    Audit& a = audit();
+    std::lock_guard<std::mutex> lock(a.mutex);
+    ++a.steps[a.step].syncs[kind];
+}
+
+void count_aclop(const char* op_type) {
+    Audit& a = audit();
+    std::lock_guard<std::mutex> lock(a.mutex);
+    ++a.steps[a.step].aclop[op_type ? op_type : "(null)"];
+}
+
+}  // namespace cann_emu
+
+// Called by the driver (ctypes) when a training step starts (its number) or ends (-1).
+CANN_API void cann_emu_mark_step(int64_t step) {
+    cann_emu::Audit& a = cann_emu::audit();
+    std::lock_guard<std::mutex> lock(a.mutex);
+    a.step = step < 0 ? -1 : step;
+}
