@@ -5,7 +5,7 @@
 // UnpaddingScoreGrad (TND, softmax statistics in NTD order) and their V4 (TND, softmaxOutLayout
 // "same_as_input": statistics in TND order, what torch_npu passes for softmax_layout="TND").
 // Signatures from CANN's headers (hicann/ops-transformer attention/flash_attention_score{,_grad}),
-// semantics from their documents and the sparse_mode table (see the README of this directory).
+// semantics from their documents and CANN's sparse_mode table (digested in verification/torch_npu_docs.md).
 //
 // Every score is computed in FLOAT32: bf16/fp16 query/key/value are upcast per head, the results cast
 // to the output's dtype when written. Memory: per (batch, query head) the scores of a block of query
@@ -86,7 +86,14 @@ Band band_of(const Plan& p, int64_t sq, int64_t skv) {
     }
 }
 
-bool explicit_mask(const Plan& p) { return p.has_mask && (p.sparse_mode == 0 || p.sparse_mode == 1); }
+// The explicit mask of modes 0 and 1 for one sequence as (B|1, N|1, Sq, Skv); undefined for other modes
+// (2, 3, 4 derive theirs from the lengths: the compressed mask's contents are not read). TND takes a 2-D
+// (maxSq, maxSkv) mask whose top-left corner serves each sequence.
+at::Tensor sequence_mask(const Plan& p, const at::Tensor& mask, int64_t sq, int64_t skv) {
+    if (!p.has_mask || p.sparse_mode > 1) return at::Tensor();
+    if (p.layout == "TND") return mask.slice(0, 0, sq).slice(1, 0, skv).unsqueeze(0).unsqueeze(0);
+    return mask.dim() == 2 ? mask.unsqueeze(0).unsqueeze(0) : mask;
+}
 
 // What to mask (True) in rows [i0, i1) x every key: the band and explicit (this head's (Sq, Skv) mask,
 // or undefined). Undefined when nothing is masked.
@@ -252,7 +259,8 @@ aclnnStatus plan_attention(const char* op, const aclTensor* q, const aclTensor* 
                                          " < 1: dropout not emulated (its mask comes from the NPU's Philox stream)");
     if (pse) return fail(ACLNN_ERR_INNER, std::string(op) + ": realShift/pse is not emulated");
     if (padding_mask) return invalid(op, "paddingMask is reserved and must be null");
-    if (sparse_mode < 0 || sparse_mode > 8) return invalid(op, "sparseMode " + std::to_string(sparse_mode) + " is not 0-8");
+    if (sparse_mode < 0 || sparse_mode > 8)
+        return invalid(op, "sparseMode " + std::to_string(sparse_mode) + " is not 0-8");
     if (sparse_mode >= 5)
         return fail(ACLNN_ERR_INNER, std::string(op) + ": sparseMode " + std::to_string(sparse_mode) +
                                          " (prefix / cut varlen sequences) is not emulated");
@@ -288,7 +296,8 @@ aclnnStatus plan_attention(const char* op, const aclTensor* q, const aclTensor* 
     if (p.nkv <= 0 || p.n % p.nkv)
         return invalid(op, "query heads " + std::to_string(p.n) + " are not a multiple of key/value heads " +
                                std::to_string(p.nkv) + " (GQA)");
-    if (bk != p.b || bv != p.b || skv_v != p.skv) return invalid(op, "query, key and value batch or key/value lengths differ");
+    if (bk != p.b || bv != p.b || skv_v != p.skv)
+        return invalid(op, "query, key and value batch or key/value lengths differ");
     if (p.dv > p.d) return invalid(op, "value's head dim exceeds query's (D == Dk >= Dv)");
     if (tnd) {
         if (int rc = varlen_bounds(op, "actualSeqQLen", hold(q_lens), p.sq, p.q_bounds)) return rc;
@@ -363,7 +372,7 @@ aclnnStatus softmax_layout(const char* op, const char* what, const char* layout,
 void run_forward(const Plan& p, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& mask,
                  const at::Tensor& out, const at::Tensor& max_out, const at::Tensor& sum_out) {
     if (p.layout != "TND") {
-        at::Tensor mask4 = explicit_mask(p) ? (mask.dim() == 2 ? mask.unsqueeze(0).unsqueeze(0) : mask) : at::Tensor();
+        at::Tensor mask4 = sequence_mask(p, mask, p.sq, p.skv);
         auto [row_max, row_sum] = forward_core(to_bnsd(q, p.layout, p.n), to_bnsd(k, p.layout, p.nkv),
                                                to_bnsd(v, p.layout, p.nkv), mask4, band_of(p, p.sq, p.skv), p.scale,
                                                to_bnsd(out, p.layout, p.n));
@@ -379,7 +388,7 @@ void run_forward(const Plan& p, const at::Tensor& q, const at::Tensor& k, const 
         auto qb = p.q_bounds[i], kb = p.kv_bounds[i];
         const int64_t sq = qb.second - qb.first, skv = kb.second - kb.first;
         if (sq == 0) continue;
-        at::Tensor mask4 = explicit_mask(p) ? mask.slice(0, 0, sq).slice(1, 0, skv).unsqueeze(0).unsqueeze(0) : at::Tensor();
+        at::Tensor mask4 = sequence_mask(p, mask, sq, skv);
         auto [row_max, row_sum] = forward_core(tnd_piece(q, qb), tnd_piece(k, kb), tnd_piece(v, kb), mask4,
                                                band_of(p, sq, skv), p.scale, tnd_piece(out, qb));
         max_ntc.slice(1, qb.first, qb.second).copy_(row_max[0].unsqueeze(-1).expand({p.n, sq, kStatsColumns}));
@@ -391,7 +400,7 @@ void run_backward(const Plan& p, const at::Tensor& q, const at::Tensor& k, const
                   const at::Tensor& mask, const at::Tensor& max_in, const at::Tensor& sum_in, const at::Tensor& out,
                   const at::Tensor& dq, const at::Tensor& dk, const at::Tensor& dv) {
     if (p.layout != "TND") {
-        at::Tensor mask4 = explicit_mask(p) ? (mask.dim() == 2 ? mask.unsqueeze(0).unsqueeze(0) : mask) : at::Tensor();
+        at::Tensor mask4 = sequence_mask(p, mask, p.sq, p.skv);
         backward_core(to_bnsd(q, p.layout, p.n), to_bnsd(k, p.layout, p.nkv), to_bnsd(v, p.layout, p.nkv),
                       to_bnsd(dy, p.layout, p.n), to_bnsd(out, p.layout, p.n), mask4, band_of(p, p.sq, p.skv), p.scale,
                       max_in.select(-1, 0), sum_in.select(-1, 0), to_bnsd(dq, p.layout, p.n),
@@ -406,7 +415,7 @@ void run_backward(const Plan& p, const at::Tensor& q, const at::Tensor& k, const
         auto qb = p.q_bounds[i], kb = p.kv_bounds[i];
         const int64_t sq = qb.second - qb.first, skv = kb.second - kb.first;
         if (sq == 0 || skv == 0) continue;
-        at::Tensor mask4 = explicit_mask(p) ? mask.slice(0, 0, sq).slice(1, 0, skv).unsqueeze(0).unsqueeze(0) : at::Tensor();
+        at::Tensor mask4 = sequence_mask(p, mask, sq, skv);
         backward_core(tnd_piece(q, qb), tnd_piece(k, kb), tnd_piece(v, kb), tnd_piece(dy, qb), tnd_piece(out, qb),
                       mask4, band_of(p, sq, skv), p.scale, max_nt.slice(1, qb.first, qb.second).unsqueeze(0),
                       sum_nt.slice(1, qb.first, qb.second).unsqueeze(0), tnd_piece(dq, qb), tnd_piece(dk, kb),
@@ -467,7 +476,8 @@ aclnnStatus backward(const char* op, const aclTensor* query, const aclTensor* ke
     if (int rc = plan_attention(op, query, key, value, pse, padding_mask, atten_mask, q_lens, kv_lens, scale, keep_prob,
                                 pre, next, head_num, input_layout, sparse_mode, p))
         return rc;
-    for (auto [name, t, shape] : {std::tuple{"dy", dy, out_shape(p)}, std::tuple{"attentionIn", attention_in, out_shape(p)},
+    for (auto [name, t, shape] : {std::tuple{"dy", dy, out_shape(p)},
+                                  std::tuple{"attentionIn", attention_in, out_shape(p)},
                                   std::tuple{"dqOut", dq, query->view}, std::tuple{"dkOut", dk, key->view},
                                   std::tuple{"dvOut", dv, value->view}})
         if (int rc = check_shape(op, name, t, shape)) return rc;
@@ -492,7 +502,8 @@ CANN_API aclnnStatus aclnnFlashAttentionScoreGetWorkspaceSize(
     const aclTensor* softmax_out, const aclTensor* attention_out, uint64_t* ws, aclOpExecutor** ex) {
     (void)prefix, (void)inner_precise;  // prefix: modes 5/6 only (not emulated); innerPrecise: precision hint
     const char* op = "aclnnFlashAttentionScore";
-    if (input_layout && std::string(input_layout) == "TND") return invalid(op, "TND is aclnnFlashAttentionVarLenScore's");
+    if (input_layout && std::string(input_layout) == "TND")
+        return invalid(op, "TND is aclnnFlashAttentionVarLenScore's");
     return forward(op, query, key, value, real_shift, drop_mask, padding_mask, atten_mask, nullptr, nullptr, scale,
                    keep_prob, pre_tokens, next_tokens, head_num, input_layout, sparse_mode, nullptr, softmax_max,
                    softmax_sum, softmax_out, attention_out, ws, ex);
