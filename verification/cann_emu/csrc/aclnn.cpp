@@ -303,12 +303,12 @@ aclnnStatus make_executor(const char* op, std::function<aclnnStatus()> run, uint
 }  // namespace cann_emu
 namespace cann_emu {
 // Operator calls as torch_npu makes them, per name (and those CANN runs on AI CPU, per op_table.json's
-// engine column, warned about once each). With CANN_EMU_COUNTS=<path> ("{pid}" becomes the process id)
-// the counts are written there as JSON when the process exits.
+// engine column, warned about once each), and HCCL calls per name. With CANN_EMU_COUNTS=<path> ("{pid}"
+// becomes the process id) the counts are written there as JSON when the process exits.
 namespace {
 struct CallCounts {
     std::mutex mutex;
-    std::map<std::string, uint64_t> aclnn, aicpu;
+    std::map<std::string, uint64_t> aclnn, aicpu, hccl;
 };
 // Never destroyed: torch_npu may still launch work while the process's static objects go away.
 CallCounts& counts() {
@@ -339,7 +339,8 @@ void write_counts() {
     };
     std::fprintf(f, "{\n  \"soc\": \"%s\",\n", config().soc.c_str());
     dump("aclnn", c.aclnn, ",");
-    dump("aicpu", c.aicpu, "");
+    dump("aicpu", c.aicpu, ",");
+    dump("hccl", c.hccl, "");
     std::fprintf(f, "}\n");
     std::fclose(f);
 }
@@ -347,6 +348,12 @@ struct CountsWriter {
     ~CountsWriter() { write_counts(); }
 } g_counts_writer;
 }  // namespace
+
+void count_hccl(const char* api) {
+    CallCounts& c = counts();
+    std::lock_guard<std::mutex> lock(c.mutex);
+    ++c.hccl[api];
+}
 
 void count_call(const char* op) {
     const char* engine = op_engine(op);

@@ -81,6 +81,7 @@ struct Config {
     std::string soc;           // CANN_EMU_SOC, default Ascend910B2
     uint64_t capacity;         // CANN_EMU_MEMORY_GB per device, default 64
     std::string cann_version;  // CANN_EMU_CANN_VERSION, default 9.1.0
+    double hccl_timeout_s;     // CANN_EMU_HCCL_TIMEOUT: how long an HCCL call waits for its peers, default 300
 };
 const Config& config();
 
@@ -97,5 +98,7 @@ const char* dtype_name(int dtype);
 // the table has no such row) and the engine CANN runs op on ("AiCore"/"AiCpu"; null when absent).
 bool op_arg_dtypes(const char* op, const char* arg, const int** dtypes, int* n);
 const char* op_engine(const char* op);
+// Counts one HCCL call by name for CANN_EMU_COUNTS (the file's "hccl" object).
+void count_hccl(const char* api);
 
 }  // namespace cann_emu
