@@ -153,7 +153,7 @@ def main() -> None:
         check("first_all_reduce", t, torch.full((4,), float(WORLD)))
         if RANK == WORLD - 1:
             if mode == "hang":
-                time.sleep(3 * float(os.environ["CANN_EMU_HCCL_TIMEOUT"]))
+                time.sleep(2 * float(os.environ["CANN_EMU_HCCL_TIMEOUT"]))
             os._exit(0)
         start = time.monotonic()
         try:
