@@ -264,7 +264,7 @@ void collective(Comm& c, Frame mine, bool same_count, const char* send, size_t s
             in[r - 1].parts.push_back({contrib[r].data(), contrib[r].size(), nullptr});
         }
         pump(in, deadline, what);
-        contrib[0].assign(send, send_bytes);
+        if (send_bytes) contrib[0].assign(send, send_bytes);
         std::vector<Bytes> replies = compute(contrib);
         std::vector<Frame> rh(c.size);
         std::vector<Lane> out;
@@ -736,6 +736,9 @@ CANN_API HcclResult HcclAllGatherV(void* send, uint64_t send_count, void* recv, 
             invalid("sendCount " + std::to_string(send_count) + " differs from recvCounts[" + std::to_string(c.rank) +
                     "] " + std::to_string(counts[c.rank]));
         check_ptr(send, send_count * es, "sendBuf");
+        uint64_t total = 0;
+        for (uint32_t r = 0; r < c.size; ++r) total += counts[r];
+        check_ptr(recv, total * es, "recvBuf");
         collective(c, frame(K_ALLGATHER_V, send_count, dtype), false, (const char*)send, send_count * es,
                    [&](std::vector<Bytes>& in) {
                        Bytes all;  // [rankSize x uint64 element counts][data in rank order]
