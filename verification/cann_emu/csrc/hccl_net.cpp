@@ -139,8 +139,8 @@ void pump(std::vector<Lane>& lanes, Clock::time_point deadline, const std::strin
                                  : ::recv(l.fd, part.ptr + l.off, part.len - l.off, MSG_DONTWAIT);
             if (got < 0) {
                 if (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR) continue;
-                raise(HCCL_E_TCP_TRANSFER, what + ": the connection to " + l.peer + " failed (" +
-                                               std::strerror(errno) + "; did its process exit?)");
+                raise(HCCL_E_TCP_TRANSFER, what + ": " + l.peer + " closed its connection (" + std::strerror(errno) +
+                                               "; its process exited or destroyed the communicator)");
             }
             if (got == 0 && !l.send)
                 raise(HCCL_E_TCP_TRANSFER, what + ": " + l.peer +
