@@ -34,11 +34,13 @@ CORE = "libcann_emu.so"
 
 # File names torch_npu needs: DT_NEEDED of libtorch_npu.so, _C and libtensorpipe.so (readelf -d), and
 # the libraries its FunctionLoader / op-plugin dlopen by name (strings of libtorch_npu.so; ctypes in
-# torch_npu/npu/__init__.py for libascend_hal.so). libatb.so stays absent on purpose: torch_npu loads
+# torch_npu/npu/__init__.py for libascend_hal.so; libhcomm.so for HcclGroupStart/End, which
+# ProcessGroupHCCL looks up there). libatb.so stays absent on purpose: torch_npu loads
 # libop_plugin_atb.so inside try/except, as on a CANN install without the NNAL package.
 LIBRARIES = (
     "libascendcl.so",
     "libhccl.so",
+    "libhcomm.so",
     "libacl_op_compiler.so",
     "libge_runner.so",
     "libgraph.so",

@@ -1,6 +1,7 @@
 // What torch_npu asked of CANN, counted per training step: aclnn operators by name, those CANN runs on
-// AI CPU (op_table.json's engine), operators sent down the legacy aclop path (by op type), and host
-// synchronisations (stream/device/event synchronisation and synchronous copies, by call and direction).
+// AI CPU (op_table.json's engine), operators sent down the legacy aclop path (by op type), host
+// synchronisations (stream/device/event synchronisation and synchronous copies, by call and direction)
+// and HCCL calls by name.
 // A step is what the driver last marked with cann_emu_mark_step (verification/cann_emu/audit/ wraps
 // torchtitan's Trainer.train_step to do so; -1, before any mark and after each step, is "outside steps").
 // torch_npu launches from its task-queue thread, so an operator is counted in the step current when it
@@ -22,7 +23,7 @@ namespace {
 
 using Counter = std::map<std::string, uint64_t>;
 struct StepCounts {
-    Counter aclnn, aicpu, aclop, syncs;
+    Counter aclnn, aicpu, aclop, syncs, hccl;
 };
 struct Audit {
     std::mutex mutex;
@@ -65,12 +66,14 @@ void write_counts() {
         for (const auto& [k, n] : c.aicpu) total.aicpu[k] += n;
         for (const auto& [k, n] : c.aclop) total.aclop[k] += n;
         for (const auto& [k, n] : c.syncs) total.syncs[k] += n;
+        for (const auto& [k, n] : c.hccl) total.hccl[k] += n;
     }
     std::fprintf(f, "{\n  \"schema\": 2,\n  \"soc\": \"%s\",\n  \"pid\": %d,\n", config().soc.c_str(), (int)getpid());
     dump_counter(f, "aclnn", total.aclnn, "  ", ",");
     dump_counter(f, "aicpu", total.aicpu, "  ", ",");
     dump_counter(f, "aclop", total.aclop, "  ", ",");
     dump_counter(f, "syncs", total.syncs, "  ", ",");
+    dump_counter(f, "hccl", total.hccl, "  ", ",");
     std::fprintf(f, "  \"steps\": {\n");
     size_t i = 0;
     for (const auto& [step, c] : a.steps) {
@@ -79,7 +82,8 @@ void write_counts() {
         dump_counter(f, "aclnn", c.aclnn, "      ", ",");
         dump_counter(f, "aicpu", c.aicpu, "      ", ",");
         dump_counter(f, "aclop", c.aclop, "      ", ",");
-        dump_counter(f, "syncs", c.syncs, "      ", "");
+        dump_counter(f, "syncs", c.syncs, "      ", ",");
+        dump_counter(f, "hccl", c.hccl, "      ", "");
         std::fprintf(f, "    }%s\n", ++i < a.steps.size() ? "," : "");
     }
     std::fprintf(f, "  }\n}\n");
@@ -112,6 +116,12 @@ void count_sync(const char* kind) {
     Audit& a = audit();
     std::lock_guard<std::mutex> lock(a.mutex);
     ++a.steps[a.step].syncs[kind];
+}
+
+void count_hccl(const char* api) {
+    Audit& a = audit();
+    std::lock_guard<std::mutex> lock(a.mutex);
+    ++a.steps[a.step].hccl[api];
 }
 
 void count_aclop(const char* op_type) {

@@ -81,6 +81,7 @@ struct Config {
     std::string soc;           // CANN_EMU_SOC, default Ascend910B2
     uint64_t capacity;         // CANN_EMU_MEMORY_GB per device, default 64
     std::string cann_version;  // CANN_EMU_CANN_VERSION, default 9.1.0
+    double hccl_timeout_s;     // CANN_EMU_HCCL_TIMEOUT: how long an HCCL call waits for its peers, default 300
 };
 const Config& config();
 
@@ -97,10 +98,10 @@ const char* dtype_name(int dtype);
 // the table has no such row) and the engine CANN runs op on ("AiCore"/"AiCpu"; null when absent).
 bool op_arg_dtypes(const char* op, const char* arg, const int** dtypes, int* n);
 const char* op_engine(const char* op);
-
 // audit.cpp: per training step, what torch_npu asked of CANN (CANN_EMU_COUNTS).
 void count_call(const char* op);      // an aclnn operator launched (and whether on AI CPU)
 void count_sync(const char* kind);    // a host synchronisation, e.g. "aclrtSynchronizeStream"
 void count_aclop(const char* op_type);  // an operator sent down the legacy aclop path
+void count_hccl(const char* api);     // an HCCL call by name
 
 }  // namespace cann_emu

@@ -33,6 +33,12 @@ const Config& config() {
         c.capacity = (uint64_t)((gb && *gb ? std::atof(gb) : 64.0) * (1ULL << 30));
         const char* ver = std::getenv("CANN_EMU_CANN_VERSION");
         c.cann_version = ver && *ver ? ver : "9.1.0";
+        const char* hccl_timeout = std::getenv("CANN_EMU_HCCL_TIMEOUT");
+        c.hccl_timeout_s = hccl_timeout && *hccl_timeout ? std::atof(hccl_timeout) : 300.0;
+        if (!(c.hccl_timeout_s > 0)) {
+            std::fprintf(stderr, "cann_emu: CANN_EMU_HCCL_TIMEOUT=%s is not a positive number of seconds\n", hccl_timeout);
+            std::abort();
+        }
         if (c.devices < 1 || c.devices > 64) {
             std::fprintf(stderr, "cann_emu: CANN_EMU_DEVICES=%d is outside 1..64\n", c.devices);
             std::abort();
