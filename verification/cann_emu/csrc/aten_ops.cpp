@@ -440,3 +440,18 @@ CANN_API aclnnStatus aclnnNonzeroGetWorkspaceSize(const aclTensor* self, aclTens
     }, ws, ex);
 }
 CANN_EMU_LAUNCH(aclnnNonzero)
+
+// aclnnChunkCat (ops-math conversion/chunk_cat): each tensor split into numChunks chunks along dim, the
+// i-th chunks of all tensors concatenated (torch's _chunk_cat, which FSDP2's reduce-scatter packing uses).
+CANN_API aclnnStatus aclnnChunkCatGetWorkspaceSize(const aclTensorList* tensors, int64_t dim, int64_t num_chunks,
+                                                   aclTensor* out, uint64_t* ws, aclOpExecutor** ex) {
+    const char* op = "aclnnChunkCat";
+    if (int rc = check_list(op, "tensors", tensors)) return rc;
+    if (int rc = check_args(op, {{"out", out}})) return rc;
+    if (num_chunks < 1) return invalid(op, "numChunks must be >= 1");
+    return aten_executor(op, [l = hold(tensors), dim, num_chunks, o = hold(out)] {
+        at::Tensor r = view(o);
+        at::_chunk_cat_out(r, view(l), dim, num_chunks);
+    }, ws, ex);
+}
+CANN_EMU_LAUNCH(aclnnChunkCat)
