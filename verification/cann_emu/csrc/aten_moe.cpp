@@ -116,8 +116,8 @@ CANN_API aclnnStatus aclnnGroupedMatmulV5GetWorkspaceSize(
     if (group_type == 0) {
         if (transposed_unless_1x1(x0)) return invalid(op, "When groupType is 0, x can not be transposed");
         if (w0.view.size() != 3 || y0.view.size() != 2)
-            return invalid(op, "groupType 0: weight must be 3-D (e, k, n) and out 2-D (m, n), got weight " + shape(w0) +
-                                   ", out " + shape(y0));
+            return invalid(op, "groupType 0: weight must be 3-D (e, k, n) and out 2-D (m, n), got weight " +
+                                   shape(w0) + ", out " + shape(y0));
         if (w0.view[1] != x0.view[1] || y0.view[0] != x0.view[0] || y0.view[1] != w0.view[2])
             return invalid(op, "groupType 0: x " + shape(x0) + ", weight " + shape(w0) + " and out " + shape(y0) +
                                    " do not agree as (m, k), (e, k, n), (m, n)");
@@ -129,8 +129,8 @@ CANN_API aclnnStatus aclnnGroupedMatmulV5GetWorkspaceSize(
             return invalid(op, "When groupType is 2 and x is not separated, tensor in x should be transposed");
         if (transposed_unless_1x1(w0)) return invalid(op, "x and weight can not be transposed at the same time");
         if (w0.view.size() != 2 || y0.view.size() != 3)
-            return invalid(op, "groupType 2: weight must be 2-D (k, n) and out 3-D (e, m, n), got weight " + shape(w0) +
-                                   ", out " + shape(y0));
+            return invalid(op, "groupType 2: weight must be 2-D (k, n) and out 3-D (e, m, n), got weight " +
+                                   shape(w0) + ", out " + shape(y0));
         if (w0.view[0] != x0.view[1] || y0.view[1] != x0.view[0] || y0.view[2] != w0.view[1])
             return invalid(op, "groupType 2: x " + shape(x0) + ", weight " + shape(w0) + " and out " + shape(y0) +
                                    " do not agree as (m, k), (k, n), (e, m, n)");
@@ -138,6 +138,10 @@ CANN_API aclnnStatus aclnnGroupedMatmulV5GetWorkspaceSize(
             return invalid(op, "size of groupList " + std::to_string(groups) + " should be equal to y dim 0 " +
                                    std::to_string(y0.view[0]));
     }
+    // CANN lets one group's weight (or y) go with a longer groupList; what it computes then is not documented.
+    if (groups != (group_type == 0 ? w0.view[0] : y0.view[0]))
+        return fail(ACLNN_ERR_INNER, std::string(op) + ": a groupList longer than the one group of " +
+                                         (group_type == 0 ? "weight" : "out") + " is not emulated");
     return make_executor(op, [op, xs = *x->v[0], w = *weight->v[0], y = *out->v[0], gl = *group_list, group_type,
                               group_list_type]() -> aclnnStatus {
         // group_list lives in device memory: its values are known only at launch.
@@ -147,8 +151,10 @@ CANN_API aclnnStatus aclnnGroupedMatmulV5GetWorkspaceSize(
         for (int64_t i = 0; i < values.numel(); ++i) {
             int64_t v = values.data_ptr<int64_t>()[i];
             if (v < 0 || (group_list_type == 0 && v < end))
-                return fail(ACLNN_ERR_INNER, std::string(op) + ": groupList " + (group_list_type == 0 ?
-                            "(cumulative ends) must be non-negative and non-decreasing" : "(counts) must be non-negative"));
+                return fail(ACLNN_ERR_INNER, std::string(op) + ": groupList " +
+                                                 (group_list_type == 0
+                                                      ? "(cumulative ends) must be non-negative and non-decreasing"
+                                                      : "(counts) must be non-negative"));
             end = group_list_type == 0 ? v : end + v;
             ends.push_back(end);
         }
@@ -202,21 +208,23 @@ CANN_API aclnnStatus aclnnMoeTokenPermuteGetWorkspaceSize(const aclTensor* token
         return invalid(op, "indices " + shape(*indices) + " and tokens " + shape(*tokens) + " differ in dim 0");
     int64_t topk = indices->view.size() == 2 ? indices->view[1] : 1;
     int64_t total = indices->view[0] * topk;
-    if (topk > kMaxTopK) return invalid(op, "topK must be <= 512, got " + std::to_string(topk));
+    if (topk < 1 || topk > kMaxTopK) return invalid(op, "topK must be in [1, 512], got " + std::to_string(topk));
     if (total >= kMaxIndices) return invalid(op, "indices must hold fewer than 16777215 elements");
     // numOutTokens: 0 keeps every row, > 0 the first ones, < 0 slices like a negative index.
     int64_t kept = num_out_tokens == 0 ? total : num_out_tokens > 0 ? std::min(num_out_tokens, total)
                                                                      : std::max<int64_t>(total + num_out_tokens, 0);
     if (permute_tokens_out->view != std::vector<int64_t>{kept, tokens->view[1]})
-        return invalid(op, "permuteTokensOut must be (" + std::to_string(kept) + ", " + std::to_string(tokens->view[1]) +
-                               "), got " + shape(*permute_tokens_out));
+        return invalid(op, "permuteTokensOut must be (" + std::to_string(kept) + ", " +
+                               std::to_string(tokens->view[1]) + "), got " + shape(*permute_tokens_out));
     if (sorted_indices_out->view != std::vector<int64_t>{total})
-        return invalid(op, "sortedIndicesOut must be (" + std::to_string(total) + ",), got " + shape(*sorted_indices_out));
+        return invalid(op, "sortedIndicesOut must be (" + std::to_string(total) + ",), got " +
+                               shape(*sorted_indices_out));
     return aten_executor(op, [t = hold(tokens), i = hold(indices), p = hold(permute_tokens_out),
                               s = hold(sorted_indices_out), topk, kept] {
         at::Tensor slot_of_row = at::argsort(view(i).reshape(-1), /*stable=*/true, 0, false);
         at::Tensor sorted = view(s);
-        sorted.index_copy_(0, slot_of_row, at::arange(slot_of_row.numel(), slot_of_row.options()).to(sorted.scalar_type()));
+        at::Tensor rows = at::arange(slot_of_row.numel(), slot_of_row.options());
+        sorted.index_copy_(0, slot_of_row, rows.to(sorted.scalar_type()));
         view(p).copy_(view(t).index_select(0, slot_of_row.narrow(0, 0, kept).div(topk, "floor")));
     }, ws, ex);
 }
@@ -233,7 +241,8 @@ CANN_API aclnnStatus aclnnMoeTokenPermuteGradGetWorkspaceSize(const aclTensor* p
         return rc;
     if (padded_mode) return invalid(op, "paddedMode only supports false");
     if (out->dtype != permuted_output_grad->dtype) return invalid(op, "out must have permutedOutputGrad's dtype");
-    if (num_topk < 1 || num_topk > kMaxTopK) return invalid(op, "numTopk must be in [1, 512], got " + std::to_string(num_topk));
+    if (num_topk < 1 || num_topk > kMaxTopK)
+        return invalid(op, "numTopk must be in [1, 512], got " + std::to_string(num_topk));
     if (permuted_output_grad->view.size() != 2 || out->view.size() != 2 || sorted_indices->view.size() != 1)
         return invalid(op, "permutedOutputGrad and out must be 2-D, sortedIndices 1-D");
     if (out->view[1] != permuted_output_grad->view[1] || sorted_indices->view[0] != out->view[0] * num_topk)
