@@ -3,6 +3,9 @@
 // matmul/*, activation/*, loss/*, index/*; ops-math random/*).
 #include "aten_support.h"
 
+#include <map>
+#include <mutex>
+
 using namespace cann_emu;
 
 // cubeMathType (aclnnMm's document): 0 KEEP_DTYPE, 1 ALLOW_FP32_DOWN_PRECISION, 2 USE_FP16, 3 USE_HF32,
@@ -158,19 +161,35 @@ CANN_API aclnnStatus aclnnSiluBackwardGetWorkspaceSize(const aclTensor* grad, co
 CANN_EMU_LAUNCH(aclnnSiluBackward)
 
 // ---- random fills (ops-math random/dsa_random_normal, dsa_random_uniform) -------------------------------
-// torch_npu passes the generator's seed and offset; the emulation draws from a CPU generator seeded from
-// both, so a seed gives the same numbers run after run (not the numbers Ascend's Philox kernel gives).
-static at::Generator seeded(int64_t seed, int64_t offset) {
-    at::Generator gen = at::make_generator<at::CPUGeneratorImpl>((uint64_t)seed * 1000003ULL + (uint64_t)offset);
-    return gen;
+// torch_npu passes its generator's seed and Philox offset. Ascend's Philox stream is not reproduced: the
+// emulation draws from a CPU generator seeded with that seed, in launch order, and starts it again when
+// the offset goes back (torch.manual_seed). So one seed gives the numbers CPU PyTorch draws for the same
+// calls -- the CPU rehearsal's initial weights -- which is what lets a run on the emulation be compared
+// with the rehearsal step by step. A real NPU draws other numbers from the same seed.
+namespace {
+struct Stream {
+    at::Generator generator;
+    int64_t last_offset;
+};
+at::Generator stream_for(int64_t seed, int64_t offset) {
+    static std::mutex mutex;
+    static std::map<int64_t, Stream>* streams = new std::map<int64_t, Stream>;
+    std::lock_guard<std::mutex> lock(mutex);
+    auto it = streams->find(seed);
+    if (it == streams->end() || offset <= it->second.last_offset)
+        it = streams->insert_or_assign(seed, Stream{at::make_generator<at::CPUGeneratorImpl>((uint64_t)seed), offset})
+                 .first;
+    it->second.last_offset = offset;
+    return it->second.generator;
 }
+}  // namespace
 CANN_API aclnnStatus aclnnInplaceNormalGetWorkspaceSize(const aclTensor* self, float mean, float std, int64_t seed,
                                                         int64_t offset, uint64_t* ws, aclOpExecutor** ex) {
     const char* op = "aclnnInplaceNormal";
     if (int rc = check_args(op, {{"selfRef", self}})) return rc;
     if (std < 0) return invalid(op, "std must be >= 0");
     return aten_executor(op, [s = hold(self), mean, std, seed, offset] {
-        view(s).normal_(mean, std, seeded(seed, offset));
+        view(s).normal_(mean, std, stream_for(seed, offset));
     }, ws, ex);
 }
 CANN_EMU_LAUNCH(aclnnInplaceNormal)
@@ -180,7 +199,7 @@ CANN_API aclnnStatus aclnnInplaceUniformGetWorkspaceSize(const aclTensor* self, 
     if (int rc = check_args(op, {{"selfRef", self}})) return rc;
     if (from > to) return invalid(op, "from must be <= to");
     return aten_executor(op, [s = hold(self), from, to, seed, offset] {
-        view(s).uniform_(from, to, seeded((int64_t)seed, (int64_t)offset));
+        view(s).uniform_(from, to, stream_for((int64_t)seed, (int64_t)offset));
     }, ws, ex);
 }
 CANN_EMU_LAUNCH(aclnnInplaceUniform)
