@@ -122,7 +122,9 @@ def _gmm_along_m(dtype):
 def _gmm_along_k(dtype):
     import torch
 
-    x_IR = _randn(I_DIM, ROWS, dtype=dtype)
+    # CANN's GroupedMatmul takes x transposed when group_type is 2 and x is one tensor (as ops/moe.py
+    # passes x_RI.transpose(0, 1)); a row-major x is refused with 161002.
+    x_IR = _randn(ROWS, I_DIM, dtype=dtype).transpose(0, 1)
     dy_RO = _randn(ROWS, O_DIM, dtype=dtype)
     kwargs = {"group_list": torch.tensor(GROUP_ENDS, dtype=torch.int64), "group_list_type": 0,
               "group_type": 2, "split_item": 3}

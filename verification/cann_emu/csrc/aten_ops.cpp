@@ -455,3 +455,25 @@ CANN_API aclnnStatus aclnnChunkCatGetWorkspaceSize(const aclTensorList* tensors,
     }, ws, ex);
 }
 CANN_EMU_LAUNCH(aclnnChunkCat)
+
+// aclnnIndexPutImpl (ops-nn index/index_put_v2): selfRef[indices] = values (or += with accumulate); an
+// index list entry may be null (a full slice, torch's None).
+CANN_API aclnnStatus aclnnIndexPutImplGetWorkspaceSize(aclTensor* self, const aclTensorList* indices,
+                                                       const aclTensor* values, const bool accumulate,
+                                                       const bool unsafe, uint64_t* ws, aclOpExecutor** ex) {
+    const char* op = "aclnnIndexPutImpl";
+    if (int rc = check_present(op, "indices", indices)) return rc;
+    if (int rc = check_args(op, {{"selfRef", self}, {"values", values}})) return rc;
+    std::vector<Held> held;
+    for (const aclTensor* t : indices->v) {
+        if (t)
+            if (int rc = check_args(op, {{"indices", t}})) return rc;
+        held.push_back(hold(t));
+    }
+    return aten_executor(op, [s = hold(self), held, v = hold(values), accumulate] {
+        c10::List<std::optional<at::Tensor>> index;
+        for (const Held& h : held) index.push_back(h ? std::optional<at::Tensor>(view(h)) : std::nullopt);
+        view(s).index_put_(index, view(v), accumulate);
+    }, ws, ex);
+}
+CANN_EMU_LAUNCH(aclnnIndexPutImpl)
