@@ -477,3 +477,170 @@ CANN_API aclnnStatus aclnnIndexPutImplGetWorkspaceSize(aclTensor* self, const ac
     }, ws, ex);
 }
 CANN_EMU_LAUNCH(aclnnIndexPutImpl)
+
+// ---- more elementwise and reductions MoE routing and the distributed paths reach --------------------------
+CANN_EMU_UNARY(aclnnErf, at::erf_out)
+CANN_EMU_UNARY(aclnnExp2, at::exp2_out)
+CANN_EMU_UNARY(aclnnFloor, at::floor_out)
+CANN_EMU_UNARY(aclnnGelu, at::gelu_out)
+CANN_EMU_UNARY(aclnnRelu, at::relu_out)
+CANN_API aclnnStatus aclnnPowTensorTensorGetWorkspaceSize(const aclTensor* self, const aclTensor* exponent,
+                                                          aclTensor* out, uint64_t* ws, aclOpExecutor** ex) {
+    const char* op = "aclnnPowTensorTensor";
+    if (int rc = check_args(op, {{"self", self}, {"exponent", exponent}, {"out", out}})) return rc;
+    return aten_executor(op, [s = hold(self), e = hold(exponent), o = hold(out)] {
+        at::Tensor r = view(o);
+        at::pow_out(r, view(s), view(e));
+    }, ws, ex);
+}
+CANN_EMU_LAUNCH(aclnnPowTensorTensor)
+CANN_EMU_BINARY(aclnnFloorDivide, at::floor_divide_out)
+static void max_all(at::Tensor& r, const at::Tensor& s) { r.copy_(s.max()); }
+static void min_all(at::Tensor& r, const at::Tensor& s) { r.copy_(s.min()); }
+CANN_EMU_UNARY(aclnnMax, max_all)
+CANN_EMU_UNARY(aclnnMin, min_all)
+
+// out = fn(gradOutput, x): the activation gradients (ops-nn activation/*_grad).
+#define CANN_EMU_ACTIVATION_GRAD(name, second, fn)                                                          \
+    CANN_API aclnnStatus name##GetWorkspaceSize(const aclTensor* grad, const aclTensor* x, aclTensor* out,  \
+                                                uint64_t* ws, aclOpExecutor** ex) {                     \
+        if (int rc = check_args(#name, {{"gradOutput", grad}, {second, x}, {"gradInput", out}})) return rc;  \
+        return aten_executor(#name, [g = hold(grad), s = hold(x), o = hold(out)] {                        \
+            at::Tensor r = view(o);                                                                      \
+            fn(r, view(g), view(s));                                                                     \
+        }, ws, ex);                                                                                      \
+    }                                                                                                    \
+    CANN_EMU_LAUNCH(name)
+static void gelu_grad(at::Tensor& r, const at::Tensor& g, const at::Tensor& x) { at::gelu_backward_out(r, g, x); }
+CANN_EMU_ACTIVATION_GRAD(aclnnGeluBackward, "self", gelu_grad)
+CANN_EMU_ACTIVATION_GRAD(aclnnSigmoidBackward, "output", at::sigmoid_backward_out)
+CANN_EMU_ACTIVATION_GRAD(aclnnTanhBackward, "output", at::tanh_backward_out)
+
+// aclnnConstantPadNd (ops-math conversion/pad_v3): pad in torch's order (last dim first), value fill.
+CANN_API aclnnStatus aclnnConstantPadNdGetWorkspaceSize(const aclTensor* self, const aclIntArray* pad,
+                                                        const aclScalar* value, aclTensor* out, uint64_t* ws,
+                                                        aclOpExecutor** ex) {
+    const char* op = "aclnnConstantPadNd";
+    if (int rc = check_present(op, "pad", pad)) return rc;
+    if (int rc = check_present(op, "value", value)) return rc;
+    if (int rc = check_args(op, {{"self", self}, {"out", out}})) return rc;
+    return aten_executor(op, [s = hold(self), p = hold(pad), v = host_scalar(*value), o = hold(out)] {
+        view(o).copy_(at::constant_pad_nd(view(s), p, v));
+    }, ws, ex);
+}
+CANN_EMU_LAUNCH(aclnnConstantPadNd)
+
+// ---- ordering (ops-math sort, topk, argsort; ops-math reduce max with indices) ------------------------------
+CANN_API aclnnStatus aclnnSortGetWorkspaceSize(const aclTensor* self, bool stable, int64_t dim, bool descending,
+                                               aclTensor* values, aclTensor* indices, uint64_t* ws,
+                                               aclOpExecutor** ex) {
+    const char* op = "aclnnSort";
+    if (int rc = check_args(op, {{"self", self}, {"valuesOut", values}, {"indicesOut", indices}})) return rc;
+    return aten_executor(op, [s = hold(self), stable, dim, descending, v = hold(values), i = hold(indices)] {
+        auto [sv, si] = at::sort(view(s), stable, dim, descending);
+        view(v).copy_(sv);
+        view(i).copy_(si);
+    }, ws, ex);
+}
+CANN_EMU_LAUNCH(aclnnSort)
+CANN_API aclnnStatus aclnnArgsortGetWorkspaceSize(const aclTensor* self, int64_t dim, bool descending, aclTensor* out,
+                                                  uint64_t* ws, aclOpExecutor** ex) {
+    const char* op = "aclnnArgsort";
+    if (int rc = check_args(op, {{"self", self}, {"out", out}})) return rc;
+    return aten_executor(op, [s = hold(self), dim, descending, o = hold(out)] {
+        view(o).copy_(at::argsort(view(s), /*stable=*/true, dim, descending));
+    }, ws, ex);
+}
+CANN_EMU_LAUNCH(aclnnArgsort)
+CANN_API aclnnStatus aclnnTopkGetWorkspaceSize(const aclTensor* self, int64_t k, int64_t dim, bool largest,
+                                               bool sorted, aclTensor* values, aclTensor* indices, uint64_t* ws,
+                                               aclOpExecutor** ex) {
+    const char* op = "aclnnTopk";
+    if (int rc = check_args(op, {{"self", self}, {"valuesOut", values}, {"indicesOut", indices}})) return rc;
+    return aten_executor(op, [s = hold(self), k, dim, largest, sorted, v = hold(values), i = hold(indices)] {
+        auto [tv, ti] = at::topk(view(s), k, dim, largest, sorted);
+        view(v).copy_(tv);
+        view(i).copy_(ti);
+    }, ws, ex);
+}
+CANN_EMU_LAUNCH(aclnnTopk)
+CANN_API aclnnStatus aclnnMaxDimGetWorkspaceSize(const aclTensor* self, int64_t dim, bool keepdim, aclTensor* out,
+                                                 aclTensor* indices, uint64_t* ws, aclOpExecutor** ex) {
+    const char* op = "aclnnMaxDim";
+    if (int rc = check_args(op, {{"self", self}, {"out", out}, {"indices", indices}})) return rc;
+    return aten_executor(op, [s = hold(self), dim, keepdim, o = hold(out), i = hold(indices)] {
+        auto [mv, mi] = at::max(view(s), dim, keepdim);
+        view(o).copy_(mv);
+        view(i).copy_(mi);
+    }, ws, ex);
+}
+CANN_EMU_LAUNCH(aclnnMaxDim)
+
+// ---- counting and index accumulation (ops-math bincount, histc; ops-nn index_add) ----------------------------
+CANN_API aclnnStatus aclnnBincountGetWorkspaceSize(const aclTensor* self, const aclTensor* weights, int64_t minlength,
+                                                   aclTensor* out, uint64_t* ws, aclOpExecutor** ex) {
+    const char* op = "aclnnBincount";
+    if (int rc = check_args(op, {{"self", self}, {"weights", weights, true}, {"out", out}})) return rc;
+    return aten_executor(op, [s = hold(self), w = hold(weights), minlength, o = hold(out)] {
+        at::Tensor counted = at::bincount(view(s), w ? std::optional<at::Tensor>(view(w)) : std::nullopt, minlength);
+        at::Tensor r = view(o);
+        r.zero_();
+        r.narrow(0, 0, std::min(r.size(0), counted.size(0))).copy_(counted.narrow(0, 0, std::min(r.size(0), counted.size(0))));
+    }, ws, ex);
+}
+CANN_EMU_LAUNCH(aclnnBincount)
+CANN_API aclnnStatus aclnnHistcGetWorkspaceSize(const aclTensor* self, int64_t bins, const aclScalar* min,
+                                                const aclScalar* max, aclTensor* out, uint64_t* ws,
+                                                aclOpExecutor** ex) {
+    const char* op = "aclnnHistc";
+    if (int rc = check_present(op, "min", min)) return rc;
+    if (int rc = check_present(op, "max", max)) return rc;
+    if (int rc = check_args(op, {{"self", self}, {"out", out}})) return rc;
+    return aten_executor(op, [s = hold(self), bins, lo = host_scalar(*min), hi = host_scalar(*max), o = hold(out)] {
+        at::Tensor r = view(o);
+        at::histc_out(r, view(s), bins, lo, hi);
+    }, ws, ex);
+}
+CANN_EMU_LAUNCH(aclnnHistc)
+CANN_API aclnnStatus aclnnIndexAddGetWorkspaceSize(const aclTensor* self, const int64_t dim, const aclTensor* index,
+                                                   const aclTensor* source, const aclScalar* alpha, aclTensor* out,
+                                                   uint64_t* ws, aclOpExecutor** ex) {
+    const char* op = "aclnnIndexAdd";
+    if (int rc = check_present(op, "alpha", alpha)) return rc;
+    if (int rc = check_args(op, {{"self", self}, {"index", index}, {"source", source}, {"out", out}})) return rc;
+    return aten_executor(op, [s = hold(self), dim, i = hold(index), x = hold(source), a = host_scalar(*alpha),
+                              o = hold(out)] {
+        at::Tensor r = view(o);
+        at::index_add_out(r, view(s), dim, view(i), view(x), a);
+    }, ws, ex);
+}
+CANN_EMU_LAUNCH(aclnnIndexAdd)
+CANN_API aclnnStatus aclnnInplaceIndexCopyGetWorkspaceSize(aclTensor* self, int64_t dim, const aclTensor* index,
+                                                           const aclTensor* source, uint64_t* ws, aclOpExecutor** ex) {
+    const char* op = "aclnnInplaceIndexCopy";
+    if (int rc = check_args(op, {{"selfRef", self}, {"index", index}, {"source", source}})) return rc;
+    return aten_executor(op, [s = hold(self), dim, i = hold(index), x = hold(source)] {
+        view(s).index_copy_(dim, view(i), view(x));
+    }, ws, ex);
+}
+CANN_EMU_LAUNCH(aclnnInplaceIndexCopy)
+
+// aclnnIndex (ops-nn index/index): out = self[indices] (advanced indexing; a null entry is a full slice).
+CANN_API aclnnStatus aclnnIndexGetWorkspaceSize(const aclTensor* self, const aclTensorList* indices, aclTensor* out,
+                                                uint64_t* ws, aclOpExecutor** ex) {
+    const char* op = "aclnnIndex";
+    if (int rc = check_present(op, "indices", indices)) return rc;
+    if (int rc = check_args(op, {{"self", self}, {"out", out}})) return rc;
+    std::vector<Held> held;
+    for (const aclTensor* t : indices->v) {
+        if (t)
+            if (int rc = check_args(op, {{"indices", t}})) return rc;
+        held.push_back(hold(t));
+    }
+    return aten_executor(op, [s = hold(self), held, o = hold(out)] {
+        c10::List<std::optional<at::Tensor>> index;
+        for (const Held& h : held) index.push_back(h ? std::optional<at::Tensor>(view(h)) : std::nullopt);
+        view(o).copy_(at::index(view(s), index));
+    }, ws, ex);
+}
+CANN_EMU_LAUNCH(aclnnIndex)

@@ -123,3 +123,56 @@ CANN_API aclnnStatus aclnnApplyAdamWV2GetWorkspaceSize(aclTensor* var, aclTensor
     }, ws, ex);
 }
 CANN_EMU_LAUNCH(aclnnApplyAdamWV2)
+
+// out[i] = fn(x[i]) (aclnnForeachCopy: out[i] = x[i], dtype converted; FSDP2's foreach copies).
+#define CANN_EMU_FOREACH_UNARY(name, fn)                                                                     \
+    CANN_API aclnnStatus name##GetWorkspaceSize(const aclTensorList* x, aclTensorList* out, uint64_t* ws,     \
+                                                aclOpExecutor** ex) {                                    \
+        if (int rc = check_list(#name, "x", x)) return rc;                                               \
+        if (int rc = check_list(#name, "out", out)) return rc;                                           \
+        if (x->v.size() != out->v.size()) return invalid(#name, "x and out differ in length");           \
+        return aten_executor(#name, [xs = hold(x), os = hold(out)] {                                      \
+            for (size_t i = 0; i < xs.size(); ++i) {                                                       \
+                at::Tensor r = host_view(os[i]);                                                           \
+                fn(r, host_view(xs[i]));                                                                   \
+            }                                                                                              \
+        }, ws, ex);                                                                                        \
+    }                                                                                                      \
+    CANN_EMU_LAUNCH(name)
+static void copy_into(at::Tensor& r, const at::Tensor& x) { r.copy_(x); }
+CANN_EMU_FOREACH_UNARY(aclnnForeachCopy, copy_into)
+CANN_EMU_FOREACH_UNARY(aclnnForeachSqrt, at::sqrt_out)
+
+// out[i] = x1[i] op x2[i] (with alpha for the V2 add/sub).
+CANN_API aclnnStatus aclnnForeachAddListV2GetWorkspaceSize(const aclTensorList* x1, const aclTensorList* x2,
+                                                           const aclScalar* alpha, aclTensorList* out, uint64_t* ws,
+                                                           aclOpExecutor** ex) {
+    const char* op = "aclnnForeachAddListV2";
+    if (int rc = check_list(op, "x1", x1)) return rc;
+    if (int rc = check_list(op, "x2", x2)) return rc;
+    if (int rc = check_list(op, "out", out)) return rc;
+    if (int rc = check_present(op, "alpha", alpha)) return rc;
+    if (x1->v.size() != out->v.size() || x2->v.size() != out->v.size()) return invalid(op, "x1, x2 and out differ in length");
+    return aten_executor(op, [a = hold(x1), b = hold(x2), al = host_scalar(*alpha), os = hold(out)] {
+        for (size_t i = 0; i < a.size(); ++i) {
+            at::Tensor r = host_view(os[i]);
+            at::add_out(r, host_view(a[i]), host_view(b[i]), al);
+        }
+    }, ws, ex);
+}
+CANN_EMU_LAUNCH(aclnnForeachAddListV2)
+CANN_API aclnnStatus aclnnForeachDivListGetWorkspaceSize(const aclTensorList* x1, const aclTensorList* x2,
+                                                         aclTensorList* out, uint64_t* ws, aclOpExecutor** ex) {
+    const char* op = "aclnnForeachDivList";
+    if (int rc = check_list(op, "x1", x1)) return rc;
+    if (int rc = check_list(op, "x2", x2)) return rc;
+    if (int rc = check_list(op, "out", out)) return rc;
+    if (x1->v.size() != out->v.size() || x2->v.size() != out->v.size()) return invalid(op, "x1, x2 and out differ in length");
+    return aten_executor(op, [a = hold(x1), b = hold(x2), os = hold(out)] {
+        for (size_t i = 0; i < a.size(); ++i) {
+            at::Tensor r = host_view(os[i]);
+            at::div_out(r, host_view(a[i]), host_view(b[i]));
+        }
+    }, ws, ex);
+}
+CANN_EMU_LAUNCH(aclnnForeachDivList)
