@@ -8,15 +8,16 @@
 using namespace cann_emu;
 
 // ---- families sharing one signature ------------------------------------------------------------------
-// out = fn(self): (const aclTensor* self, aclTensor* out, ...)
-#define CANN_EMU_UNARY(name, fn)                                                                          \
+// out = fn(self): (const aclTensor* self, aclTensor* out, ...); arg is the input's name in CANN's document.
+#define CANN_EMU_UNARY_ARG(name, arg, fn)                                                                   \
     CANN_API aclnnStatus name##GetWorkspaceSize(const aclTensor* self, aclTensor* out, uint64_t* ws,        \
                                                 aclOpExecutor** ex) {                                   \
-        if (int rc = check_args(#name, {{"self", self}, {"out", out}})) return rc;                       \
+        if (int rc = check_args(#name, {{arg, self}, {"out", out}})) return rc;                          \
         return aten_executor(#name, [s = hold(self), o = hold(out)] { at::Tensor r = view(o); fn(r, view(s)); }, \
                              ws, ex);                                                                     \
     }                                                                                                    \
     CANN_EMU_LAUNCH(name)
+#define CANN_EMU_UNARY(name, fn) CANN_EMU_UNARY_ARG(name, "self", fn)
 // out = fn(self, other) on tensors: (const aclTensor* self, const aclTensor* other, aclTensor* out, ...)
 #define CANN_EMU_BINARY(name, fn)                                                                         \
     CANN_API aclnnStatus name##GetWorkspaceSize(const aclTensor* self, const aclTensor* other, aclTensor* out, \
@@ -644,3 +645,90 @@ CANN_API aclnnStatus aclnnIndexGetWorkspaceSize(const aclTensor* self, const acl
     }, ws, ex);
 }
 CANN_EMU_LAUNCH(aclnnIndex)
+
+// aclnnPowScalarTensor (ops-math math/pow): out = self ** exponent, self a scalar.
+CANN_API aclnnStatus aclnnPowScalarTensorGetWorkspaceSize(const aclScalar* self, const aclTensor* exponent,
+                                                          aclTensor* out, uint64_t* ws, aclOpExecutor** ex) {
+    const char* op = "aclnnPowScalarTensor";
+    if (int rc = check_present(op, "self", self)) return rc;
+    if (int rc = check_args(op, {{"exponent", exponent}, {"out", out}})) return rc;
+    return aten_executor(op, [b = host_scalar(*self), e = hold(exponent), o = hold(out)] {
+        at::Tensor r = view(o);
+        at::pow_out(r, b, view(e));
+    }, ws, ex);
+}
+CANN_EMU_LAUNCH(aclnnPowScalarTensor)
+
+CANN_EMU_UNARY_ARG(aclnnCos, "input", at::cos_out)
+CANN_EMU_UNARY(aclnnSin, at::sin_out)
+CANN_EMU_UNARY(aclnnCeil, at::ceil_out)
+CANN_EMU_UNARY(aclnnTrunc, at::trunc_out)
+CANN_EMU_UNARY(aclnnExpm1, at::expm1_out)
+CANN_EMU_UNARY(aclnnLog1p, at::log1p_out)
+CANN_EMU_UNARY(aclnnLog2, at::log2_out)
+
+// aclnnAddV3 (ops-math math/add): out = self + alpha * other, self a scalar.
+CANN_API aclnnStatus aclnnAddV3GetWorkspaceSize(const aclScalar* self, const aclTensor* other, const aclScalar* alpha,
+                                                aclTensor* out, uint64_t* ws, aclOpExecutor** ex) {
+    const char* op = "aclnnAddV3";
+    if (int rc = check_present(op, "self", self)) return rc;
+    if (int rc = check_present(op, "alpha", alpha)) return rc;
+    if (int rc = check_args(op, {{"other", other}, {"out", out}})) return rc;
+    return aten_executor(op, [a = host_scalar(*self), t = hold(other), al = host_scalar(*alpha), o = hold(out)] {
+        at::Tensor r = view(o);
+        at::add_out(r, at::scalar_to_tensor(a), view(t), al);
+    }, ws, ex);
+}
+CANN_EMU_LAUNCH(aclnnAddV3)
+
+// ---- in-place forms: selfRef = fn(selfRef) / fn(selfRef, scalar) (arg: the tensor's name in CANN's document) ----
+#define CANN_EMU_INPLACE_UNARY(name, arg, method)                                                            \
+    CANN_API aclnnStatus name##GetWorkspaceSize(aclTensor* self, uint64_t* ws, aclOpExecutor** ex) {          \
+        if (int rc = check_args(#name, {{arg, self}})) return rc;                                           \
+        return aten_executor(#name, [s = hold(self)] { view(s).method(); }, ws, ex);                          \
+    }                                                                                                       \
+    CANN_EMU_LAUNCH(name)
+#define CANN_EMU_INPLACE_WITH_SCALAR(name, arg, what, method)                                                \
+    CANN_API aclnnStatus name##GetWorkspaceSize(aclTensor* self, const aclScalar* other, uint64_t* ws,       \
+                                                aclOpExecutor** ex) {                                      \
+        if (int rc = check_present(#name, what, other)) return rc;                                          \
+        if (int rc = check_args(#name, {{arg, self}})) return rc;                                           \
+        return aten_executor(#name, [s = hold(self), v = host_scalar(*other)] { view(s).method(v); }, ws, ex); \
+    }                                                                                                       \
+    CANN_EMU_LAUNCH(name)
+CANN_EMU_INPLACE_UNARY(aclnnInplaceExp, "selfRef", exp_)
+CANN_EMU_INPLACE_UNARY(aclnnInplaceLog, "selfRef", log_)
+CANN_EMU_INPLACE_UNARY(aclnnInplaceNeg, "selfRef", neg_)
+CANN_EMU_INPLACE_UNARY(aclnnInplaceReciprocal, "selfRef", reciprocal_)
+CANN_EMU_INPLACE_UNARY(aclnnInplaceRsqrt, "selfRef", rsqrt_)
+CANN_EMU_INPLACE_UNARY(aclnnInplaceSqrt, "self", sqrt_)
+CANN_EMU_INPLACE_UNARY(aclnnInplaceSigmoid, "selfRef", sigmoid_)
+CANN_EMU_INPLACE_UNARY(aclnnInplaceTanh, "selfRef", tanh_)
+CANN_EMU_INPLACE_UNARY(aclnnInplaceRelu, "selfRef", relu_)
+CANN_EMU_INPLACE_UNARY(aclnnInplaceFloor, "selfRef", floor_)
+CANN_EMU_INPLACE_UNARY(aclnnInplaceCeil, "selfRef", ceil_)
+CANN_EMU_INPLACE_UNARY(aclnnInplaceErf, "selfRef", erf_)
+CANN_EMU_INPLACE_UNARY(aclnnInplaceSin, "selfRef", sin_)
+CANN_EMU_INPLACE_UNARY(aclnnInplaceCos, "inputRef", cos_)
+CANN_EMU_INPLACE_WITH_SCALAR(aclnnInplacePowTensorScalar, "self", "exponent", pow_)
+CANN_EMU_INPLACE_WITH_SCALAR(aclnnInplaceClampMax, "selfRef", "clipValueMax", clamp_max_)
+CANN_EMU_INPLACE_WITH_SCALAR(aclnnInplaceEqScalar, "selfRef", "other", eq_)
+CANN_EMU_INPLACE_WITH_SCALAR(aclnnInplaceNeScalar, "selfRef", "other", ne_)
+CANN_EMU_INPLACE_WITH_SCALAR(aclnnInplaceGtScalar, "selfRef", "other", gt_)
+CANN_EMU_INPLACE_WITH_SCALAR(aclnnInplaceGeScalar, "selfRef", "other", ge_)
+CANN_EMU_INPLACE_WITH_SCALAR(aclnnInplaceLtScalar, "selfRef", "other", lt_)
+CANN_EMU_INPLACE_WITH_SCALAR(aclnnInplaceLeScalar, "selfRef", "other", le_)
+
+// aclnnInplaceAddcmul / aclnnInplaceAddcdiv (ops-math): selfRef += value * tensor1 (* or /) tensor2.
+#define CANN_EMU_INPLACE_ADDC(name, method)                                                                  \
+    CANN_API aclnnStatus name##GetWorkspaceSize(const aclTensor* self, const aclTensor* t1, const aclTensor* t2, \
+                                                const aclScalar* value, uint64_t* ws, aclOpExecutor** ex) { \
+        if (int rc = check_present(#name, "value", value)) return rc;                                       \
+        if (int rc = check_args(#name, {{"selfRef", self}, {"tensor1", t1}, {"tensor2", t2}})) return rc;    \
+        return aten_executor(#name, [s = hold(self), a = hold(t1), b = hold(t2), v = host_scalar(*value)] {   \
+            view(s).method(view(a), view(b), v);                                                            \
+        }, ws, ex);                                                                                         \
+    }                                                                                                       \
+    CANN_EMU_LAUNCH(name)
+CANN_EMU_INPLACE_ADDC(aclnnInplaceAddcmul, addcmul_)
+CANN_EMU_INPLACE_ADDC(aclnnInplaceAddcdiv, addcdiv_)
