@@ -29,6 +29,7 @@ import functools
 
 import spmd_types as spmd
 import torch
+from torch.utils._python_dispatch import _disable_current_modes
 from torch.fx.experimental.symbolic_shapes import guard_or_false
 
 from npu_inject.ops import kernels
@@ -102,13 +103,17 @@ class _GroupedMatmulKernelBackward(torch.autograd.Function):
 def _groups_along_k(provider_name: str, device_type: str, dtype: torch.dtype) -> bool:
     """Whether the kernel provider implements group_type=2 (checked once per provider, device, dtype)."""
     device = torch.device(device_type)
-    x_IR = torch.ones(2, 3, device=device, dtype=dtype)
+    # Transposed, as the backward passes it: CANN's GroupedMatmul refuses a row-major x along K (161002).
+    x_IR = torch.ones(3, 2, device=device, dtype=dtype).transpose(0, 1)
     y_RO = torch.ones(3, 2, device=device, dtype=dtype)
     group_list_E = torch.tensor([1, 3], dtype=torch.int64, device=device)
-    try:
-        _grouped_matmul_along_k(x_IR, y_RO, group_list_E)
-    except NotImplementedError:
-        return False
+    # Outside any dispatch mode: the first call may come inside selective activation checkpointing,
+    # whose mode would record the probe's op and replay its output for a later grouped matmul.
+    with _disable_current_modes(), torch.no_grad():
+        try:
+            _grouped_matmul_along_k(x_IR, y_RO, group_list_E)
+        except NotImplementedError:
+            return False
     return True
 
 
