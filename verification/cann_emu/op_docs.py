@@ -143,7 +143,7 @@ def parameter_list(text: str, op: str) -> dict[str, tuple[str, list[str], bool]]
         dtypes = _dtypes(" ".join(supported))
         rows[current] = (TAG.sub(" ", cell).strip(), dtypes, bool(a2) or "<term>" not in cell)
     for line in chosen[0].splitlines():
-        bullet = re.match(r"\s*-\s*([A-Za-z_]\w*)\s*[（(]\s*(?:const\s+)?aclTensor(?:List)?\s*\*", line)
+        bullet = re.match(r"\s*-\s*([A-Za-z_]\w*)\s*[（(]\s*(?:const\s+)?aclTensor(?:List)?\b", line)
         if bullet:
             close()
             current, raw = bullet.group(1), [line]

@@ -732,3 +732,175 @@ CANN_EMU_INPLACE_WITH_SCALAR(aclnnInplaceLeScalar, "selfRef", "other", le_)
     CANN_EMU_LAUNCH(name)
 CANN_EMU_INPLACE_ADDC(aclnnInplaceAddcmul, addcmul_)
 CANN_EMU_INPLACE_ADDC(aclnnInplaceAddcdiv, addcdiv_)
+
+// aclnnScatterValue / aclnnInplaceScatterValue (ops-math): self[index] = value along dim (reduce as aclnnScatter).
+CANN_API aclnnStatus aclnnInplaceScatterValueGetWorkspaceSize(aclTensor* self, int64_t dim, const aclTensor* index,
+                                                              const aclScalar* value, int64_t reduce, uint64_t* ws,
+                                                              aclOpExecutor** ex) {
+    const char* op = "aclnnInplaceScatterValue";
+    if (reduce < 0 || reduce > 2) return invalid(op, "reduce must be 0 (none), 1 (add) or 2 (multiply)");
+    if (int rc = check_present(op, "value", value)) return rc;
+    if (int rc = check_args(op, {{"selfRef", self}, {"index", index}})) return rc;
+    return aten_executor(op, [s = hold(self), dim, i = hold(index), v = host_scalar(*value), reduce] {
+        at::Tensor r = view(s);
+        if (auto how = scatter_reduce(reduce))
+            r.scatter_(dim, view(i), v, *how);
+        else
+            r.scatter_(dim, view(i), v);
+    }, ws, ex);
+}
+CANN_EMU_LAUNCH(aclnnInplaceScatterValue)
+CANN_API aclnnStatus aclnnScatterValueGetWorkspaceSize(const aclTensor* self, int64_t dim, const aclTensor* index,
+                                                       const aclScalar* value, int64_t reduce, aclTensor* out,
+                                                       uint64_t* ws, aclOpExecutor** ex) {
+    const char* op = "aclnnScatterValue";
+    if (reduce < 0 || reduce > 2) return invalid(op, "reduce must be 0 (none), 1 (add) or 2 (multiply)");
+    if (int rc = check_present(op, "value", value)) return rc;
+    if (int rc = check_args(op, {{"self", self}, {"index", index}, {"out", out}})) return rc;
+    return aten_executor(op, [s = hold(self), dim, i = hold(index), v = host_scalar(*value), reduce, o = hold(out)] {
+        at::Tensor r = view(o);
+        r.copy_(view(s));
+        if (auto how = scatter_reduce(reduce))
+            r.scatter_(dim, view(i), v, *how);
+        else
+            r.scatter_(dim, view(i), v);
+    }, ws, ex);
+}
+CANN_EMU_LAUNCH(aclnnScatterValue)
+CANN_EMU_TENSOR_SCALAR(aclnnFloorDivides, at::floor_divide_out)
+CANN_EMU_TENSOR_SCALAR(aclnnRemainderTensorScalar, at::remainder_out)
+CANN_EMU_BINARY(aclnnRemainderTensorTensor, at::remainder_out)
+
+// aclnnDivMod / aclnnDivMods (ops-math math/div): mode 0 true division, 1 truncation, 2 floor.
+static std::optional<c10::string_view> rounding(int mode) {
+    if (mode == 1) return c10::string_view("trunc");
+    if (mode == 2) return c10::string_view("floor");
+    return std::nullopt;
+}
+CANN_API aclnnStatus aclnnDivModGetWorkspaceSize(const aclTensor* self, const aclTensor* other, int mode, aclTensor* out,
+                                                 uint64_t* ws, aclOpExecutor** ex) {
+    const char* op = "aclnnDivMod";
+    if (mode < 0 || mode > 2) return invalid(op, "mode must be 0 (true), 1 (trunc) or 2 (floor)");
+    if (int rc = check_args(op, {{"self", self}, {"other", other}, {"out", out}})) return rc;
+    return aten_executor(op, [s = hold(self), t = hold(other), mode, o = hold(out)] {
+        at::Tensor r = view(o);
+        at::div_out(r, view(s), view(t), rounding(mode));
+    }, ws, ex);
+}
+CANN_EMU_LAUNCH(aclnnDivMod)
+CANN_API aclnnStatus aclnnDivModsGetWorkspaceSize(const aclTensor* self, const aclScalar* other, int mode, aclTensor* out,
+                                                  uint64_t* ws, aclOpExecutor** ex) {
+    const char* op = "aclnnDivMods";
+    if (mode < 0 || mode > 2) return invalid(op, "mode must be 0 (true), 1 (trunc) or 2 (floor)");
+    if (int rc = check_present(op, "other", other)) return rc;
+    if (int rc = check_args(op, {{"self", self}, {"out", out}})) return rc;
+    return aten_executor(op, [s = hold(self), v = host_scalar(*other), mode, o = hold(out)] {
+        at::Tensor r = view(o);
+        at::div_out(r, view(s), at::scalar_to_tensor(v), rounding(mode));
+    }, ws, ex);
+}
+CANN_EMU_LAUNCH(aclnnDivMods)
+CANN_API aclnnStatus aclnnArgMaxGetWorkspaceSize(const aclTensor* self, int64_t dim, bool keepdim, aclTensor* out,
+                                                 uint64_t* ws, aclOpExecutor** ex) {
+    const char* op = "aclnnArgMax";
+    if (int rc = check_args(op, {{"self", self}, {"out", out}})) return rc;
+    return aten_executor(op, [s = hold(self), dim, keepdim, o = hold(out)] {
+        at::Tensor r = view(o);
+        at::argmax_out(r, view(s), dim, keepdim);
+    }, ws, ex);
+}
+CANN_EMU_LAUNCH(aclnnArgMax)
+CANN_API aclnnStatus aclnnMinDimGetWorkspaceSize(const aclTensor* self, int64_t dim, bool keepdim, aclTensor* out,
+                                                 aclTensor* indices, uint64_t* ws, aclOpExecutor** ex) {
+    const char* op = "aclnnMinDim";
+    if (int rc = check_args(op, {{"self", self}, {"out", out}, {"indices", indices}})) return rc;
+    return aten_executor(op, [s = hold(self), dim, keepdim, o = hold(out), i = hold(indices)] {
+        auto [mv, mi] = at::min(view(s), dim, keepdim);
+        view(o).copy_(mv);
+        view(i).copy_(mi);
+    }, ws, ex);
+}
+CANN_EMU_LAUNCH(aclnnMinDim)
+
+// ---- copies with a shape rule (ops-math repeat, expand, flip, roll, repeat_interleave; masked fill) ----------
+#define CANN_EMU_SHAPED(name, what, expr)                                                                    \
+    CANN_API aclnnStatus name##GetWorkspaceSize(const aclTensor* self, const aclIntArray* arg, aclTensor* out, \
+                                                uint64_t* ws, aclOpExecutor** ex) {                        \
+        if (int rc = check_present(#name, what, arg)) return rc;                                            \
+        if (int rc = check_args(#name, {{"self", self}, {"out", out}})) return rc;                          \
+        return aten_executor(#name, [s = hold(self), a = hold(arg), o = hold(out)] {                        \
+            view(o).copy_(expr);                                                                            \
+        }, ws, ex);                                                                                         \
+    }                                                                                                       \
+    CANN_EMU_LAUNCH(name)
+CANN_EMU_SHAPED(aclnnRepeat, "repeats", view(s).repeat(a))
+CANN_EMU_SHAPED(aclnnExpand, "size", view(s).expand(a))
+CANN_EMU_SHAPED(aclnnFlip, "dims", view(s).flip(a))
+
+CANN_API aclnnStatus aclnnRepeatInterleaveIntWithDimGetWorkspaceSize(const aclTensor* self, int64_t repeats,
+                                                                     int64_t dim, int64_t output_size, aclTensor* out,
+                                                                     uint64_t* ws, aclOpExecutor** ex) {
+    const char* op = "aclnnRepeatInterleaveIntWithDim";
+    if (int rc = check_args(op, {{"self", self}, {"out", out}})) return rc;
+    return aten_executor(op, [s = hold(self), repeats, dim, o = hold(out)] {
+        view(o).copy_(at::repeat_interleave(view(s), repeats, dim));
+    }, ws, ex);
+}
+CANN_EMU_LAUNCH(aclnnRepeatInterleaveIntWithDim)
+CANN_API aclnnStatus aclnnRepeatInterleaveWithDimGetWorkspaceSize(const aclTensor* self, const aclTensor* repeats,
+                                                                  int64_t dim, int64_t output_size, aclTensor* out,
+                                                                  uint64_t* ws, aclOpExecutor** ex) {
+    const char* op = "aclnnRepeatInterleaveWithDim";
+    if (int rc = check_args(op, {{"self", self}, {"repeats", repeats}, {"out", out}})) return rc;
+    return aten_executor(op, [s = hold(self), r = hold(repeats), dim, o = hold(out)] {
+        view(o).copy_(at::repeat_interleave(view(s), view(r), dim));
+    }, ws, ex);
+}
+CANN_EMU_LAUNCH(aclnnRepeatInterleaveWithDim)
+CANN_API aclnnStatus aclnnRepeatInterleaveTensorGetWorkspaceSize(const aclTensor* repeats, int64_t output_size,
+                                                                 aclTensor* out, uint64_t* ws, aclOpExecutor** ex) {
+    const char* op = "aclnnRepeatInterleaveTensor";
+    if (int rc = check_args(op, {{"repeats", repeats}, {"out", out}})) return rc;
+    return aten_executor(op, [r = hold(repeats), o = hold(out)] { view(o).copy_(at::repeat_interleave(view(r))); },
+                         ws, ex);
+}
+CANN_EMU_LAUNCH(aclnnRepeatInterleaveTensor)
+CANN_API aclnnStatus aclnnInplaceMaskedFillTensorGetWorkspaceSize(aclTensor* self, const aclTensor* mask,
+                                                                  const aclTensor* value, uint64_t* ws,
+                                                                  aclOpExecutor** ex) {
+    const char* op = "aclnnInplaceMaskedFillTensor";
+    if (int rc = check_args(op, {{"selfRef", self}, {"mask", mask}, {"value", value}})) return rc;
+    return aten_executor(op, [s = hold(self), m = hold(mask), v = hold(value)] {
+        view(s).masked_fill_(view(m), view(v));
+    }, ws, ex);
+}
+CANN_EMU_LAUNCH(aclnnInplaceMaskedFillTensor)
+CANN_API aclnnStatus aclnnRepeatInterleaveGetWorkspaceSize(const aclTensor* self, const aclTensor* repeats,
+                                                           int64_t output_size, aclTensor* out, uint64_t* ws,
+                                                           aclOpExecutor** ex) {
+    const char* op = "aclnnRepeatInterleave";  // self flattened, each element repeats[i] times
+    if (int rc = check_args(op, {{"self", self}, {"repeats", repeats}, {"out", out}})) return rc;
+    return aten_executor(op, [s = hold(self), r = hold(repeats), o = hold(out)] {
+        view(o).copy_(at::repeat_interleave(view(s).flatten(), view(r)));
+    }, ws, ex);
+}
+CANN_EMU_LAUNCH(aclnnRepeatInterleave)
+CANN_API aclnnStatus aclnnRepeatInterleaveIntGetWorkspaceSize(const aclTensor* self, int64_t repeats,
+                                                              int64_t output_size, aclTensor* out, uint64_t* ws,
+                                                              aclOpExecutor** ex) {
+    const char* op = "aclnnRepeatInterleaveInt";
+    if (int rc = check_args(op, {{"self", self}, {"out", out}})) return rc;
+    return aten_executor(op, [s = hold(self), repeats, o = hold(out)] {
+        view(o).copy_(at::repeat_interleave(view(s).flatten(), repeats));
+    }, ws, ex);
+}
+CANN_EMU_LAUNCH(aclnnRepeatInterleaveInt)
+CANN_API aclnnStatus aclnnSignGetWorkspaceSize(const aclTensor* self, aclTensor* result, uint64_t* ws, aclOpExecutor** ex) {
+    const char* op = "aclnnSign";
+    if (int rc = check_args(op, {{"self", self}, {"result", result}})) return rc;
+    return aten_executor(op, [s = hold(self), o = hold(result)] {
+        at::Tensor r = view(o);
+        at::sign_out(r, view(s));
+    }, ws, ex);
+}
+CANN_EMU_LAUNCH(aclnnSign)
