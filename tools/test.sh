@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
-# Install everything into .venv, build the simulated NPU, run the whole test suite
-# (unit tests and the multi-process end-to-end runs marked e2e).
+# Install everything into .venv, build the simulated NPU and the CANN emulation (.venv-cann, layered over
+# .venv), run the whole test suite (unit tests, the multi-process end-to-end runs marked e2e, and the
+# real torch_npu wheel on the emulation, marked cann_emu).
 #   bash tools/test.sh                 # unit tests + e2e runs (what CI runs)
 #   bash tools/test.sh -m "not (e2e or parallel or models or fused_matrix or compile_long)"  # unit tests only
 #   bash tools/test.sh -m parallel     # the long matrices: parallel, models, fused_matrix, compile_long
+#   bash tools/test.sh -m "cann_emu or cann_emu_long"   # everything on the CANN emulation
 set -euo pipefail
 cd "$(dirname "$0")/.."
 VENV=${VENV:-.venv}
@@ -13,11 +15,14 @@ PY="$VENV/bin/python"
 # The test extra brings torchvision (qwen3_5's image loader), not transformers (flux's row checks its stop).
 "$PY" -m pip install -q -r tools/pins.txt -e ".[test]"
 "$PY" verification/sim_npu/build.py
+# The real torch_npu wheel on the CANN emulation (tests/cann_emu): a venv layered over $VENV that adds
+# only the wheel, and the emulated CANN libraries.
+bash verification/cann_emu/setup.sh .venv-cann --base "$VENV"
 export HF_HUB_OFFLINE=1
 # CI's selection: everything but the long matrices (their one-case-per-dimension members carry e2e too).
 case " $* " in
   *" -m "*) ;;
-  *) set -- -m "not (models or fused_matrix or compile_long or upstream_suite or cann_emu) and (e2e or not parallel)" "$@" ;;
+  *) set -- -m "not (models or fused_matrix or compile_long or upstream_suite or cann_emu_long) and (e2e or not parallel)" "$@" ;;
 esac
 # Two workers by default (tests/conftest.py groups the tests that share runs); -n 0 runs in one process.
 # One OpenMP thread per process, as torchrun sets for multi-rank runs: a 1-rank run's two spinning

@@ -145,9 +145,10 @@ def test_legacy_aclop_path_fails_by_op_type():
         import json, torch, torch_npu
         try:
             torch_npu.npu_format_cast(torch.ones(4, 4).npu(), 29)
+            torch.npu.synchronize()  # torch_npu's task queue may report the launch's failure here
             print(json.dumps({"error": "no error"}))
         except RuntimeError as error:
             print(json.dumps({"error": str(error)}))
         """
     )
-    assert "legacy aclop path" in result["error"] or "not implemented by the CANN emulation" in result["error"]
+    assert "took the legacy aclop path" in result["error"], result["error"]

@@ -457,6 +457,21 @@ CANN_API aclnnStatus aclnnChunkCatGetWorkspaceSize(const aclTensorList* tensors,
 }
 CANN_EMU_LAUNCH(aclnnChunkCat)
 
+// An index list as aclnnIndex/aclnnIndexPutImpl take it: a null entry is a full slice (torch's None).
+static aclnnStatus hold_indices(const char* op, const aclTensorList* indices, std::vector<Held>& held) {
+    for (const aclTensor* t : indices->v) {
+        if (t)
+            if (int rc = check_args(op, {{"indices", t}})) return rc;
+        held.push_back(hold(t));
+    }
+    return 0;
+}
+static c10::List<std::optional<at::Tensor>> index_list(const std::vector<Held>& held) {
+    c10::List<std::optional<at::Tensor>> index;
+    for (const Held& h : held) index.push_back(h ? std::optional<at::Tensor>(view(h)) : std::nullopt);
+    return index;
+}
+
 // aclnnIndexPutImpl (ops-nn index/index_put_v2): selfRef[indices] = values (or += with accumulate); an
 // index list entry may be null (a full slice, torch's None).
 CANN_API aclnnStatus aclnnIndexPutImplGetWorkspaceSize(aclTensor* self, const aclTensorList* indices,
@@ -466,15 +481,9 @@ CANN_API aclnnStatus aclnnIndexPutImplGetWorkspaceSize(aclTensor* self, const ac
     if (int rc = check_present(op, "indices", indices)) return rc;
     if (int rc = check_args(op, {{"selfRef", self}, {"values", values}})) return rc;
     std::vector<Held> held;
-    for (const aclTensor* t : indices->v) {
-        if (t)
-            if (int rc = check_args(op, {{"indices", t}})) return rc;
-        held.push_back(hold(t));
-    }
+    if (int rc = hold_indices(op, indices, held)) return rc;
     return aten_executor(op, [s = hold(self), held, v = hold(values), accumulate] {
-        c10::List<std::optional<at::Tensor>> index;
-        for (const Held& h : held) index.push_back(h ? std::optional<at::Tensor>(view(h)) : std::nullopt);
-        view(s).index_put_(index, view(v), accumulate);
+        view(s).index_put_(index_list(held), view(v), accumulate);
     }, ws, ex);
 }
 CANN_EMU_LAUNCH(aclnnIndexPutImpl)
@@ -633,15 +642,9 @@ CANN_API aclnnStatus aclnnIndexGetWorkspaceSize(const aclTensor* self, const acl
     if (int rc = check_present(op, "indices", indices)) return rc;
     if (int rc = check_args(op, {{"self", self}, {"out", out}})) return rc;
     std::vector<Held> held;
-    for (const aclTensor* t : indices->v) {
-        if (t)
-            if (int rc = check_args(op, {{"indices", t}})) return rc;
-        held.push_back(hold(t));
-    }
+    if (int rc = hold_indices(op, indices, held)) return rc;
     return aten_executor(op, [s = hold(self), held, o = hold(out)] {
-        c10::List<std::optional<at::Tensor>> index;
-        for (const Held& h : held) index.push_back(h ? std::optional<at::Tensor>(view(h)) : std::nullopt);
-        view(o).copy_(at::index(view(s), index));
+        view(o).copy_(at::index(view(s), index_list(held)));
     }, ws, ex);
 }
 CANN_EMU_LAUNCH(aclnnIndex)

@@ -66,22 +66,25 @@ CANN_API aclnnStatus aclnnForeachMulScalarListGetWorkspaceSize(const aclTensorLi
 }
 CANN_EMU_LAUNCH(aclnnForeachMulScalarList)
 
-// out[i] = x[i] * y[i]
-CANN_API aclnnStatus aclnnForeachMulListGetWorkspaceSize(const aclTensorList* x1, const aclTensorList* x2,
-                                                         const aclTensorList* out, uint64_t* ws, aclOpExecutor** ex) {
-    const char* op = "aclnnForeachMulList";
-    if (int rc = check_list(op, "x1", x1)) return rc;
-    if (int rc = check_list(op, "x2", x2)) return rc;
-    if (int rc = check_list(op, "out", out)) return rc;
-    if (x1->v.size() != out->v.size() || x2->v.size() != out->v.size()) return invalid(op, "x1, x2 and out differ in length");
-    return aten_executor(op, [a = hold(x1), b = hold(x2), os = hold(out)] {
-        for (size_t i = 0; i < a.size(); ++i) {
-            at::Tensor r = host_view(os[i]);
-            at::mul_out(r, host_view(a[i]), host_view(b[i]));
-        }
-    }, ws, ex);
-}
-CANN_EMU_LAUNCH(aclnnForeachMulList)
+// out[i] = fn(x1[i], x2[i])
+#define CANN_EMU_FOREACH_LIST(name, fn)                                                                      \
+    CANN_API aclnnStatus name##GetWorkspaceSize(const aclTensorList* x1, const aclTensorList* x2,            \
+                                                aclTensorList* out, uint64_t* ws, aclOpExecutor** ex) {  \
+        if (int rc = check_list(#name, "x1", x1)) return rc;                                             \
+        if (int rc = check_list(#name, "x2", x2)) return rc;                                             \
+        if (int rc = check_list(#name, "out", out)) return rc;                                           \
+        if (x1->v.size() != out->v.size() || x2->v.size() != out->v.size())                             \
+            return invalid(#name, "x1, x2 and out differ in length");                                    \
+        return aten_executor(#name, [a = hold(x1), b = hold(x2), os = hold(out)] {                       \
+            for (size_t i = 0; i < a.size(); ++i) {                                                        \
+                at::Tensor r = host_view(os[i]);                                                           \
+                fn(r, host_view(a[i]), host_view(b[i]));                                                   \
+            }                                                                                              \
+        }, ws, ex);                                                                                        \
+    }                                                                                                      \
+    CANN_EMU_LAUNCH(name)
+CANN_EMU_FOREACH_LIST(aclnnForeachMulList, at::mul_out)
+CANN_EMU_FOREACH_LIST(aclnnForeachDivList, at::div_out)
 
 // out[i] = ||x[i]||_p (one-element tensors), p from scalar.
 CANN_API aclnnStatus aclnnForeachNormGetWorkspaceSize(const aclTensorList* x, const aclScalar* scalar,
@@ -161,18 +164,3 @@ CANN_API aclnnStatus aclnnForeachAddListV2GetWorkspaceSize(const aclTensorList* 
     }, ws, ex);
 }
 CANN_EMU_LAUNCH(aclnnForeachAddListV2)
-CANN_API aclnnStatus aclnnForeachDivListGetWorkspaceSize(const aclTensorList* x1, const aclTensorList* x2,
-                                                         aclTensorList* out, uint64_t* ws, aclOpExecutor** ex) {
-    const char* op = "aclnnForeachDivList";
-    if (int rc = check_list(op, "x1", x1)) return rc;
-    if (int rc = check_list(op, "x2", x2)) return rc;
-    if (int rc = check_list(op, "out", out)) return rc;
-    if (x1->v.size() != out->v.size() || x2->v.size() != out->v.size()) return invalid(op, "x1, x2 and out differ in length");
-    return aten_executor(op, [a = hold(x1), b = hold(x2), os = hold(out)] {
-        for (size_t i = 0; i < a.size(); ++i) {
-            at::Tensor r = host_view(os[i]);
-            at::div_out(r, host_view(a[i]), host_view(b[i]));
-        }
-    }, ws, ex);
-}
-CANN_EMU_LAUNCH(aclnnForeachDivList)
