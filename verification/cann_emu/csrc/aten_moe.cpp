@@ -71,7 +71,9 @@ CANN_API aclnnStatus aclnnGroupedMatmulV5GetWorkspaceSize(
     int64_t group_type, int64_t group_list_type, int64_t act_type, aclIntArray* tuning_config, aclTensorList* out,
     aclTensorList* activation_feature_out, aclTensorList* dyn_quant_scale_out, uint64_t* ws, aclOpExecutor** ex) {
     const char* op = "aclnnGroupedMatmulV5";
-    if (int rc = check_list(op, "x", x) || check_list(op, "weight", weight) || check_list(op, "out", out)) return rc;
+    if (int rc = check_list(op, "x", x)) return rc;  // one by one: "a || b" would return 1, not the status
+    if (int rc = check_list(op, "weight", weight)) return rc;
+    if (int rc = check_list(op, "out", out)) return rc;
     if (int rc = check_args(op, {{"groupListOptional", group_list, true}})) return rc;
     if (x->v.empty() || weight->v.empty() || out->v.empty()) return invalid(op, "x, weight and out must not be empty");
     if (split_item < 0 || split_item > 3) return invalid(op, "splitItem must be 0, 1, 2 or 3");

@@ -9,10 +9,8 @@ using namespace cann_emu;
 #define CANN_EMU_FOREACH_SCALAR_TENSOR(name, fn)                                                           \
     CANN_API aclnnStatus name##GetWorkspaceSize(const aclTensorList* x, const aclTensor* scalar,           \
                                                 const aclTensorList* out, uint64_t* ws, aclOpExecutor** ex) { \
-        if (int rc = check_list(#name, "x", x)) return rc;                                               \
-        if (int rc = check_list(#name, "out", out)) return rc;                                           \
+        if (int rc = check_lists(#name, {{"x", x}, {"out", out}})) return rc;                            \
         if (int rc = check_args(#name, {{"scalar", scalar}})) return rc;                                   \
-        if (x->v.size() != out->v.size()) return invalid(#name, "x and out differ in length");           \
         return aten_executor(#name, [xs = hold(x), s = hold(scalar), os = hold(out)] {                    \
             at::Scalar v = view(s).item();                                                                 \
             for (size_t i = 0; i < xs.size(); ++i) {                                                       \
@@ -25,10 +23,8 @@ using namespace cann_emu;
 #define CANN_EMU_FOREACH_SCALAR(name, fn)                                                                  \
     CANN_API aclnnStatus name##GetWorkspaceSize(const aclTensorList* x, const aclScalar* scalar,           \
                                                 aclTensorList* out, uint64_t* ws, aclOpExecutor** ex) {  \
-        if (int rc = check_list(#name, "x", x)) return rc;                                               \
-        if (int rc = check_list(#name, "out", out)) return rc;                                           \
+        if (int rc = check_lists(#name, {{"x", x}, {"out", out}})) return rc;                            \
         if (int rc = check_present(#name, "scalar", scalar)) return rc;                                    \
-        if (x->v.size() != out->v.size()) return invalid(#name, "x and out differ in length");           \
         return aten_executor(#name, [xs = hold(x), v = host_scalar(*scalar), os = hold(out)] {            \
             for (size_t i = 0; i < xs.size(); ++i) {                                                       \
                 at::Tensor r = host_view(os[i]);                                                           \
@@ -70,11 +66,7 @@ CANN_EMU_LAUNCH(aclnnForeachMulScalarList)
 #define CANN_EMU_FOREACH_LIST(name, fn)                                                                      \
     CANN_API aclnnStatus name##GetWorkspaceSize(const aclTensorList* x1, const aclTensorList* x2,            \
                                                 aclTensorList* out, uint64_t* ws, aclOpExecutor** ex) {  \
-        if (int rc = check_list(#name, "x1", x1)) return rc;                                             \
-        if (int rc = check_list(#name, "x2", x2)) return rc;                                             \
-        if (int rc = check_list(#name, "out", out)) return rc;                                           \
-        if (x1->v.size() != out->v.size() || x2->v.size() != out->v.size())                             \
-            return invalid(#name, "x1, x2 and out differ in length");                                    \
+        if (int rc = check_lists(#name, {{"x1", x1}, {"x2", x2}, {"out", out}})) return rc;             \
         return aten_executor(#name, [a = hold(x1), b = hold(x2), os = hold(out)] {                       \
             for (size_t i = 0; i < a.size(); ++i) {                                                        \
                 at::Tensor r = host_view(os[i]);                                                           \
@@ -90,10 +82,8 @@ CANN_EMU_FOREACH_LIST(aclnnForeachDivList, at::div_out)
 CANN_API aclnnStatus aclnnForeachNormGetWorkspaceSize(const aclTensorList* x, const aclScalar* scalar,
                                                       const aclTensorList* out, uint64_t* ws, aclOpExecutor** ex) {
     const char* op = "aclnnForeachNorm";
-    if (int rc = check_list(op, "x", x)) return rc;
-    if (int rc = check_list(op, "out", out)) return rc;
+    if (int rc = check_lists(op, {{"x", x}, {"out", out}})) return rc;
     if (int rc = check_present(op, "scalar", scalar)) return rc;
-    if (x->v.size() != out->v.size()) return invalid(op, "x and out differ in length");
     return aten_executor(op, [xs = hold(x), p = host_scalar(*scalar), os = hold(out)] {
         for (size_t i = 0; i < xs.size(); ++i) {
             at::Tensor r = host_view(os[i]);
@@ -131,9 +121,7 @@ CANN_EMU_LAUNCH(aclnnApplyAdamWV2)
 #define CANN_EMU_FOREACH_UNARY(name, fn)                                                                     \
     CANN_API aclnnStatus name##GetWorkspaceSize(const aclTensorList* x, aclTensorList* out, uint64_t* ws,     \
                                                 aclOpExecutor** ex) {                                    \
-        if (int rc = check_list(#name, "x", x)) return rc;                                               \
-        if (int rc = check_list(#name, "out", out)) return rc;                                           \
-        if (x->v.size() != out->v.size()) return invalid(#name, "x and out differ in length");           \
+        if (int rc = check_lists(#name, {{"x", x}, {"out", out}})) return rc;                            \
         return aten_executor(#name, [xs = hold(x), os = hold(out)] {                                      \
             for (size_t i = 0; i < xs.size(); ++i) {                                                       \
                 at::Tensor r = host_view(os[i]);                                                           \
@@ -151,11 +139,8 @@ CANN_API aclnnStatus aclnnForeachAddListV2GetWorkspaceSize(const aclTensorList* 
                                                            const aclScalar* alpha, aclTensorList* out, uint64_t* ws,
                                                            aclOpExecutor** ex) {
     const char* op = "aclnnForeachAddListV2";
-    if (int rc = check_list(op, "x1", x1)) return rc;
-    if (int rc = check_list(op, "x2", x2)) return rc;
-    if (int rc = check_list(op, "out", out)) return rc;
+    if (int rc = check_lists(op, {{"x1", x1}, {"x2", x2}, {"out", out}})) return rc;
     if (int rc = check_present(op, "alpha", alpha)) return rc;
-    if (x1->v.size() != out->v.size() || x2->v.size() != out->v.size()) return invalid(op, "x1, x2 and out differ in length");
     return aten_executor(op, [a = hold(x1), b = hold(x2), al = host_scalar(*alpha), os = hold(out)] {
         for (size_t i = 0; i < a.size(); ++i) {
             at::Tensor r = host_view(os[i]);

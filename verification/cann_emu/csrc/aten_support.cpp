@@ -74,6 +74,20 @@ aclnnStatus check_list(const char* op, const char* name, const aclTensorList* li
     return 0;
 }
 
+aclnnStatus check_lists(const char* op, std::initializer_list<ListArg> lists) {
+    for (const ListArg& l : lists)
+        if (int rc = check_list(op, l.name, l.list)) return rc;
+    std::string names;
+    size_t i = 0;
+    bool same = true;
+    for (const ListArg& l : lists) {
+        names += (i == 0 ? "" : i + 1 == lists.size() ? " and " : ", ") + std::string(l.name);
+        same &= l.list->v.size() == lists.begin()->list->v.size();
+        ++i;
+    }
+    return same ? 0 : invalid(op, names + " differ in length");
+}
+
 aclnnStatus check_present(const char* op, const char* what, const void* arg) {
     return arg ? 0 : fail(ACLNN_ERR_PARAM_NULLPTR, std::string(op) + ": " + what + " is null");
 }

@@ -51,6 +51,13 @@ struct TensorArg {
 aclnnStatus check_args(const char* op, std::initializer_list<TensorArg> args);
 // The same for every tensor of a list (161001 for a null list).
 aclnnStatus check_list(const char* op, const char* name, const aclTensorList* list);
+struct ListArg {
+    const char* name;
+    const aclTensorList* list;
+};
+// check_list for each, then 161002 "x1, x2 and out differ in length" unless all have one length
+// (the foreach operators' rule).
+aclnnStatus check_lists(const char* op, std::initializer_list<ListArg> lists);
 // 161001 naming op and what when a required non-tensor argument (scalar, array) is null.
 aclnnStatus check_present(const char* op, const char* what, const void* arg);
 // 161002 naming op: the shape rule given by why does not hold.
