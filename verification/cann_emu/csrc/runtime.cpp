@@ -4,6 +4,7 @@
 // Signatures follow CANN's public headers (hicann/runtime include/external/acl/acl_rt.h, acl_base_rt.h).
 #include "cann_emu.h"
 
+#include <algorithm>
 #include <chrono>
 #include <cstdarg>
 #include <cstdio>
@@ -73,10 +74,15 @@ struct Allocation {
 static std::mutex g_mem_mutex;
 static std::unordered_map<void*, Allocation> g_allocations;
 static std::vector<uint64_t> g_used;  // bytes in use per device
+static std::vector<uint64_t> g_peak;  // most bytes ever in use per device (aclrtGetMemUsageInfo)
 
 static std::vector<uint64_t>& used() {
     if (g_used.empty()) g_used.assign(config().devices, 0);
     return g_used;
+}
+static std::vector<uint64_t>& peak() {
+    if (g_peak.empty()) g_peak.assign(config().devices, 0);
+    return g_peak;
 }
 
 static constexpr size_t kAlign = 512;  // device addresses on Ascend are 512-byte aligned for aclnn
@@ -288,6 +294,7 @@ CANN_API aclError aclrtMalloc(void** ptr, size_t size, int /*policy*/) {
         if (!p) return fail(ACL_ERROR_BAD_ALLOC, "aclrtMalloc: the host has no memory for " +
                                                      std::to_string(size) + " bytes");
         u[dev] += size;
+        peak()[dev] = std::max(peak()[dev], u[dev]);
         g_allocations[p] = {dev, size};
         *ptr = p;
     }
@@ -331,6 +338,30 @@ CANN_API aclError aclrtGetMemInfo(int /*attr*/, size_t* free_bytes, size_t* tota
     std::lock_guard<std::mutex> lock(g_mem_mutex);
     *total = config().capacity;
     *free_bytes = config().capacity - used()[dev];
+    return ACL_SUCCESS;
+}
+
+// acl_rt.h's aclrtMemUsageInfo. CANN reports one row per component (runtime, HCCL, the app, ...); the
+// emulation has one: the device memory of aclrtMalloc, which is all torch_npu's allocator takes.
+struct aclrtMemUsageInfo {
+    char name[32];
+    uint64_t curMemSize;
+    uint64_t memPeakSize;
+    size_t reserved[8];
+};
+CANN_API aclError aclrtGetMemUsageInfo(int32_t device, aclrtMemUsageInfo* info, size_t input_num,
+                                       size_t* output_num) {
+    if (int rc = check_device(device)) return rc;
+    if (!info || !output_num)
+        return fail(ACL_ERROR_INVALID_PARAM, "aclrtGetMemUsageInfo: memUsageInfo or outputNum is null");
+    *output_num = 0;
+    if (input_num == 0) return ACL_SUCCESS;
+    std::lock_guard<std::mutex> lock(g_mem_mutex);
+    std::memset(&info[0], 0, sizeof(info[0]));
+    std::snprintf(info[0].name, sizeof(info[0].name), "%s", "aclrtMalloc");
+    info[0].curMemSize = used()[device];
+    info[0].memPeakSize = peak()[device];
+    *output_num = 1;
     return ACL_SUCCESS;
 }
 
