@@ -276,7 +276,8 @@ CANN_API aclprofConfig* aclprofCreateConfig(uint32_t* devices, uint32_t n, int m
     for (uint32_t i = 0; i < n; ++i) cfg->devIdList[i] = devices[i];
     // Task time levels imply the ones below them, and any task time the training trace.
     if (data_type_config & PROF_TASK_TIME_L1) cfg->dataTypeConfig |= PROF_TASK_TIME;
-    if (data_type_config & (PROF_TASK_TIME_L2 | PROF_OP_ATTR)) cfg->dataTypeConfig |= PROF_TASK_TIME | PROF_TASK_TIME_L1;
+    if (data_type_config & (PROF_TASK_TIME_L2 | PROF_OP_ATTR))
+        cfg->dataTypeConfig |= PROF_TASK_TIME | PROF_TASK_TIME_L1;
     if (data_type_config & PROF_TASK_TIME_L3)
         cfg->dataTypeConfig |= PROF_TASK_TIME | PROF_TASK_TIME_L1 | PROF_TASK_TIME_L2;
     if (cfg->dataTypeConfig & PROF_TASK_TIME) cfg->dataTypeConfig |= PROF_TRAINING_TRACE;
@@ -306,8 +307,9 @@ CANN_API aclError aclprofSetConfig(int type, const char* value, size_t length) {
     std::lock_guard<std::mutex> lock(s.mutex);
     count(s, "aclprofSetConfig");
     if (type <= kConfigTypeMin || type >= kConfigTypeMax)
-        return fail(ACL_ERROR_INVALID_PARAM, "aclprofSetConfig: EK0001 configType " + std::to_string(type) +
-                                                 " should be greater than ACL_PROF_ARGS_MIN and less than ACL_PROF_ARGS_MAX");
+        return fail(ACL_ERROR_INVALID_PARAM,
+                    "aclprofSetConfig: EK0001 configType " + std::to_string(type) +
+                        " should be greater than ACL_PROF_ARGS_MIN and less than ACL_PROF_ARGS_MAX");
     if (length > kConfigMax)
         return fail(ACL_ERROR_INVALID_PARAM, "aclprofSetConfig: EK0001 configLength " + std::to_string(length) +
                                                  " should be less than or equal to 256");
@@ -358,7 +360,8 @@ CANN_API aclError aclprofSetConfig(int type, const char* value, size_t length) {
             break;
         default:
             return fail(ACL_ERROR_INTERNAL_ERROR,
-                        "aclprofSetConfig: configType " + std::to_string(type) + " is not emulated by the CANN emulation");
+                        "aclprofSetConfig: configType " + std::to_string(type) +
+                            " is not emulated by the CANN emulation");
     }
     if (!ok)
         return fail(ACL_ERROR_INVALID_PROFILING_CONFIG, "aclprofSetConfig: EK0001 value '" + v + "' of configType " +
@@ -377,7 +380,8 @@ CANN_API aclError aclprofWarmup(const aclprofConfig* cfg) {
     if (!s.initialized)  // no auto-init here, unlike aclprofStart
         return fail(ACL_ERROR_PROF_NOT_RUN, "aclprofWarmup: EK0002 aclprofInit must be called before aclprofWarmup");
     if (s.acl_api_ready)
-        return fail(ACL_ERROR_PROF_API_CONFLICT, "aclprofWarmup: EK0002 aclprofWarmup cannot be called after aclprofStart");
+        return fail(ACL_ERROR_PROF_API_CONFLICT,
+                    "aclprofWarmup: EK0002 aclprofWarmup cannot be called after aclprofStart");
     if (aclError rc = start_devices(s, cfg, "aclprofWarmup")) return rc;
     s.warmup = true;
     return ACL_SUCCESS;
@@ -403,7 +407,8 @@ CANN_API aclError aclprofStart(const aclprofConfig* cfg) {
     if (s.repeat_invoking) return check_consistency(s, cfg, "aclprofStart");
     if ((cfg->dataTypeConfig & PROF_AICORE_METRICS) && cfg->aicoreMetrics != ACL_AICORE_NONE &&
         (cfg->aicoreMetrics < 0 || cfg->aicoreMetrics > ACL_AICORE_METRICS_LAST))
-        return fail(ACL_ERROR_INVALID_PARAM, "aclprofStart: EK0001 aicoreMetrics " + std::to_string(cfg->aicoreMetrics) +
+        return fail(ACL_ERROR_INVALID_PARAM, "aclprofStart: EK0001 aicoreMetrics " +
+                                                 std::to_string(cfg->aicoreMetrics) +
                                                  " is not supported on the current platform");
     if (s.warmup) {
         s.warmup = false;  // ChangeProfWarmupToStart: the warmed-up tasks become the started ones
