@@ -35,7 +35,9 @@ CORE = "libcann_emu.so"
 # File names torch_npu needs: DT_NEEDED of libtorch_npu.so, _C and libtensorpipe.so (readelf -d), and
 # the libraries its FunctionLoader / op-plugin dlopen by name (strings of libtorch_npu.so; ctypes in
 # torch_npu/npu/__init__.py for libascend_hal.so; libhcomm.so for HcclGroupStart/End, which
-# ProcessGroupHCCL looks up there). libatb.so stays absent on purpose: torch_npu loads
+# ProcessGroupHCCL looks up there; libmsprofiler.so for the profiler's aclprofWarmup/SetConfig/
+# GetSupportedFeatures(V2)/RegisterDeviceCallback/MarkEx; libascend_dump.so for aclopStart/StopDumpArgs,
+# the profiler's record_op_args). libatb.so stays absent on purpose: torch_npu loads
 # libop_plugin_atb.so inside try/except, as on a CANN install without the NNAL package.
 LIBRARIES = (
     "libascendcl.so",
@@ -48,6 +50,8 @@ LIBRARIES = (
     "libopapi.so",
     "libnnopbase.so",
     "libascend_hal.so",
+    "libmsprofiler.so",
+    "libascend_dump.so",
 )
 
 # CANN function names as torch_npu spells them (C identifiers, not parts of mangled C++ names).
