@@ -28,9 +28,22 @@ from dataclasses import dataclass, field
 from datetime import datetime
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, os.path.join(REPO, "tests"))
+sys.path.insert(0, os.path.join(REPO, "tests", "support"))
 
 from testkit import PLUGINS, clean_env, parse_losses, sim_env, torchrun  # noqa: E402
+from verification.cann_emu import BUILD_DIR, DEFAULT_VENV, cann_env  # noqa: E402  (testkit put the repo on sys.path)
+
+# The real torch_npu 2.14.0 wheel on the CANN emulation (verification/cann_emu): its venv.
+CANN_PYTHON = os.path.join(os.environ.get("CANN_EMU_VENV") or os.path.join(REPO, DEFAULT_VENV), "bin", "python")
+
+
+def cann_missing() -> str | None:
+    """Why the "cann" cases cannot run here, or None."""
+    if not os.path.exists(CANN_PYTHON):
+        return f"the CANN emulation's venv ({CANN_PYTHON}) is absent: bash verification/cann_emu/setup.sh"
+    if not (BUILD_DIR / "libascendcl.so").exists():
+        return f"the emulated CANN libraries are not built in {BUILD_DIR}: bash verification/cann_emu/setup.sh"
+    return None
 
 DETERMINISTIC = ["--debug.seed", "42", "--debug.deterministic", "--training.mixed_precision_param", "float32"]
 MODELS = {
@@ -66,7 +79,7 @@ class Case:
     model: str
     ranks: int
     arguments: list[str]
-    target: str = "cpu"  # "cpu" (rehearsal) or "sim" (simulated NPUs, hccl)
+    target: str = "cpu"  # "cpu" (rehearsal), "sim" (simulated NPUs) or "cann" (real torch_npu, CANN emulation)
     options: dict = field(default_factory=dict)  # registry options per patch id
     ci: bool = False  # one case per dimension, and every simulated-NPU case, run in CI (e2e)
 
@@ -112,6 +125,13 @@ CASES = [
     Case("sim_pp_1f1b", "llama3", 2, _p(pp=2) + PP_1F1B, target="sim", ci=True),
     Case("sim_cp_allgather_flex", "llama3", 2, _p(cp=2), target="sim", options=ALLGATHER, ci=True),
     Case("sim_cp_ulysses_varlen", "llama3_varlen", 2, _p(cp=2), target="sim", options=ULYSSES, ci=True),
+    # The same four through the real torch_npu wheel on the CANN emulation: its ProcessGroupHCCL
+    # (sub-groups, batched send/recv, all-to-all) over the emulated HCCL, DCP loading the seed
+    # checkpoint onto npu tensors, and the real op-plugin's attention kernels.
+    Case("cann_fsdp_x_tp", "llama3", 4, _p(dp_shard=2, tp=2), target="cann"),
+    Case("cann_pp_1f1b", "llama3", 2, _p(pp=2) + PP_1F1B, target="cann", ci=True),
+    Case("cann_cp_allgather_flex", "llama3", 2, _p(cp=2), target="cann", options=ALLGATHER),
+    Case("cann_cp_ulysses_varlen", "llama3_varlen", 2, _p(cp=2), target="cann", options=ULYSSES),
 ]
 CASES_BY_NAME = {case.name: case for case in CASES}
 
@@ -140,11 +160,13 @@ def _environment(target: str, ranks: int, options: dict, workdir: str) -> dict[s
         base = clean_env(TORCHTITAN_NPU="1", TORCHTITAN_NPU_SIM_DTENSOR_RNG="philox", **overrides)
         base["PYTHONPATH"] = os.pathsep.join(filter(None, [PLUGINS, base.get("PYTHONPATH")]))
         return sim_env(base, devices=max(ranks, 2))
+    if target == "cann":
+        return cann_env(clean_env(TORCHTITAN_NPU="1", OMP_NUM_THREADS="1", **overrides))
     return clean_env(TORCHTITAN_NPU="cpu", **overrides)
 
 
 def train(model: str, ranks: int, arguments: list[str], env: dict, dump: str, steps: int, seed: str | None,
-          extra=()) -> tuple[dict[int, float], str]:
+          extra=(), python: str | None = None) -> tuple[dict[int, float], str]:
     module, config, model_arguments = MODELS[model]
     args = ["--module", module, "--config", config, "--training.steps", str(steps), *model_arguments,
             "--validator.no-enable", *DETERMINISTIC, "--dump_folder", dump, *arguments, *extra]
@@ -152,7 +174,7 @@ def train(model: str, ranks: int, arguments: list[str], env: dict, dump: str, st
         args += ["--checkpoint.enable", "--checkpoint.interval", "1000", "--checkpoint.initial_load_path", seed]
     elif "--checkpoint.create_seed_checkpoint" not in extra:
         args.append("--checkpoint.no-enable")
-    result = torchrun(args + TAIL, env, nproc=ranks, timeout=1800)
+    result = torchrun(args + TAIL, env, nproc=ranks, timeout=1800, python=python)
     if result.returncode != 0:
         raise RuntimeError(f"{model} {' '.join(arguments)} failed:\n{result.stdout[-5000:]}")
     # Pipeline ranks without the last stage log the placeholder loss -1.0, summed over the loss
@@ -209,7 +231,8 @@ class Matrix:
         dump = tempfile.mkdtemp(prefix=f"{case.name}_", dir=self.workdir)
         env = _environment(case.target, case.ranks, case.options, self.workdir)
         started = time.monotonic()
-        losses, log = train(case.model, case.ranks, case.arguments, env, dump, self.steps, self.seed(case.model))
+        losses, log = train(case.model, case.ranks, case.arguments, env, dump, self.steps, self.seed(case.model),
+                            python=CANN_PYTHON if case.target == "cann" else None)
         missing = sorted(set(expected) - set(losses))
         difference = max((abs(losses[s] - expected[s]) / abs(expected[s]) for s in expected if s in losses),
                          default=float("inf"))
@@ -256,6 +279,8 @@ def main(argv: list[str] | None = None) -> int:
     if unknown:
         parser.error(f"unknown case(s) {', '.join(unknown)}; known: {', '.join(CASES_BY_NAME)}")
     cases = [CASES_BY_NAME[n] for n in names] if names else [c for c in CASES if c.ci or not arguments.ci]
+    if any(case.target == "cann" for case in cases) and cann_missing():
+        parser.error(cann_missing())
     workdir = arguments.workdir or tempfile.mkdtemp(prefix="parallel_matrix_")
     matrix, rows, failures = Matrix(workdir, arguments.steps), [], []
     for case in cases:

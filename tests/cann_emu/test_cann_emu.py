@@ -93,6 +93,13 @@ def session(tmp_path_factory) -> dict:
         out["linear"] = linear.npu()(x.npu()).cpu().tolist()
         out["mul"] = torch.mul(a.npu(), b.npu()).cpu().tolist()
         out["mul_expected"] = torch.mul(a, b).tolist()
+        # rsub: scalar - tensor (aclnnRsubs; torch's CP load balancer computes 2 * world - 1 - index) and
+        # tensor - alpha * tensor (aclnnRsub), integer and float
+        index = torch.arange(4)
+        out["rsubs"] = [(7 - index.npu()).cpu().tolist(), torch.rsub(a.npu(), 1.5, alpha=2).cpu().tolist()]
+        out["rsubs_expected"] = [(7 - index).tolist(), torch.rsub(a, 1.5, alpha=2).tolist()]
+        out["rsub"] = torch.rsub(a.npu(), b.npu(), alpha=3).cpu().tolist()
+        out["rsub_expected"] = torch.rsub(a, b, alpha=3).tolist()
         try:
             a.npu().erfinv()
             out["erfinv"] = "no error"
@@ -175,6 +182,8 @@ def test_aten_backed_operators_through_torch_npu(session):
     """nn.Linear (aclnnAddmm) and torch.mul (aclnnMul), computed by ATen's CPU kernels on host buffers."""
     assert session["linear"] == session["linear_expected"]
     assert session["mul"] == session["mul_expected"]
+    assert session["rsubs"] == session["rsubs_expected"]
+    assert session["rsub"] == session["rsub_expected"]
 
 
 def test_unimplemented_operator_fails_loudly_by_name(session):

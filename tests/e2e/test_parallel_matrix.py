@@ -3,8 +3,9 @@
 ``bash tools/test.sh -m parallel`` runs every case and prints the table; CI (``-m e2e``)
 runs the cases marked ``ci`` in tools/parallel_matrix.py: one per dimension in the rehearsal
 (replicate/DDP, TP with sequence parallel, PP 1F1B, CP flex and varlen with both schemes between
-them; EP runs in tests/e2e/test_moe_train.py) and every simulated-NPU case (FSDP x TP, PP 1F1B,
-CP flex and varlen).
+them; EP runs in tests/e2e/test_moe_train.py), every simulated-NPU case (FSDP x TP, PP 1F1B,
+CP flex and varlen) and, of the same four through the real torch_npu on the CANN emulation (marked
+cann_emu too; skipped when its venv is not set up), PP 1F1B.
 Each case must keep every step's loss within 1e-4 relative of the 1-rank run.
 """
 
@@ -48,6 +49,11 @@ def _marks(case):
     marks = [pytest.mark.parallel]
     if case.ci:
         marks.append(pytest.mark.e2e)
+    if case.target == "cann":
+        marks.append(pytest.mark.cann_emu)
+        missing = parallel_matrix.cann_missing()
+        if missing:
+            marks.append(pytest.mark.skip(reason=missing))
     return marks
 
 

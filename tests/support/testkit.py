@@ -63,16 +63,18 @@ def parse_losses(log: str) -> dict[int, float]:
     return {int(m.group(1)): float(m.group(2)) for m in LOSS_LINE.finditer(log)}
 
 
-def torchrun(args: list[str], env: dict[str, str], nproc: int = 2, timeout: int = 600, real: bool = False):
+def torchrun(args: list[str], env: dict[str, str], nproc: int = 2, timeout: int = 600, real: bool = False,
+             python: str | None = None):
     """Run ``torchrun -m torchtitan.train`` from the repo root (where the debug configs find
     tests/assets). Returns the CompletedProcess; stdout holds both streams.
 
     The ranks are forked from a warm process (tests/support/forklaunch.py: the same bootstrap and
-    imports, without paying torch's import per rank) unless ``real`` is set, the run changes a
-    variable read at import time, or NPU_INJECT_TEST_LAUNCHER=torchrun."""
+    imports, without paying torch's import per rank) unless ``real`` is set, ``python`` names
+    another interpreter (e.g. the CANN emulation's venv), the run changes a variable read at
+    import time, or NPU_INJECT_TEST_LAUNCHER=torchrun."""
     env = {"HF_HUB_OFFLINE": "1", **env}
     port = _free_port()
-    if not real and os.environ.get(forklaunch.LAUNCHER_VAR, "fork") != "torchrun":
+    if python is None and not real and os.environ.get(forklaunch.LAUNCHER_VAR, "fork") != "torchrun":
         if _LAUNCHER.process is None:
             _LAUNCHER.start(clean_env(HF_HUB_OFFLINE="1"))
         differences = forklaunch.import_time_differences(env, _LAUNCHER.server_env)
@@ -80,7 +82,7 @@ def torchrun(args: list[str], env: dict[str, str], nproc: int = 2, timeout: int 
             return _LAUNCHER.run(list(args), env, REPO, nproc, port, timeout)
         print(f"testkit.torchrun: real torchrun, the run sets {differences} differently from the warm launcher",
               file=sys.stderr)
-    command = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(nproc),
+    command = [python or sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(nproc),
                "--master_port", str(port), "-m", "torchtitan.train", *args]
     return subprocess.run(command, env=env, cwd=REPO, timeout=timeout,
                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)

@@ -113,11 +113,12 @@ CANN_EMU_INPLACE_BINARY(aclnnInplaceDiv, at::div_out)
 CANN_EMU_INPLACE_SCALAR(aclnnInplaceMuls, at::mul_out)
 CANN_EMU_INPLACE_SCALAR(aclnnInplaceDivs, at::div_out)
 
-// ---- with alpha (hicann/ops-math math/sub, math/add: aclnnSub, aclnnSubs, aclnnAdds and their in-place forms) ----
-// out = self + sign * alpha * other, other a tensor or a scalar.
+// ---- with alpha (hicann/ops-math math/sub, math/add: aclnnSub, aclnnSubs, aclnnAdds, their in-place forms,
+// aclnnRsub and aclnnRsubs) ----
+// out = self + sign * alpha * other, other a tensor or a scalar; reversed (Rsub): out = other + sign * alpha * self.
 static aclnnStatus alpha_prepare(const char* op, const aclTensor* self, const aclTensor* other,
                                  const aclScalar* other_scalar, const aclScalar* alpha, const aclTensor* out,
-                                 double sign, uint64_t* ws, aclOpExecutor** ex) {
+                                 double sign, uint64_t* ws, aclOpExecutor** ex, bool reversed = false) {
     bool inplace = self == out;
     if (int rc = check_present(op, "alpha", alpha)) return rc;
     if (int rc = check_args(op, {{inplace ? "selfRef" : "self", self}})) return rc;
@@ -133,12 +134,13 @@ static aclnnStatus alpha_prepare(const char* op, const aclTensor* self, const ac
     at::Scalar a = host_scalar(*alpha);
     a = a.isIntegral(true) ? at::Scalar(a.toLong() * (int64_t)sign) : at::Scalar(a.toDouble() * sign);
     std::optional<at::Scalar> s_other = hold(other_scalar);
-    return aten_executor(op, [s = hold(self), t = hold(other), s_other, a, o = hold(out)] {
+    return aten_executor(op, [s = hold(self), t = hold(other), s_other, a, o = hold(out), reversed] {
         at::Tensor r = view(o);
-        if (t)
-            at::add_out(r, view(s), view(t), a);
+        at::Tensor other_tensor = t ? view(t) : at::scalar_to_tensor(*s_other);
+        if (reversed)
+            at::add_out(r, other_tensor, view(s), a);
         else
-            at::add_out(r, view(s), at::scalar_to_tensor(*s_other), a);
+            at::add_out(r, view(s), other_tensor, a);
     }, ws, ex);
 }
 CANN_API aclnnStatus aclnnSubGetWorkspaceSize(const aclTensor* self, const aclTensor* other, const aclScalar* alpha,
@@ -171,6 +173,16 @@ CANN_API aclnnStatus aclnnInplaceAddsGetWorkspaceSize(aclTensor* self, const acl
     return alpha_prepare("aclnnInplaceAdds", self, nullptr, other, alpha, self, 1.0, ws, ex);
 }
 CANN_EMU_LAUNCH(aclnnInplaceAdds)
+CANN_API aclnnStatus aclnnRsubGetWorkspaceSize(const aclTensor* self, const aclTensor* other, const aclScalar* alpha,
+                                               aclTensor* out, uint64_t* ws, aclOpExecutor** ex) {
+    return alpha_prepare("aclnnRsub", self, other, nullptr, alpha, out, -1.0, ws, ex, /*reversed=*/true);
+}
+CANN_EMU_LAUNCH(aclnnRsub)
+CANN_API aclnnStatus aclnnRsubsGetWorkspaceSize(const aclTensor* self, const aclScalar* other, const aclScalar* alpha,
+                                                aclTensor* out, uint64_t* ws, aclOpExecutor** ex) {
+    return alpha_prepare("aclnnRsubs", self, nullptr, other, alpha, out, -1.0, ws, ex, /*reversed=*/true);
+}
+CANN_EMU_LAUNCH(aclnnRsubs)
 
 // aclnnClamp (ops-math math/clamp): either bound may be null.
 CANN_API aclnnStatus aclnnClampGetWorkspaceSize(const aclTensor* self, const aclScalar* min, const aclScalar* max,
