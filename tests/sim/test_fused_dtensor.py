@@ -4,7 +4,7 @@ npu_swiglu (verification/sim_npu/site/torch_npu/_block_ops.py), on 2 gloo ranks.
 Each op runs on DTensors sharded along every dim its strategy may keep sharded, forward
 and backward; the gathered outputs and gradients must equal independent math on the full
 tensors (F.rms_norm, the rotate-half / pairwise rotation formulas, F.silu(a) * b), and the
-outputs must stay sharded (no silent all-gather).
+outputs must stay sharded (no silent all-gather). In float32: the kernels refuse float64, as CANN does.
 """
 
 from __future__ import annotations
@@ -65,8 +65,8 @@ def _worker(rank: int, world_size: int, init_file: str) -> None:
     def shard(t, placement):
         return distribute_tensor(t, mesh, [placement]).requires_grad_()
 
-    x = torch.randn(2, 4, 6, 8, dtype=torch.float64)
-    gamma = torch.rand(8, dtype=torch.float64) + 0.5
+    x = torch.randn(2, 4, 6, 8, dtype=torch.float32)
+    gamma = torch.rand(8, dtype=torch.float32) + 0.5
     for dim in (0, 1, 2):  # every dim before the normalized one
         _check(f"npu_rms_norm Shard({dim})", [shard(x, Shard(dim)), shard(gamma, Replicate())], [x, gamma],
                lambda a, g: npu.npu_rms_norm(a, g, 1e-6)[0],
@@ -74,7 +74,7 @@ def _worker(rank: int, world_size: int, init_file: str) -> None:
 
     for mode in ("half", "interleave"):
         for r_shape in ((1, 4, 1, 8), (2, 4, 1, 8)):
-            r1, r2 = torch.randn(r_shape, dtype=torch.float64), torch.randn(r_shape, dtype=torch.float64)
+            r1, r2 = torch.randn(r_shape, dtype=torch.float32), torch.randn(r_shape, dtype=torch.float32)
             for dim in (0, 1, 2):  # every dim but the rotated head dim
                 r_placement = Replicate() if r_shape[dim] == 1 else Shard(dim)
                 _check(f"npu_rotary_mul {mode} r{r_shape} Shard({dim})",
@@ -82,11 +82,11 @@ def _worker(rank: int, world_size: int, init_file: str) -> None:
                        lambda a, c, s, mode=mode: npu.npu_rotary_mul(a, c, s, mode),
                        lambda a, c, s, mode=mode: c * a + s * _rotate(a, mode), torch.randn_like(x), Shard(dim))
 
-    gate_up = torch.randn(3, 4, 2, 10, dtype=torch.float64)  # (.., gate/up, F): F sharded as under TP
+    gate_up = torch.randn(3, 4, 2, 10, dtype=torch.float32)  # (.., gate/up, F): F sharded as under TP
     for dim in (0, 3):
         _check(f"npu_swiglu dim=-2 Shard({dim})", [shard(gate_up, Shard(dim))], [gate_up],
                lambda t: npu.npu_swiglu(t, -2), lambda t: F.silu(t[..., 0:1, :]) * t[..., 1:2, :],
-               torch.randn(3, 4, 1, 10, dtype=torch.float64), Shard(dim))
+               torch.randn(3, 4, 1, 10, dtype=torch.float32), Shard(dim))
     torch.distributed.destroy_process_group()
 
 

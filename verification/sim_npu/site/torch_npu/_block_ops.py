@@ -20,16 +20,31 @@ kernels compute:
 from __future__ import annotations
 
 import importlib
+import importlib.util
+from pathlib import Path
 
 import torch
 from torch.distributed.tensor import Partial, Replicate, Shard
 from torch.distributed.tensor.experimental import register_sharding
 
+
+def _sibling(name: str):
+    """A module of this directory, loaded by path: this file is also loaded on its own, outside the
+    stand-in package (tests/sim/test_fused_dtensor.py)."""
+    spec = importlib.util.spec_from_file_location(f"torch_npu.{name}", Path(__file__).with_name(f"{name}.py"))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+checked = _sibling("_op_support").checked  # dtypes CANN refuses (the table shared with the CANN emulation)
+
 _REFERENCE_MODULE = "npu_inject.ops.reference"
 
 
 def _reference(name: str):
-    return getattr(importlib.import_module(_REFERENCE_MODULE), name)
+    """The reference kernel, refusing the dtypes CANN refuses (the shared operator table, _op_support)."""
+    return checked(name, getattr(importlib.import_module(_REFERENCE_MODULE), name))
 
 
 def _fresh(tensors):

@@ -15,8 +15,11 @@ from typing import Any, Callable
 
 _REFERENCE_MODULE = "npu_inject.ops.reference"
 
-# Operators with autograd and DTensor sharding strategies, as torch_npu's are (see _block_ops).
-from torch_npu._block_ops import npu_rms_norm, npu_rotary_mul, npu_swiglu, npu_swiglu_backward  # noqa: E402,F401
+# Operators with autograd and DTensor sharding strategies, as torch_npu's are (see _block_ops), and its
+# dtype check against the operator table shared with the CANN emulation (_op_support).
+from torch_npu._block_ops import (  # noqa: E402,F401
+    checked, npu_rms_norm, npu_rotary_mul, npu_swiglu, npu_swiglu_backward,
+)
 
 
 def _reference(name: str) -> Callable[..., Any]:
@@ -34,7 +37,7 @@ def _reference(name: str) -> Callable[..., Any]:
             f"torch_npu.{name} (simulated) forwards to {_REFERENCE_MODULE}.{name}, "
             f"which {_REFERENCE_MODULE} does not define."
         )
-    return function
+    return checked(name, function)
 
 
 def npu_fusion_attention(*args: Any, **kwargs: Any) -> Any:
@@ -71,9 +74,10 @@ def _register_described_kernels() -> dict[str, Any]:
     from npu_inject.ops import fakes, library
 
     def implementation(spec: Any, name: str) -> Callable[[], Callable[..., Any]]:
-        # The family module's function, looked up per call (patches may wrap the package's).
+        # The family module's function, looked up per call (patches may wrap the package's), refusing
+        # the dtypes CANN refuses (the shared operator table, _op_support).
         module = f"{_REFERENCE_MODULE}.{spec.reference_module}"
-        return lambda: getattr(importlib.import_module(module), name)
+        return lambda: checked(name, getattr(importlib.import_module(module), name))
 
     kernels = {}
     for name, spec in fakes.KERNELS.items():
