@@ -28,9 +28,11 @@ from testkit import (  # noqa: E402
 # groups are queued first, the unit tests last (they fill the tail).
 SHARED_RUN_GROUPS = (("moe_rehearsal_runs", "moe_runs"), ("llama_runs", "llama_runs"))
 MODULE_GROUPS = ("test_parallel_matrix.py", "test_checkpoint_resume.py", "test_compare_runs.py",
-                 "test_train.py", "test_hccl.py", "test_cann_emu.py", "test_training_ops.py")
+                 "test_train.py", "test_hccl.py", "test_cann_emu.py", "test_training_ops.py",
+                 "test_debug_outputs.py", "test_profiling.py", "test_cann_attention.py", "test_moe.py")
 GROUP_ORDER = ("moe_runs", "llama_runs", "test_parallel_matrix.py", "test_checkpoint_resume.py",
-               "test_compare_runs.py", "test_train.py", "test_hccl.py")
+               "test_compare_runs.py", "test_train.py", "test_hccl.py", "test_debug_outputs.py",
+               "test_profiling.py")
 
 
 def _run_group(item) -> str | None:
