@@ -1,9 +1,17 @@
-"""``npu-inject audit PATH``: print a simulated-NPU audit (audit_rank<N>.json) as tables.
+"""``npu-inject audit PATH``: print an audit of what a run asks of the NPU, as tables.
 
-The simulated NPU (verification/sim_npu, ``TORCHTITAN_NPU_SIM_AUDIT=1``) writes one file per
-rank next to the runtime's report: ops a real NPU would run on the host, host syncs per
-training step and call site, and stream-order findings. PATH is such a file or a
-directory holding them. Standard library only: this runs where torch is not installed.
+Two sources, one file per rank next to the runtime's report (``<dump>/npu_inject/``):
+
+* ``audit_rank<N>.json``, the simulated NPU's (verification/sim_npu, ``TORCHTITAN_NPU_SIM_AUDIT=1``):
+  ops a real NPU would run on the host, host syncs per training step and call site, stream-order
+  findings.
+* ``cann_emu_rank<N>.json``, the CANN emulation's (verification/cann_emu, ``CANN_EMU_COUNTS``): what
+  the real torch_npu asked of CANN per training step: aclnn operators, those CANN runs on AI CPU,
+  operators sent down the legacy aclop path, host synchronisations by call, HCCL calls.
+
+PATH is such a file or a directory holding them. AI CPU and aclop operators, host-fallback ops and
+stream-order findings are findings (exit 1). Standard library only: this runs where torch is not
+installed.
 """
 
 from __future__ import annotations
@@ -19,13 +27,17 @@ EXIT_FINDINGS = 1
 EXIT_ERROR = 2
 
 
+PATTERNS = ("audit_rank*.json", "cann_emu_rank*.json")
+
+
 def _files(path: str) -> list[str]:
     if os.path.isdir(path):
-        found = sorted(glob.glob(os.path.join(path, "audit_rank*.json")))
-        found = found or sorted(glob.glob(os.path.join(path, "npu_inject", "audit_rank*.json")))
-        if not found:
-            raise FileNotFoundError(f"{path}: no audit_rank<N>.json here or in {os.path.join(path, 'npu_inject')}")
-        return found
+        for folder in (path, os.path.join(path, "npu_inject")):
+            found = sorted(f for pattern in PATTERNS for f in glob.glob(os.path.join(folder, pattern)))
+            if found:
+                return found
+        raise FileNotFoundError(f"{path}: no audit_rank<N>.json or cann_emu_rank<N>.json here or in "
+                                f"{os.path.join(path, 'npu_inject')}")
     if not os.path.isfile(path):
         raise FileNotFoundError(f"{path}: no such file or directory (expected audit_rank<N>.json or its folder)")
     return [path]
@@ -39,7 +51,37 @@ def _table(headers: list[str], rows: list[list[str]]) -> str:
     return "\n".join(lines)
 
 
+def _is_cann_emu(document: dict) -> bool:
+    return document.get("schema") == 2 and "soc" in document
+
+
+def _step_key(name: str) -> tuple[int, int]:
+    return (1, 0) if not name.isdigit() else (0, int(name))
+
+
+def _counted(counter: dict) -> str:
+    return ", ".join(f"{name} {n}" for name, n in sorted(counter.items())) or "0"
+
+
+def render_cann_emu(document: dict, source: str) -> str:
+    """The real torch_npu's calls into the CANN emulation, one row per training step."""
+    out = [f"{source} (rank {document.get('rank')}, {document.get('soc')}; the real torch_npu's calls into "
+           "the CANN emulation)", ""]
+    rows = []
+    for step in sorted(document.get("steps", {}), key=_step_key):
+        counts = document["steps"][step]
+        rows.append([step, f"{sum(counts['aclnn'].values())} ({len(counts['aclnn'])})",
+                     _counted(counts["aicpu"]), _counted(counts["aclop"]), _counted(counts["syncs"]),
+                     _counted(counts["hccl"])])
+    out.append(_table(["step", "aclnn calls (operators)", "AI CPU", "legacy aclop", "host syncs", "HCCL"], rows))
+    for key, title in (("aicpu", "Operators CANN runs on AI CPU"), ("aclop", "Operators sent down the legacy aclop path")):
+        out.append(f"{title}: {_counted(document.get(key, {}))}")
+    return "\n".join(out)
+
+
 def render(document: dict, source: str) -> str:
+    if _is_cann_emu(document):
+        return render_cann_emu(document, source)
     out = [f"{source} (rank {document.get('rank')}, steps {document.get('steps')})", ""]
     fallbacks = document.get("fallback_ops", {})
     out.append(f"Host-fallback ops (no NPU kernel in torch_npu): {len(fallbacks)}")
@@ -74,12 +116,15 @@ def cmd_audit(args: argparse.Namespace) -> int:
     for path, document in documents:
         print(render(document, path))
         print()
-    problems = any(d.get("fallback_ops") or d.get("stream_findings") for _, d in documents)
+    problems = any(d.get("fallback_ops") or d.get("stream_findings") or d.get("aicpu") or d.get("aclop")
+                   for _, d in documents)
     return EXIT_FINDINGS if problems else EXIT_OK
 
 
 def add_parser(subparsers) -> None:
     parser = subparsers.add_parser(
-        "audit", help="print a simulated-NPU audit (host-fallback ops, host syncs, stream order)")
-    parser.add_argument("path", help="audit_rank<N>.json, or the dump folder / its npu_inject folder")
+        "audit", help="print a run's NPU audit: the simulated NPU's (host-fallback ops, host syncs, stream order) "
+                      "or the CANN emulation's (aclnn, AI CPU and aclop operators, host syncs, HCCL per step)")
+    parser.add_argument("path", help="audit_rank<N>.json or cann_emu_rank<N>.json, or the dump folder / its "
+                                     "npu_inject folder")
     parser.set_defaults(run=cmd_audit)

@@ -19,6 +19,7 @@ from __future__ import annotations
 import json
 import math
 import subprocess
+import sys
 
 import pytest
 
@@ -42,16 +43,16 @@ PARAMS = [pytest.param(name, marks=[pytest.mark.cann_emu_long] if name == "qwen3
 
 
 def emulated(args: list[str], dump, timeout: int = 900) -> tuple[subprocess.CompletedProcess, list[dict]]:
-    """Two ranks on the emulation; returns the run and each rank's per-step counts (CANN_EMU_COUNTS)."""
+    """Two ranks on the emulation; returns the run and each rank's per-step counts (CANN_EMU_COUNTS),
+    written where ``npu-inject audit <dump>`` finds them (torchrun's agent, without a rank, writes none)."""
+    (dump / "npu_inject").mkdir(parents=True)
     env = cann_env(clean_env(TORCHTITAN_NPU="1", HF_HUB_OFFLINE="1", OMP_NUM_THREADS="1"),
-                   counts=str(dump / "counts_{pid}.json"))
+                   counts=str(dump / "npu_inject" / "cann_emu_rank{rank}.json"))
     command = [str(PYTHON), "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
                "-m", "torchtitan.train", *args, "--dump-folder", str(dump)]
     result = subprocess.run(command, env=env, cwd=REPO, timeout=timeout, text=True,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
-    counts = [json.loads(p.read_text()) for p in sorted(dump.glob("counts_*.json"))]
-    # torchrun's agent is a process too: keep the ranks (they ran training steps).
-    return result, [c for c in counts if set(c["steps"]) - {"outside steps"}]
+    return result, [json.loads(p.read_text()) for p in sorted((dump / "npu_inject").glob("cann_emu_rank*.json"))]
 
 
 @pytest.mark.parametrize("name", PARAMS)
@@ -72,7 +73,7 @@ def test_trains_with_the_rehearsals_losses_and_counts_every_step(name, tmp_path)
         assert emulated_losses[step] == pytest.approx(loss, rel=1e-4), step
     assert emulated_losses[STEPS] < emulated_losses[1]
 
-    assert len(counts) == 2
+    assert [rank["rank"] for rank in counts] == [0, 1]
     fused = {"aclnnRmsNorm", "aclnnRmsNormGrad", "aclnnRotaryPositionEmbeddingGrad", "aclnnSwiGlu", "aclnnSwiGluGrad"}
     if name in MOE:
         fused |= {"aclnnGroupedMatmulV5", "aclnnMoeTokenPermute", "aclnnMoeTokenUnpermute"}
@@ -84,6 +85,13 @@ def test_trains_with_the_rehearsals_losses_and_counts_every_step(name, tmp_path)
             assert counted["hccl"], "no collective in a training step"
             assert sum(counted["syncs"].values()) >= 1  # at least the loss's .item()
         assert rank["steps"]["3"]["aclnn"] == rank["steps"]["4"]["aclnn"]
+
+    # The same counts through the product's viewer: a row per step, no AI CPU or aclop operator.
+    audit = subprocess.run([sys.executable, "-m", "npu_inject", "audit", str(tmp_path / "emulated")],
+                           capture_output=True, text=True, timeout=60)
+    assert audit.returncode == 0, audit.stdout + audit.stderr
+    assert audit.stdout.count("the real torch_npu's calls into the CANN emulation") == 2
+    assert "Operators sent down the legacy aclop path: 0" in audit.stdout
 
 
 def test_selftest_through_the_real_torch_npu():

@@ -4,7 +4,8 @@
     eval "$(.venv-cann/bin/python verification/cann_emu/env.py --counts /tmp/counts_{pid}.json)"
 
 ``--counts PATH``: each process writes what torch_npu asked of CANN per training step there
-(``{pid}`` becomes the process id; read them with counts.py).
+(``{pid}`` becomes the process id, ``{rank}`` torchrun's RANK, and then only ranks write; read them with
+counts.py, or name them ``<dump>/npu_inject/cann_emu_rank{rank}.json`` for ``npu-inject audit <dump>``).
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ if __name__ == "__main__":
     from verification.cann_emu import shell_exports
 
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--counts", help="per-process, per-step counts file ({pid} becomes the process id)")
+    parser.add_argument("--counts", help="per-process, per-step counts file ({pid} becomes the process id, {rank} the rank)")
     args = parser.parse_args()
     try:
         print(shell_exports(counts=args.counts))

@@ -1,4 +1,5 @@
-"""`npu-inject audit`: prints a simulated-NPU audit file as tables (npu_inject/commands/audit.py, stdlib only)."""
+"""`npu-inject audit`: prints the simulated NPU's audit files and the CANN emulation's per-step counts as
+tables (npu_inject/commands/audit.py, stdlib only)."""
 
 from __future__ import annotations
 
@@ -48,7 +49,46 @@ def test_missing_path_is_an_error_naming_it(tmp_path, capsys):
     assert main(["audit", str(tmp_path / "nowhere")]) == 2
     assert f"{tmp_path / 'nowhere'}: no such file or directory" in capsys.readouterr().err
     assert main(["audit", str(tmp_path)]) == 2
-    assert "no audit_rank<N>.json here" in capsys.readouterr().err
+    assert "no audit_rank<N>.json or cann_emu_rank<N>.json here" in capsys.readouterr().err
+
+
+def _steps(aclnn, aicpu=None, aclop=None, syncs=None, hccl=None):
+    return {"aclnn": aclnn, "aicpu": aicpu or {}, "aclop": aclop or {}, "syncs": syncs or {}, "hccl": hccl or {}}
+
+
+# The shape verification/cann_emu/csrc/audit.cpp writes (schema 2), with numbers made up for the test.
+CANN_EMU = {
+    "schema": 2, "soc": "Ascend910B2", "pid": 42, "rank": 0,
+    "aclnn": {"aclnnMm": 6, "aclnnRmsNorm": 2}, "aicpu": {}, "aclop": {}, "syncs": {}, "hccl": {},
+    "steps": {
+        "outside steps": _steps({"aclnnMm": 2}),
+        "10": _steps({"aclnnMm": 2, "aclnnRmsNorm": 1}, syncs={"aclrtSynchronizeStream": 3}, hccl={"HcclAllGather": 4}),
+        "2": _steps({"aclnnMm": 2, "aclnnRmsNorm": 1}, syncs={"aclrtMemcpy device-to-host": 1}),
+    },
+}
+
+
+def test_cann_emulation_counts_print_per_step_in_step_order(tmp_path, capsys):
+    (tmp_path / "npu_inject").mkdir()
+    (tmp_path / "npu_inject" / "cann_emu_rank0.json").write_text(json.dumps(CANN_EMU))
+    assert main(["audit", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert "(rank 0, Ascend910B2; the real torch_npu's calls into the CANN emulation)" in out
+    steps = [line.split()[0] for line in out.splitlines() if line.split()[:1] in (["2"], ["10"], ["outside"])]
+    assert steps == ["2", "10", "outside"]
+    row = next(line for line in out.splitlines() if line.startswith("10 "))
+    assert "3 (2)" in row and "aclrtSynchronizeStream 3" in row and "HcclAllGather 4" in row
+    assert "Operators CANN runs on AI CPU: 0" in out
+
+
+def test_cann_emulation_aicpu_or_aclop_operators_are_findings(tmp_path, capsys):
+    document = dict(CANN_EMU, aclop={"TransData": 2})
+    document["steps"] = dict(CANN_EMU["steps"], **{"2": _steps({"aclnnMm": 2}, aclop={"TransData": 2})})
+    path = tmp_path / "cann_emu_rank1.json"
+    path.write_text(json.dumps(document))
+    assert main(["audit", str(path)]) == 1
+    out = capsys.readouterr().out
+    assert "Operators sent down the legacy aclop path: TransData 2" in out
 
 
 def test_viewer_imports_neither_torch_nor_torchtitan():

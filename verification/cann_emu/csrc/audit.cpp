@@ -7,7 +7,10 @@
 // torch_npu launches from its task-queue thread, so an operator is counted in the step current when it
 // launches; every step ends in a host synchronisation (the loss), which drains that queue first.
 //
-// CANN_EMU_COUNTS=<path> ("{pid}" becomes the process id): written as JSON when the process exits.
+// CANN_EMU_COUNTS=<path>: written as JSON when the process exits. "{pid}" in it becomes the process id,
+// "{rank}" the process's RANK (torchrun's); a path with "{rank}" is written only by processes that have one,
+// so torchrun's agent writes nothing (e.g. <dump>/npu_inject/cann_emu_rank{rank}.json, which
+// `npu-inject audit <dump>` prints).
 #include "cann_emu.h"
 
 #include <cstdio>
@@ -53,6 +56,12 @@ void write_counts() {
     std::string file = path;
     size_t at = file.find("{pid}");
     if (at != std::string::npos) file.replace(at, 5, std::to_string(getpid()));
+    const char* rank = std::getenv("RANK");
+    at = file.find("{rank}");
+    if (at != std::string::npos) {
+        if (!rank || !*rank) return;  // not a rank (torchrun's agent): documented above
+        file.replace(at, 6, rank);
+    }
     FILE* f = std::fopen(file.c_str(), "w");
     if (!f) {
         std::fprintf(stderr, "cann_emu: cannot write the operator counts to %s\n", file.c_str());
@@ -68,7 +77,9 @@ void write_counts() {
         for (const auto& [k, n] : c.syncs) total.syncs[k] += n;
         for (const auto& [k, n] : c.hccl) total.hccl[k] += n;
     }
-    std::fprintf(f, "{\n  \"schema\": 2,\n  \"soc\": \"%s\",\n  \"pid\": %d,\n", config().soc.c_str(), (int)getpid());
+    std::fprintf(f, "{\n  \"schema\": 2,\n  \"soc\": \"%s\",\n  \"pid\": %d,\n  \"rank\": %s,\n",
+                 config().soc.c_str(), (int)getpid(),
+                 rank && *rank && std::strspn(rank, "0123456789") == std::strlen(rank) ? rank : "null");
     dump_counter(f, "aclnn", total.aclnn, "  ", ",");
     dump_counter(f, "aicpu", total.aicpu, "  ", ",");
     dump_counter(f, "aclop", total.aclop, "  ", ",");
