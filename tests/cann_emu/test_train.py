@@ -2,16 +2,17 @@
 
 Two ranks of the unmodified upstream command (``TORCHTITAN_NPU=1 torchrun -m torchtitan.train``) in
 the emulation's venv, against the CPU rehearsal (``TORCHTITAN_NPU=cpu``) from the same seed: llama3
-(FSDP, flex attention on npu_fusion_attention), deepseek_v3 and qwen3 MoE with expert parallel 2
+(FSDP, flex attention on npu_fusion_attention; and varlen on npu_fusion_attention_v3's TND layout),
+deepseek_v3 and qwen3 MoE with expert parallel 2
 (grouped matmul, token permute, all-to-all over HCCL). Per-step losses must agree within a relative 1e-4: every aclnn
 operator computes with ATen's CPU kernels in the dtype torch_npu asks for, and the emulation's random
 fills draw CPU PyTorch's stream for a seed, so the two runs start from the same weights; what may
 differ is the summation order of the emulated fused kernels (attention in FLOAT32 blocks, grouped
-matmul per group). Measured over 4 steps: llama3 and deepseek_v3 equal to the 5 decimals torchtitan
-prints; qwen3 MoE equal at step 1, then within 2e-5 relative.
+matmul per group). Measured over 4 steps: llama3 (flex and varlen) and deepseek_v3 equal to the 5
+decimals torchtitan prints; qwen3 MoE equal at step 1, then within 2e-5 relative.
 Also ``npu-inject selftest`` through the real torch_npu's npu_* entry points.
 
-    .venv-cann/bin/python -m pytest -m cann_emu tests/cann_emu/test_train.py -n 0
+    .venv/bin/python -m pytest -m "cann_emu or cann_emu_long" tests/cann_emu/test_train.py -n 0
 """
 
 from __future__ import annotations
@@ -32,14 +33,16 @@ RUN = ["--training.steps", str(STEPS), "--training.seq_len", "128", "--training.
        "--training.mixed_precision_param", "float32"]
 MODELS = {
     "llama3": ["--module", "llama3", "--config", "llama3_debugmodel"],
+    "llama3_varlen": ["--module", "llama3", "--config", "llama3_debugmodel_varlen_attn"],
     "deepseek_v3_ep2": ["--module", "deepseek_v3", "--config", "deepseek_v3_debugmodel",
                         "--parallelism.expert_parallel_degree", "2"],
     "qwen3_moe_ep2": ["--module", "qwen3", "--config", "qwen3_moe_debug", "--parallelism.expert_parallel_degree", "2"],
 }
 MOE = {"deepseek_v3_ep2", "qwen3_moe_ep2"}
-# CI runs one dense and one MoE model; qwen3 MoE (about 2 minutes on the emulation) with -m cann_emu_long.
-PARAMS = [pytest.param(name, marks=[pytest.mark.cann_emu_long] if name == "qwen3_moe_ep2" else [])
-          for name in sorted(MODELS)]
+# CI runs one dense and one MoE model; llama3 varlen and qwen3 MoE (about 2 minutes on the emulation)
+# with -m cann_emu_long.
+LONG = {"llama3_varlen", "qwen3_moe_ep2"}
+PARAMS = [pytest.param(name, marks=[pytest.mark.cann_emu_long] if name in LONG else []) for name in sorted(MODELS)]
 
 
 def emulated(args: list[str], dump, timeout: int = 900) -> tuple[subprocess.CompletedProcess, list[dict]]:
