@@ -214,6 +214,9 @@ def build_parser() -> argparse.ArgumentParser:
     from npu_inject.commands import audit  # stdlib only, like compare
 
     audit.add_parser(commands)
+    from npu_inject.commands import flight_recorder  # stdlib only, like audit
+
+    flight_recorder.add_parser(commands)
     from npu_inject.commands import selftest  # imports torch only when the command runs
 
     selftest.add_parser(commands)

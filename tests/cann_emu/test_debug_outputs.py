@@ -11,7 +11,8 @@ waits in that step's first collective as behind a hung peer. What the real torch
 - the HCCL flight recorder: torch_npu's watchdog times the collective out (``--comm.train_timeout_seconds``),
   signals every rank through the store, and each dumps to ``TORCH_HCCL_DEBUG_INFO_TEMP_FILE``, which
   the ``collectives`` patch set from ``--comm.save_traces_folder``. Read by torch's flight recorder
-  loader; torch's analyser (``fr_trace``) cannot analyse torch_npu 2.14.0's dumps (pinned below).
+  loader and by ``npu-inject flight-recorder``; torch's analyser (``fr_trace``) cannot analyse torch_npu
+  2.14.0's dumps (pinned below).
 
 Plus ``torch.npu.memory._dump_snapshot``'s per-component CSV (``aclrtGetMemUsageInfo``).
 
@@ -143,6 +144,19 @@ def test_flight_recorder_dumps_read_back_show_the_collective_rank_0_waits_in(sta
     assert all(e["state"] == "completed" for e in rank0_world[:-1] + rank1_world)
     # What a user reads first: the Python stack that issued the waiting collective.
     assert any(frame["name"] == "train_step" for frame in last["frames"]), last["frames"]
+
+
+def test_npu_inject_flight_recorder_names_the_rank_behind(stalled_run):
+    """The product's reader on the real torch_npu's dumps, in place (the _py_traceback files beside them)."""
+    _, dump = stalled_run
+    result = subprocess.run([sys.executable, "-m", "npu_inject", "flight-recorder", str(dump / "comm_traces"),
+                             "--frames", "30"], capture_output=True, text=True, timeout=60)
+    assert result.returncode == 1, result.stdout + result.stderr
+    assert "2 dumps (ranks [0, 1])" in result.stdout
+    diverged = next(line for line in result.stdout.splitlines() if "DIVERGED" in line)
+    assert "entered by ranks [0], not by ranks [1]" in diverged, result.stdout
+    assert "rank 0: scheduled" in result.stdout
+    assert "train_step (" in result.stdout
 
 
 def test_torchs_flight_recorder_analyser_cannot_read_torch_npu_2_14_dumps(stalled_run, tmp_path):
