@@ -62,7 +62,9 @@ def apply(ctx: PatchContext) -> None:
         import torch
         from torch_npu import profiler as npu_profiler
         rank = torch.distributed.get_rank()
-        trace_dir = os.path.join(base_folder, config.save_traces_folder, leaf_folder)
+        # torchtitan passes leaf_folder="" for a plain run; joining it would leave a trailing "/" that
+        # torch_npu's writer doubles ("traces//rank0_...").
+        trace_dir = os.path.join(base_folder, config.save_traces_folder, *filter(None, [leaf_folder]))
         os.makedirs(trace_dir, exist_ok=True)
         if config.trace_post_processor is not None:
             ctx.note("profiler.trace_post_processor not called: torch_npu writes a directory per trace")
