@@ -10,7 +10,9 @@ lines up each rank's collectives by sequence number and reports
 
 * the first collective some ranks of the group entered and others did not (the others are behind:
   hung, dead or busy elsewhere), with the entering ranks' state and Python stack;
-* collectives whose ranks disagree on input sizes or dtypes (a mismatched call);
+* collectives whose ranks cannot have made the same call: issued from different functions (the
+  innermost recorded frame), or with different dtypes, or different sizes where the stack shows no
+  all-to-all, gather or scatter (whose sizes may differ by rank);
 * collectives still in flight (``scheduled``/``started``) on every rank.
 
 Exit 0: the ranks agree; 1: a divergence or mismatch (printed); 2: bad input. The dumps are pickles of
@@ -83,6 +85,24 @@ def _describe(entry: dict) -> str:
             f"output sizes {entry.get('output_sizes')}")
 
 
+# Collectives whose ranks may pass different sizes (uneven all-to-all, a root's gather/scatter lists),
+# recognised by a frame of the recorded stack: the entries carry no operation name.
+_UNEVEN = re.compile(r"all_to_all|alltoall|(?<!all_)gather|(?<!reduce_)scatter")
+
+
+def _disagreement(entries: dict[int, dict]) -> str | None:
+    """Why the ranks' entries for one collective cannot be the same call, or None."""
+    innermost = {e["frames"][0].get("name") for e in entries.values() if e.get("frames")}
+    if len(innermost) > 1:
+        return f"issued by different functions {sorted(map(str, innermost))}"
+    if len({str(e.get("input_dtypes")) for e in entries.values()}) > 1:
+        return "dtypes differ"
+    uneven = any(_UNEVEN.search(str(f.get("name"))) for e in entries.values() for f in e.get("frames", []))
+    if not uneven and len({str(e.get("input_sizes")) for e in entries.values()}) > 1:
+        return "sizes differ"
+    return None
+
+
 def analyse(found: dict[int, tuple[str, dict]], frames: int = 6) -> tuple[list[str], bool]:
     """The report's lines and whether it found a divergence or a mismatch."""
     lines, findings = [], False
@@ -122,10 +142,10 @@ def analyse(found: dict[int, tuple[str, dict]], frames: int = 6) -> tuple[list[s
         common = sorted(set.intersection(*(set(e) for e in by_rank.values()))) if by_rank else []
         for seq in common:
             entries = {rank: by_rank[rank][seq] for rank in present}
-            signatures = {rank: (str(e.get("input_sizes")), str(e.get("input_dtypes"))) for rank, e in entries.items()}
-            if len(set(signatures.values())) > 1:
+            problem = _disagreement(entries)
+            if problem:
                 group_findings = True
-                lines.append(f"  MISMATCH at collective #{seq}: "
+                lines.append(f"  MISMATCH at collective #{seq} ({problem}): "
                              + "; ".join(f"rank {rank} {_describe(e)}" for rank, e in entries.items()))
         in_flight = [seq for seq in common if all(by_rank[r][seq].get("state") in IN_FLIGHT for r in present)]
         if in_flight:

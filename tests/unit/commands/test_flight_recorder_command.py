@@ -14,12 +14,13 @@ from npu_inject.commands.cli import main
 TORCH = "/site-packages/torch/distributed/distributed_c10d.py"
 
 
-def _entry(seq: int, state: str = "completed", sizes=((1024,),), dtype: str = "Float", group: str = "group_name_0"):
+def _entry(seq: int, state: str = "completed", sizes=((1024,),), dtype: str = "Float", group: str = "group_name_0",
+           function: str = "all_reduce"):
     return {"record_id": seq - 1, "pg_id": 0, "process_group": (group, ""), "collective_seq_id": seq,
             "p2p_seq_id": 0, "op_id": seq, "profiling_name": "", "input_sizes": [list(s) for s in sizes],
             "input_dtypes": [dtype], "output_sizes": [list(s) for s in sizes], "output_dtypes": [dtype],
             "state": state, "is_p2p": False, "timeout_ms": 600000,
-            "frames": [{"name": "all_reduce", "filename": TORCH, "line": 3906},
+            "frames": [{"name": function, "filename": TORCH, "line": 3906},
                        {"name": "wrapper", "filename": "/site-packages/torch/distributed/c10d_logger.py", "line": 83},
                        {"name": "train_step", "filename": "/site-packages/torchtitan/trainer.py", "line": 913}]}
 
@@ -51,8 +52,19 @@ def test_ranks_that_disagree_on_a_collective_are_a_mismatch(tmp_path, capsys):
     _write(tmp_path, {0: _dump([_entry(1), _entry(2, sizes=((4096,),))]), 1: _dump([_entry(1), _entry(2)])})
     assert main(["flight-recorder", str(tmp_path)]) == 1
     out = capsys.readouterr().out
-    assert "MISMATCH at collective #2: rank 0 completed, input sizes [[4096]]" in out
+    assert "MISMATCH at collective #2 (sizes differ): rank 0 completed, input sizes [[4096]]" in out
     assert "rank 1 completed, input sizes [[1024]]" in out
+
+
+def test_uneven_all_to_all_sizes_are_not_a_mismatch_but_different_calls_are(tmp_path, capsys):
+    _write(tmp_path, {0: _dump([_entry(1, sizes=((30, 8),), function="all_to_all_single")]),
+                      1: _dump([_entry(1, sizes=((34, 8),), function="all_to_all_single")])})
+    assert main(["flight-recorder", str(tmp_path)]) == 0
+    assert "the ranks agree" in capsys.readouterr().out
+    _write(tmp_path, {0: _dump([_entry(1)]), 1: _dump([_entry(1, function="broadcast")])})
+    assert main(["flight-recorder", str(tmp_path)]) == 1
+    assert "MISMATCH at collective #1 (issued by different functions ['all_reduce', 'broadcast'])" in \
+        capsys.readouterr().out
 
 
 def test_agreeing_ranks_exit_zero_and_in_flight_collectives_are_listed(tmp_path, capsys):
