@@ -81,11 +81,13 @@ def session(tmp_path_factory) -> dict:
         out["add_expected"] = torch.add(a, b, alpha=2).tolist()
         out["add_bf16"] = (a.npu().bfloat16() + b.npu().bfloat16()).float().cpu().tolist()
         out["add_bf16_expected"] = (a.bfloat16() + b.bfloat16()).float().tolist()
+        # UINT32 is in aclnnInplaceFillScalar's list (CANN's current document), FLOAT8_E4M3FN is not.
+        out["fill_uint32"] = torch.empty(3, dtype=torch.uint32, device="npu").fill_(5).cpu().long().tolist()
         try:
-            torch.empty(3, dtype=torch.uint32, device="npu").fill_(5)
-            out["uint32"] = "no error"
+            torch.empty(3, dtype=torch.float8_e4m3fn, device="npu").fill_(5)
+            out["float8"] = "no error"
         except RuntimeError as error:
-            out["uint32"] = str(error)
+            out["float8"] = str(error)
         torch.manual_seed(0)
         linear = torch.nn.Linear(8, 4)
         x = torch.randn(2, 8)
@@ -167,15 +169,16 @@ def test_operator_counts_are_the_calls_torch_npu_made(session):
     assert calls["aclnnAddmm"] == 1  # one nn.Linear forward
     assert calls["aclnnMul"] == 1
     assert calls["aclnnAdd"] >= 2  # torch.add twice (float32, bfloat16)
-    assert "aclnnInplaceFillScalar" not in calls  # it failed in phase one: never launched
+    assert calls["aclnnInplaceFillScalar"] == 1  # the UINT32 fill; the FLOAT8 one failed in phase one
     assert session["counts"]["aicpu"] == {}  # no operator of the table runs on AI CPU
 
 
 def test_unsupported_dtype_fails_as_cann_with_the_operators_name(session):
-    # UINT32 is outside aclnnInplaceFillScalar's Atlas A2 list (hicann/ops-math
-    # conversion/fill/docs/aclnnInplaceFillScalar_en.md).
-    assert "161002" in session["uint32"]
-    assert "aclnnInplaceFillScalar" in session["uint32"]
+    # FLOAT8_E4M3FN is outside aclnnInplaceFillScalar's Atlas A2 list, UINT32 inside (hicann/ops-math
+    # conversion/fill/docs/aclnnInplaceFillScalar.md; its English page, older, lacked UINT16/32/64).
+    assert "161002" in session["float8"]
+    assert "aclnnInplaceFillScalar: selfRef dtype FLOAT8_E4M3FN is not supported" in session["float8"]
+    assert session["fill_uint32"] == [5, 5, 5]
 
 
 def test_aten_backed_operators_through_torch_npu(session):

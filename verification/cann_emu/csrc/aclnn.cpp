@@ -24,6 +24,8 @@ size_t dtype_size(int dtype) {
         case ACL_FLOAT: case ACL_INT32: case ACL_UINT32: return 4;
         case ACL_FLOAT16: case ACL_BF16: case ACL_INT16: case ACL_UINT16: return 2;
         case ACL_INT8: case ACL_UINT8: case ACL_BOOL: return 1;
+        case ACL_HIFLOAT8: case ACL_FLOAT8_E5M2: case ACL_FLOAT8_E4M3FN: case ACL_FLOAT8_E8M0: return 1;
+        case ACL_COMPLEX32: return 4;
         case ACL_INT64: case ACL_UINT64: case ACL_DOUBLE: case ACL_COMPLEX64: return 8;
         case ACL_COMPLEX128: return 16;
         default: return 0;
@@ -47,6 +49,17 @@ const char* dtype_name(int dtype) {
         case ACL_BOOL: return "BOOL";
         case ACL_COMPLEX64: return "COMPLEX64";
         case ACL_COMPLEX128: return "COMPLEX128";
+        case ACL_INT4: return "INT4";
+        case ACL_UINT1: return "UINT1";
+        case ACL_COMPLEX32: return "COMPLEX32";
+        case ACL_HIFLOAT8: return "HIFLOAT8";
+        case ACL_FLOAT8_E5M2: return "FLOAT8_E5M2";
+        case ACL_FLOAT8_E4M3FN: return "FLOAT8_E4M3FN";
+        case ACL_FLOAT8_E8M0: return "FLOAT8_E8M0";
+        case ACL_FLOAT6_E3M2: return "FLOAT6_E3M2";
+        case ACL_FLOAT6_E2M3: return "FLOAT6_E2M3";
+        case ACL_FLOAT4_E2M1: return "FLOAT4_E2M1";
+        case ACL_FLOAT4_E1M2: return "FLOAT4_E1M2";
         default: return "UNKNOWN";
     }
 }
@@ -193,6 +206,9 @@ static double load(const void* p, int dtype) {
         case ACL_INT32: return *(const int32_t*)p;
         case ACL_INT64: return (double)*(const int64_t*)p;
         case ACL_UINT8: return *(const uint8_t*)p;
+        case ACL_UINT16: return *(const uint16_t*)p;
+        case ACL_UINT32: return *(const uint32_t*)p;
+        case ACL_UINT64: return (double)*(const uint64_t*)p;
         case ACL_BOOL: return *(const uint8_t*)p != 0;
         default: return NAN;
     }
@@ -208,6 +224,9 @@ static void store(void* p, int dtype, double v) {
         case ACL_INT32: *(int32_t*)p = (int32_t)(int64_t)v; break;
         case ACL_INT64: *(int64_t*)p = (int64_t)v; break;
         case ACL_UINT8: *(uint8_t*)p = (uint8_t)(int64_t)v; break;
+        case ACL_UINT16: *(uint16_t*)p = (uint16_t)(int64_t)v; break;
+        case ACL_UINT32: *(uint32_t*)p = (uint32_t)(int64_t)v; break;
+        case ACL_UINT64: *(uint64_t*)p = (uint64_t)v; break;
         case ACL_BOOL: *(uint8_t*)p = v != 0; break;
         default: break;
     }
@@ -217,7 +236,8 @@ static void store(void* p, int dtype, double v) {
 static bool computable(int dtype) {
     switch (dtype) {
         case ACL_FLOAT: case ACL_FLOAT16: case ACL_BF16: case ACL_DOUBLE: case ACL_INT8: case ACL_INT16:
-        case ACL_INT32: case ACL_INT64: case ACL_UINT8: case ACL_BOOL: return true;
+        case ACL_INT32: case ACL_INT64: case ACL_UINT8: case ACL_UINT16: case ACL_UINT32: case ACL_UINT64:
+        case ACL_BOOL: return true;
         default: return false;
     }
 }
@@ -369,7 +389,7 @@ CANN_API aclnnStatus aclnnInplaceCopy(void*, uint64_t, aclOpExecutor* ex, aclrtS
     return execute("aclnnInplaceCopy", ex);
 }
 
-// aclnnInplaceFillScalar: selfRef[...] = value (hicann/ops-math conversion/fill/docs/aclnnInplaceFillScalar_en.md).
+// aclnnInplaceFillScalar: selfRef[...] = value (hicann/ops-math conversion/fill/docs/aclnnInplaceFillScalar.md).
 CANN_API aclnnStatus aclnnInplaceFillScalarGetWorkspaceSize(aclTensor* self, const aclScalar* value, uint64_t* ws,
                                                             aclOpExecutor** ex) {
     const char* op = "aclnnInplaceFillScalar";

@@ -20,13 +20,17 @@ at::ScalarType scalar_type(int dtype) {
         case ACL_BOOL: return at::kBool;
         case ACL_COMPLEX64: return at::kComplexFloat;
         case ACL_COMPLEX128: return at::kComplexDouble;
+        case ACL_COMPLEX32: return at::kComplexHalf;
+        case ACL_FLOAT8_E5M2: return at::kFloat8_e5m2;
+        case ACL_FLOAT8_E4M3FN: return at::kFloat8_e4m3fn;
         default: return at::ScalarType::Undefined;
     }
 }
 
 int acl_dtype(at::ScalarType type) {
     for (int d : {ACL_FLOAT, ACL_FLOAT16, ACL_BF16, ACL_DOUBLE, ACL_INT8, ACL_INT16, ACL_INT32, ACL_INT64, ACL_UINT8,
-                  ACL_UINT16, ACL_UINT32, ACL_UINT64, ACL_BOOL, ACL_COMPLEX64, ACL_COMPLEX128})
+                  ACL_UINT16, ACL_UINT32, ACL_UINT64, ACL_BOOL, ACL_COMPLEX64, ACL_COMPLEX128, ACL_COMPLEX32,
+                  ACL_FLOAT8_E5M2, ACL_FLOAT8_E4M3FN})
         if (scalar_type(d) == type) return d;
     return ACL_DT_UNDEFINED;
 }

@@ -48,7 +48,18 @@ typedef enum {
     ACL_COMPLEX64 = 16,
     ACL_COMPLEX128 = 17,
     ACL_BF16 = 27,
-} aclDataType;
+    ACL_INT4 = 29,
+    ACL_UINT1 = 30,
+    ACL_COMPLEX32 = 33,
+    ACL_HIFLOAT8 = 34,
+    ACL_FLOAT8_E5M2 = 35,
+    ACL_FLOAT8_E4M3FN = 36,
+    ACL_FLOAT8_E8M0 = 37,
+    ACL_FLOAT6_E3M2 = 38,
+    ACL_FLOAT6_E2M3 = 39,
+    ACL_FLOAT4_E2M1 = 40,
+    ACL_FLOAT4_E1M2 = 41,
+} aclDataType;  // hicann/runtime include/external/acl/acl_base_rt.h
 
 typedef enum {
     ACL_FORMAT_UNDEFINED = -1,
