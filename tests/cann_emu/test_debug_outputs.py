@@ -43,17 +43,15 @@ RUN = ["--module", "llama3", "--config", "llama3_debugmodel", "--training.steps"
        "--comm.trace_buf_size", "2000", "--comm.train_timeout_seconds", "5"]
 
 
-@pytest.fixture(scope="module")
-def stalled_run(tmp_path_factory) -> tuple[str, Path]:
-    """The run's output and dump folder. It does not end by itself (rank 0 waits in HCCL until
-    HCCL's own execution timeout, as on an NPU); once both ranks have dumped, it is killed, as a
-    scheduler kills a hung job."""
-    dump = tmp_path_factory.mktemp("stalled_run")
+def _run_until_every_rank_dumped(dump: Path, run_args: list[str]) -> str:
+    """A 2-rank run on the emulation whose rank 1 stalls before step STALL_STEP; returns its output. It
+    does not end by itself (rank 0 waits in HCCL until HCCL's own execution timeout, as on an NPU); once
+    both ranks have dumped, it is killed, as a scheduler kills a hung job."""
     env = cann_env(clean_env(TORCHTITAN_NPU="1", HF_HUB_OFFLINE="1", OMP_NUM_THREADS="1",
                              CANN_EMU_TEST_STALL=f"1:{STALL_STEP}:600"))
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(HERE / "stall_rank"), env.get("PYTHONPATH")]))
     command = [str(PYTHON), "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
-               "-m", "torchtitan.train", *RUN, "--dump-folder", str(dump)]
+               "-m", "torchtitan.train", *run_args, "--dump-folder", str(dump)]
     traces = [dump / "comm_traces" / f"rank_{rank}" for rank in (0, 1)]
     log = dump / "run.log"
     with log.open("w") as out:
@@ -70,7 +68,13 @@ def stalled_run(tmp_path_factory) -> tuple[str, Path]:
             except ProcessLookupError:  # the whole group already exited (the test then fails on what it left)
                 pass
             run.wait()
-    return log.read_text(), dump
+    return log.read_text()
+
+
+@pytest.fixture(scope="module")
+def stalled_run(tmp_path_factory) -> tuple[str, Path]:
+    dump = tmp_path_factory.mktemp("stalled_run")
+    return _run_until_every_rank_dumped(dump, RUN), dump
 
 
 def test_the_stalled_rank_makes_the_watchdog_time_out_and_every_rank_dump(stalled_run):
@@ -160,6 +164,26 @@ def test_npu_inject_flight_recorder_names_the_rank_behind(stalled_run):
     assert "entered by ranks [0], not by ranks [1]" in diverged, result.stdout
     assert "rank 0: scheduled" in result.stdout
     assert "train_step (" in result.stdout
+
+
+@pytest.mark.cann_emu_long
+def test_flight_recorder_under_expert_parallel_names_the_rank_behind_and_no_mismatch(tmp_path):
+    """deepseek_v3 EP 2: its token all-to-alls pass different sizes on each rank (20 of ~130 collectives
+    in 3 steps), which must not read as a mismatched call."""
+    output = _run_until_every_rank_dumped(tmp_path, [
+        "--module", "deepseek_v3", "--config", "deepseek_v3_debugmodel", "--parallelism.expert_parallel_degree", "2",
+        "--training.steps", "4", "--training.seq_len", "128", "--training.local_batch_size", "1",
+        "--validator.no-enable", "--checkpoint.no-enable", "--comm.trace_buf_size", "5000",
+        "--comm.train_timeout_seconds", "5"])
+    assert "Watchdog caught collective operation timeout" in output, output[-4000:]
+    dumps = {rank: pickle.loads((tmp_path / "comm_traces" / f"rank_{rank}").read_bytes()) for rank in (0, 1)}
+    sizes = [{e["collective_seq_id"]: str(e["input_sizes"]) for e in dumps[rank]["entries"]} for rank in (0, 1)]
+    assert any(sizes[0][seq] != sizes[1][seq] for seq in set(sizes[0]) & set(sizes[1]))  # uneven all-to-alls
+    result = subprocess.run([sys.executable, "-m", "npu_inject", "flight-recorder", str(tmp_path / "comm_traces")],
+                            capture_output=True, text=True, timeout=60)
+    assert result.returncode == 1, result.stdout + result.stderr
+    assert "DIVERGED at collective" in result.stdout and "not by ranks [1]" in result.stdout
+    assert "MISMATCH" not in result.stdout, result.stdout
 
 
 def test_torchs_flight_recorder_analyser_cannot_read_torch_npu_2_14_dumps(stalled_run, tmp_path):
