@@ -43,6 +43,23 @@ RUN = ["--module", "llama3", "--config", "llama3_debugmodel", "--training.steps"
        "--comm.trace_buf_size", "2000", "--comm.train_timeout_seconds", "5"]
 
 
+def _kill_ranks_of(dump: Path) -> None:
+    """torchrun starts its ranks in sessions of their own, so they outlive its process group; their command
+    lines name the run's dump folder."""
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            arguments = (proc / "cmdline").read_bytes().split(b"\0")
+        except OSError:  # gone meanwhile, or not ours to read
+            continue
+        if str(dump).encode() in arguments and b"torchtitan.train" in arguments:
+            try:
+                os.kill(int(proc.name), signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+
+
 def _run_until_every_rank_dumped(dump: Path, run_args: list[str]) -> str:
     """A 2-rank run on the emulation whose rank 1 stalls before step STALL_STEP; returns its output. It
     does not end by itself (rank 0 waits in HCCL until HCCL's own execution timeout, as on an NPU); once
@@ -68,6 +85,7 @@ def _run_until_every_rank_dumped(dump: Path, run_args: list[str]) -> str:
             except ProcessLookupError:  # the whole group already exited (the test then fails on what it left)
                 pass
             run.wait()
+            _kill_ranks_of(dump)
     return log.read_text()
 
 
