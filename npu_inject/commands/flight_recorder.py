@@ -24,7 +24,6 @@ from __future__ import annotations
 import argparse
 import ast
 import glob
-import io
 import os
 import pickle
 import re
@@ -43,7 +42,7 @@ class _PlainUnpickler(pickle.Unpickler):
 
 def load(path: str) -> dict:
     with open(path, "rb") as handle:
-        document = _PlainUnpickler(io.BytesIO(handle.read())).load()
+        document = _PlainUnpickler(handle).load()
     if not isinstance(document, dict) or "entries" not in document:
         raise ValueError(f"{path}: not a flight recorder dump (no 'entries')")
     return document

@@ -97,4 +97,4 @@ def test_reader_imports_neither_torch_nor_torchtitan():
     tree = ast.parse(open(reader.__file__, encoding="utf-8").read())
     imported = {alias.name.split(".")[0] for node in ast.walk(tree) if isinstance(node, ast.Import) for alias in node.names}
     imported |= {node.module.split(".")[0] for node in ast.walk(tree) if isinstance(node, ast.ImportFrom) and node.module}
-    assert imported <= {"__future__", "argparse", "ast", "glob", "io", "os", "pickle", "re", "sys"}, imported
+    assert imported <= {"__future__", "argparse", "ast", "glob", "os", "pickle", "re", "sys"}, imported

@@ -387,11 +387,23 @@ static std::optional<c10::string_view> scatter_reduce(int64_t reduce) {
     if (reduce == 2) return c10::string_view("multiply");
     return std::nullopt;
 }
+static aclnnStatus check_reduce(const char* op, int64_t reduce) {
+    if (reduce < 0 || reduce > 2) return invalid(op, "reduce must be 0 (none), 1 (add) or 2 (multiply)");
+    return 0;
+}
+// r[index] = src along dim, reduced as the operators' reduce argument says; src a tensor or a scalar.
+template <class Src>
+static void scatter_into(at::Tensor& r, int64_t dim, const at::Tensor& index, const Src& src, int64_t reduce) {
+    if (auto how = scatter_reduce(reduce))
+        r.scatter_(dim, index, src, *how);
+    else
+        r.scatter_(dim, index, src);
+}
 CANN_API aclnnStatus aclnnScatterGetWorkspaceSize(const aclTensor* self, int64_t dim, const aclTensor* index,
                                                   const aclTensor* src, int64_t reduce, aclTensor* out, uint64_t* ws,
                                                   aclOpExecutor** ex) {
     const char* op = "aclnnScatter";
-    if (reduce < 0 || reduce > 2) return invalid(op, "reduce must be 0 (none), 1 (add) or 2 (multiply)");
+    if (int rc = check_reduce(op, reduce)) return rc;
     if (int rc = check_args(op, {{"self", self}, {"index", index}, {"src", src}, {"out", out}})) return rc;
     return aten_executor(op, [s = hold(self), dim, i = hold(index), x = hold(src), reduce, o = hold(out)] {
         at::Tensor r = view(o);
@@ -406,14 +418,11 @@ CANN_API aclnnStatus aclnnInplaceScatterGetWorkspaceSize(aclTensor* self, int64_
                                                          const aclTensor* src, int64_t reduce, uint64_t* ws,
                                                          aclOpExecutor** ex) {
     const char* op = "aclnnInplaceScatter";
-    if (reduce < 0 || reduce > 2) return invalid(op, "reduce must be 0 (none), 1 (add) or 2 (multiply)");
+    if (int rc = check_reduce(op, reduce)) return rc;
     if (int rc = check_args(op, {{"selfRef", self}, {"index", index}, {"src", src}})) return rc;
     return aten_executor(op, [s = hold(self), dim, i = hold(index), x = hold(src), reduce] {
         at::Tensor r = view(s);
-        if (auto how = scatter_reduce(reduce))
-            r.scatter_(dim, view(i), view(x), *how);
-        else
-            r.scatter_(dim, view(i), view(x));
+        scatter_into(r, dim, view(i), view(x), reduce);
     }, ws, ex);
 }
 CANN_EMU_LAUNCH(aclnnInplaceScatter)
@@ -586,15 +595,19 @@ CANN_API aclnnStatus aclnnTopkGetWorkspaceSize(const aclTensor* self, int64_t k,
     }, ws, ex);
 }
 CANN_EMU_LAUNCH(aclnnTopk)
+// aclnnMaxDim / aclnnMinDim: the extreme values along dim and their indices.
+static aclnnStatus dim_extreme(const char* op, bool largest, const aclTensor* self, int64_t dim, bool keepdim,
+                               aclTensor* out, aclTensor* indices, uint64_t* ws, aclOpExecutor** ex) {
+    if (int rc = check_args(op, {{"self", self}, {"out", out}, {"indices", indices}})) return rc;
+    return aten_executor(op, [s = hold(self), largest, dim, keepdim, o = hold(out), i = hold(indices)] {
+        auto [values, positions] = largest ? at::max(view(s), dim, keepdim) : at::min(view(s), dim, keepdim);
+        view(o).copy_(values);
+        view(i).copy_(positions);
+    }, ws, ex);
+}
 CANN_API aclnnStatus aclnnMaxDimGetWorkspaceSize(const aclTensor* self, int64_t dim, bool keepdim, aclTensor* out,
                                                  aclTensor* indices, uint64_t* ws, aclOpExecutor** ex) {
-    const char* op = "aclnnMaxDim";
-    if (int rc = check_args(op, {{"self", self}, {"out", out}, {"indices", indices}})) return rc;
-    return aten_executor(op, [s = hold(self), dim, keepdim, o = hold(out), i = hold(indices)] {
-        auto [mv, mi] = at::max(view(s), dim, keepdim);
-        view(o).copy_(mv);
-        view(i).copy_(mi);
-    }, ws, ex);
+    return dim_extreme("aclnnMaxDim", true, self, dim, keepdim, out, indices, ws, ex);
 }
 CANN_EMU_LAUNCH(aclnnMaxDim)
 
@@ -753,15 +766,12 @@ CANN_API aclnnStatus aclnnInplaceScatterValueGetWorkspaceSize(aclTensor* self, i
                                                               const aclScalar* value, int64_t reduce, uint64_t* ws,
                                                               aclOpExecutor** ex) {
     const char* op = "aclnnInplaceScatterValue";
-    if (reduce < 0 || reduce > 2) return invalid(op, "reduce must be 0 (none), 1 (add) or 2 (multiply)");
+    if (int rc = check_reduce(op, reduce)) return rc;
     if (int rc = check_present(op, "value", value)) return rc;
     if (int rc = check_args(op, {{"selfRef", self}, {"index", index}})) return rc;
     return aten_executor(op, [s = hold(self), dim, i = hold(index), v = host_scalar(*value), reduce] {
         at::Tensor r = view(s);
-        if (auto how = scatter_reduce(reduce))
-            r.scatter_(dim, view(i), v, *how);
-        else
-            r.scatter_(dim, view(i), v);
+        scatter_into(r, dim, view(i), v, reduce);
     }, ws, ex);
 }
 CANN_EMU_LAUNCH(aclnnInplaceScatterValue)
@@ -769,16 +779,13 @@ CANN_API aclnnStatus aclnnScatterValueGetWorkspaceSize(const aclTensor* self, in
                                                        const aclScalar* value, int64_t reduce, aclTensor* out,
                                                        uint64_t* ws, aclOpExecutor** ex) {
     const char* op = "aclnnScatterValue";
-    if (reduce < 0 || reduce > 2) return invalid(op, "reduce must be 0 (none), 1 (add) or 2 (multiply)");
+    if (int rc = check_reduce(op, reduce)) return rc;
     if (int rc = check_present(op, "value", value)) return rc;
     if (int rc = check_args(op, {{"self", self}, {"index", index}, {"out", out}})) return rc;
     return aten_executor(op, [s = hold(self), dim, i = hold(index), v = host_scalar(*value), reduce, o = hold(out)] {
         at::Tensor r = view(o);
         r.copy_(view(s));
-        if (auto how = scatter_reduce(reduce))
-            r.scatter_(dim, view(i), v, *how);
-        else
-            r.scatter_(dim, view(i), v);
+        scatter_into(r, dim, view(i), v, reduce);
     }, ws, ex);
 }
 CANN_EMU_LAUNCH(aclnnScatterValue)
@@ -827,13 +834,7 @@ CANN_API aclnnStatus aclnnArgMaxGetWorkspaceSize(const aclTensor* self, int64_t 
 CANN_EMU_LAUNCH(aclnnArgMax)
 CANN_API aclnnStatus aclnnMinDimGetWorkspaceSize(const aclTensor* self, int64_t dim, bool keepdim, aclTensor* out,
                                                  aclTensor* indices, uint64_t* ws, aclOpExecutor** ex) {
-    const char* op = "aclnnMinDim";
-    if (int rc = check_args(op, {{"self", self}, {"out", out}, {"indices", indices}})) return rc;
-    return aten_executor(op, [s = hold(self), dim, keepdim, o = hold(out), i = hold(indices)] {
-        auto [mv, mi] = at::min(view(s), dim, keepdim);
-        view(o).copy_(mv);
-        view(i).copy_(mi);
-    }, ws, ex);
+    return dim_extreme("aclnnMinDim", false, self, dim, keepdim, out, indices, ws, ex);
 }
 CANN_EMU_LAUNCH(aclnnMinDim)
 
