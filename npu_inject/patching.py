@@ -25,7 +25,7 @@ import types
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Mapping
 
-from npu_inject.registry import split_target
+from npu_inject.module_facts import split_target
 
 logger = logging.getLogger("npu_inject")
 
@@ -91,8 +91,9 @@ class PatchContext:
     patch_id: str
     device_kind: str  # "npu" or "cpu" (the run's TORCHTITAN_NPU target)
     options: Mapping[str, Any]
-    declared_targets: tuple[str, ...] = ()
+    declared_targets: tuple[str, ...] = ()  # the patch module's TARGETS, "module:qualname" each
     changes: list[_Change] = field(default_factory=list)
+    changed_otherwise: list[str] = field(default_factory=list)  # declared targets changed without replace()
     cleanups: list[Callable[[], None]] = field(default_factory=list)
     fallbacks: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
@@ -106,8 +107,8 @@ class PatchContext:
         """Set ``target`` to ``value``; returns the previous (raw) value.
 
         ``target`` is one of the patch's declared targets, named by its qualname alone
-        (``"OptimizersContainer.__init__"``) when that names one of them: the module lives
-        in registry.json, not restated here. Full ``module:qualname`` strings work too.
+        (``"OptimizersContainer.__init__"``) when that names one of them: the module is
+        stated once, in the patch module's TARGETS. Full ``module:qualname`` strings work too.
         """
         target = self.declared(target)
         owner, attribute = resolve_owner(target)
@@ -153,9 +154,13 @@ class PatchContext:
         Each is created when first imported and handed to ``fill(module)``; an attribute it lacks
         is ``missing(module_name, attribute)`` (return a value or raise). ``packages`` are served as
         packages whose submodules come from this finder only. Reverting removes the finder and the
-        served modules from ``sys.modules``.
+        served modules from ``sys.modules``. Each name is a declared ``module:*`` target, or a
+        submodule of a declared package (``fla:*`` serves ``fla.ops`` too).
         """
-        finder = _ServingFinder(tuple(names), frozenset(packages), _ServingLoader(fill, missing),
+        names = tuple(names)
+        for name in names:
+            self.changed_otherwise.append(self._served_target(name))
+        finder = _ServingFinder(names, frozenset(packages), _ServingLoader(fill, missing),
                                 origin or f"npu_inject patch {self.patch_id}")
         sys.meta_path.insert(0, finder)
 
@@ -166,6 +171,24 @@ class PatchContext:
                     del sys.modules[name]
 
         self.add_cleanup(remove)
+
+    def _served_target(self, module_name: str) -> str:
+        parts = module_name.split(".")
+        for length in range(len(parts), 0, -1):
+            target = ".".join(parts[:length]) + ":*"
+            if target in self.declared_targets:
+                return target
+        raise ValueError(f"patch {self.patch_id} serves module {module_name!r}, which no 'module:*' of its "
+                         f"TARGETS covers ({', '.join(self.declared_targets)})")
+
+    def changed(self, target: str) -> None:
+        """Record that a declared target was changed by means the context does not undo itself (an
+        op's kernel registered with torch.library, say): its revert is the patch's own cleanup."""
+        self.changed_otherwise.append(self.declared(target))
+
+    def touched(self) -> set[str]:
+        """The declared targets this context changed (tests: every unconditional one must be)."""
+        return {change.target for change in self.changes} | set(self.changed_otherwise)
 
     def add_cleanup(self, cleanup: Callable[[], None]) -> None:
         """Run on revert, for state that is not an attribute (registries, env vars)."""
@@ -204,6 +227,7 @@ class PatchContext:
             else:
                 setattr(change.owner, change.attribute, change.original)
         self.changes.clear()
+        self.changed_otherwise.clear()
         self.cleanups.clear()
         self.agreements.clear()
         if errors:
@@ -212,7 +236,7 @@ class PatchContext:
     def declared(self, name: str) -> str:
         """The declared ``module:qualname`` target ``name`` stands for (a qualname, or the full target).
 
-        Keeps registry.json honest: a patch may only touch what it declares there.
+        Keeps TARGETS honest: a patch may only touch what its module declares.
         """
         if ":" in name:
             matches = [name] if name in self.declared_targets else []
@@ -222,8 +246,8 @@ class PatchContext:
             return matches[0]
         problem = "names more than one" if matches else "is not one"
         raise ValueError(
-            f"patch {self.patch_id} changes {name!r}, which {problem} of the 'targets' registry.json "
-            f"lists for it ({', '.join(self.declared_targets)}); name a listed 'module:qualname'"
+            f"patch {self.patch_id} changes {name!r}, which {problem} of the TARGETS its module "
+            f"declares ({', '.join(self.declared_targets)}); name a declared 'module:qualname'"
         )
 
     def targets_named(self, qualname: str) -> list[str]:

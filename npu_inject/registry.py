@@ -1,12 +1,18 @@
 """The patch catalog: ``registry.json``, user overrides, third-party entries.
 
-The catalog is data, readable without importing any patch code. Loading it
-validates every field and names the file, patch id and key at fault.
+The catalog is data, readable without importing any patch code: which module triggers a
+patch, the versions it supports, what it requires, its default and options. A patch's
+description and targets are its module's own (its docstring and ``TARGETS``, read by
+:mod:`npu_inject.module_facts` from source). An entry states only what differs from
+:class:`PatchSpec`'s defaults; :class:`PatchSpec`'s fields are the one list of entry keys:
+they drive parsing, the user overlay, JSON output and the docs' table. Loading validates
+every key and names the file, patch id and key at fault.
 Stdlib only, plus :mod:`packaging` for version specifiers (imported lazily).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import difflib
 import json
 import os
@@ -14,48 +20,31 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any, Mapping
 
+from npu_inject import module_facts
 from npu_inject.errors import ConfigError
+from npu_inject.module_facts import split_target  # noqa: F401 (the one parser of target strings)
 
 PACKAGED_REGISTRY = os.path.join(os.path.dirname(os.path.abspath(__file__)), "registry.json")
 ENTRY_POINT_GROUP = "npu_inject.registry"
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
+# Schema 1 documents (npu-inject 0.2) still load: their entries only carried keys that moved or that now
+# have defaults, and the two that moved into the patch module are refused with what to do instead.
+READABLE_SCHEMAS = (1, SCHEMA_VERSION)
+MOVED_KEYS = {
+    "targets": "a patch module states the targets it changes itself, as TARGETS = (...) near its top",
+    "description": "a patch's description is the first line of its module's docstring",
+}
 # Distributions whose versions a patch may constrain.
 VERSIONED_DISTRIBUTIONS = ("torchtitan", "torch", "torch_npu")
-
-# key -> (python type(s), required in a full entry, description for errors)
-_ENTRY_FIELDS: dict[str, tuple[type | tuple[type, ...], bool, str]] = {
-    "module": (str, True, "dotted module path of the patch code"),
-    "triggers": (list, True, "list of module names whose import applies the patch"),
-    "targets": (list, True, "list of 'module:qualname' strings the patch changes"),
-    # Optional where the document's "defaults" give it: an entry's own specifiers override those.
-    "supports": (dict, False, "mapping of distribution -> PEP 440 specifier"),
-    "requires": (list, False, "list of patch ids applied first"),
-    "default": (bool, True, "true or false: enabled unless the selection says otherwise"),
-    "options": (dict, False, "mapping of option name -> default value"),
-    "option_rules": (dict, False, "mapping of option name -> {'min': n, 'max': n, 'choices': [...]}"),
-    "runs_on": (list, False, "list of runtime targets, 'npu' and/or 'cpu', the patch applies to"),
-    "description": (str, True, "one-line description"),
-}
-# What a user registry may change in an existing entry (toggles and options).
-_OVERRIDABLE = ("default", "options", "supports", "description")
-_TARGET_KINDS = ("npu", "cpu")
+PATCH_PACKAGE = "npu_inject.patches"  # where an entry's module lives unless it says otherwise
+TARGET_KINDS = ("npu", "cpu")
 _RULE_KEYS = ("min", "max", "choices")
-# What a document's top-level "defaults" may give every full entry it holds.
-_DEFAULTABLE = ("supports",)
 # Ids that were patches once: selecting them names what replaced them instead of "unknown".
 RETIRED_IDS = {
     "rank_sync": "cross-rank agreement and per-rank reports are runtime services now, always on",
     "checkpoint_io": "it was split into checkpoint_staging (pinned staging) and checkpoint_publish "
                      "(atomic publish, completeness checks); select those",
 }
-
-
-def split_target(target: str) -> tuple[str, str]:
-    """``'package.module:Qual.name'`` -> (module, qualname); the one parser of target strings."""
-    module_name, sep, qualname = target.partition(":")
-    if not sep or not module_name or not qualname:
-        raise ValueError(f"target {target!r} must look like 'package.module:Qual.name'")
-    return module_name, qualname
 
 
 def installed_version(distribution: str) -> str | None:
@@ -67,44 +56,78 @@ def installed_version(distribution: str) -> str | None:
         return None
 
 
+def _key(json_type: type | tuple[type, ...], meaning: str, *, overridable: bool = False, **default: Any):
+    """A registry entry key: its JSON type, what it means (errors, docs), whether a user registry
+    may change it in an existing entry, and its default (none: required)."""
+    metadata = {"json_type": json_type, "meaning": meaning, "overridable": overridable}
+    return field(metadata=metadata, **default)
+
+
 @dataclass(frozen=True)
 class PatchSpec:
-    """One catalog entry, validated."""
+    """One catalog entry, validated. The fields declared with :func:`_key` are the entry's keys."""
 
     id: str
-    module: str
-    triggers: tuple[str, ...]
-    targets: tuple[str, ...]
-    supports: Mapping[str, str]
-    requires: tuple[str, ...]
-    default: bool
-    options: Mapping[str, Any]
-    option_rules: Mapping[str, Mapping[str, Any]]
-    runs_on: tuple[str, ...]
-    description: str
-    source: str  # file or entry point the entry came from
+    source: str  # the file or entry point the entry came from (+ the files that changed it)
+    triggers: tuple[str, ...] = _key(list, "list of module names whose import applies the patch")
+    module: str = _key(str, f"dotted path of the patch module (default: {PATCH_PACKAGE}.<id>)", default="")
+    supports: Mapping[str, str] = _key(
+        (dict, str), "version ranges, merged over the document's 'defaults': a mapping of distribution "
+        "-> PEP 440 specifier, or the name of a range in 'ranges'", overridable=True,
+        default_factory=lambda: MappingProxyType({}))
+    requires: tuple[str, ...] = _key(list, "list of patch ids applied first", default=())
+    default: bool = _key(bool, "true or false: enabled unless the selection says otherwise",
+                         overridable=True, default=True)
+    options: Mapping[str, Any] = _key(dict, "mapping of option name -> default value", overridable=True,
+                                      default_factory=lambda: MappingProxyType({}))
+    option_rules: Mapping[str, Mapping[str, Any]] = _key(
+        dict, "mapping of option name -> {'min': n, 'max': n, 'choices': [...]}",
+        default_factory=lambda: MappingProxyType({}))
+    runs_on: tuple[str, ...] = _key(list, "list of runtime targets the patch applies to: 'npu' and/or 'cpu'",
+                                    default=TARGET_KINDS)
+
+    @property
+    def description(self) -> str:
+        """The first line of the patch module's docstring."""
+        return module_facts.read(self.module).description
+
+    @property
+    def targets(self) -> tuple[module_facts.Target, ...]:
+        """The patch module's TARGETS, read from its source."""
+        return module_facts.read(self.module).targets
 
     def to_json(self) -> dict[str, Any]:
-        return {
-            "id": self.id,
-            "module": self.module,
-            "triggers": list(self.triggers),
-            "targets": list(self.targets),
-            "supports": dict(self.supports),
-            "requires": list(self.requires),
-            "default": self.default,
-            "options": dict(self.options),
-            "option_rules": {name: dict(rule) for name, rule in self.option_rules.items()},
-            "runs_on": list(self.runs_on),
-            "description": self.description,
-            "source": self.source,
-        }
+        """Every key (defaults included), the module's description and targets, and the source."""
+        entry = {key: _jsonable(getattr(self, key)) for key in ENTRY_KEYS}
+        targets = [target.name if not target.condition else [target.name, target.condition]
+                   for target in self.targets]
+        return {"id": self.id, **entry, "description": self.description, "targets": targets,
+                "source": self.source}
+
+
+ENTRY_KEYS = {f.name: f for f in dataclasses.fields(PatchSpec) if "json_type" in f.metadata}
+OVERRIDABLE_KEYS = tuple(name for name, f in ENTRY_KEYS.items() if f.metadata["overridable"])
+
+
+def key_default(name: str) -> Any:
+    """The value an entry gets when it leaves key ``name`` out (dataclasses.MISSING: required)."""
+    key = ENTRY_KEYS[name]
+    return key.default_factory() if key.default_factory is not dataclasses.MISSING else key.default
+
+
+def _jsonable(value: Any) -> Any:
+    if isinstance(value, tuple):
+        return list(value)
+    if isinstance(value, Mapping):
+        return {name: _jsonable(item) for name, item in value.items()}
+    return value
 
 
 @dataclass
 class Registry:
     patches: dict[str, PatchSpec] = field(default_factory=dict)
     sources: list[str] = field(default_factory=list)
+    ranges: dict[str, Mapping[str, str]] = field(default_factory=dict)  # named version ranges, all documents
 
     def get(self, patch_id: str) -> PatchSpec:
         try:
@@ -134,26 +157,26 @@ def read_json(path: str) -> Any:
         ) from None
 
 
-def _check_type(where: str, key: str, value: Any) -> None:
-    expected, _, meaning = _ENTRY_FIELDS[key]
-    if not isinstance(value, expected):
-        raise ConfigError(f"{where}: key {key!r} must be {meaning}, got {type(value).__name__}")
-    if key in ("triggers", "targets", "requires", "runs_on"):
-        for item in value:
-            if not isinstance(item, str) or not item:
-                raise ConfigError(f"{where}: every item of {key!r} must be a non-empty string, got {item!r}")
-    if key == "targets":
-        for item in value:
-            try:
-                split_target(item)
-            except ValueError as exc:
-                raise ConfigError(f"{where}: {exc}") from None
+def _string_list(where: str, key: str, value: list) -> tuple[str, ...]:
+    for item in value:
+        if not isinstance(item, str) or not item:
+            raise ConfigError(f"{where}: every item of {key!r} must be a non-empty string, got {item!r}")
+    return tuple(value)
+
+
+def _parse_key(where: str, key: str, value: Any, ranges: Mapping[str, Mapping[str, str]]) -> Any:
+    """A key's JSON value, checked and in its frozen form."""
+    meta = ENTRY_KEYS[key].metadata
+    if not isinstance(value, meta["json_type"]):
+        raise ConfigError(f"{where}: key {key!r} must be {meta['meaning']}, got {type(value).__name__}")
+    if key in ("triggers", "requires", "runs_on"):
+        value = _string_list(where, key, value)
     if key == "runs_on":
         for item in value:
-            if item not in _TARGET_KINDS:
-                raise ConfigError(f"{where}: 'runs_on' item {item!r} must be one of {', '.join(_TARGET_KINDS)}")
+            if item not in TARGET_KINDS:
+                raise ConfigError(f"{where}: 'runs_on' item {item!r} must be one of {', '.join(TARGET_KINDS)}")
     if key == "supports":
-        _check_supports(where, value)
+        value = _supports(where, value, ranges)
     if key == "option_rules":
         for name, rule in value.items():
             if not isinstance(rule, dict) or not rule or set(rule) - set(_RULE_KEYS):
@@ -161,6 +184,8 @@ def _check_type(where: str, key: str, value: Any) -> None:
                     f"{where}: option_rules[{name!r}] must be an object with one or more of "
                     f"{', '.join(map(repr, _RULE_KEYS))}, got {rule!r}"
                 )
+        value = {name: MappingProxyType(dict(rule)) for name, rule in value.items()}
+    return MappingProxyType(dict(value)) if isinstance(value, dict) else value
 
 
 def check_options(where: str, options: Mapping[str, Any], rules: Mapping[str, Mapping[str, Any]]) -> None:
@@ -183,7 +208,13 @@ def check_options(where: str, options: Mapping[str, Any], rules: Mapping[str, Ma
             raise ConfigError(f"{where}: option {name!r}={value!r} must be <= {rule['max']}")
 
 
-def _check_supports(where: str, supports: Mapping[str, Any]) -> None:
+def _supports(where: str, supports: Any, ranges: Mapping[str, Mapping[str, str]]) -> Mapping[str, str]:
+    """A ``supports`` value (a mapping, or the name of a range) as a checked mapping."""
+    if isinstance(supports, str):
+        if supports not in ranges:
+            raise ConfigError(f"{where}: 'supports' names the range {supports!r}, which no 'ranges' defines "
+                              f"({unknown_id_message(supports, ranges, 'range')})")
+        return ranges[supports]
     from packaging.specifiers import InvalidSpecifier, SpecifierSet
 
     for dist, spec in supports.items():
@@ -199,54 +230,50 @@ def _check_supports(where: str, supports: Mapping[str, Any]) -> None:
             raise ConfigError(
                 f"{where}: supports[{dist!r}]={spec!r} is not a PEP 440 specifier (e.g. '>=0.3,<0.4')"
             ) from None
+    return MappingProxyType(dict(supports))
 
 
-def _full_entry(where: str, patch_id: str, raw: Any, source: str,
-                defaults: Mapping[str, Any] = MappingProxyType({})) -> PatchSpec:
+def _refuse_moved_keys(where: str, raw: dict) -> None:
+    moved = [key for key in MOVED_KEYS if key in raw]
+    if moved:
+        raise ConfigError(f"{where}: key(s) {', '.join(map(repr, moved))} moved out of registries in schema "
+                          f"{SCHEMA_VERSION}: " + "; ".join(MOVED_KEYS[key] for key in moved)
+                          + ". Remove the key(s) from the entry")
+
+
+def _full_entry(where: str, patch_id: str, raw: Any, source: str, defaults: Mapping[str, Any],
+                ranges: Mapping[str, Mapping[str, str]]) -> PatchSpec:
     if not isinstance(raw, dict):
         raise ConfigError(f"{where}: entry must be a JSON object, got {type(raw).__name__}")
-    unknown = sorted(set(raw) - set(_ENTRY_FIELDS))
+    _refuse_moved_keys(where, raw)
+    unknown = sorted(set(raw) - set(ENTRY_KEYS))
     if unknown:
-        raise ConfigError(f"{where}: unknown key(s) {', '.join(map(repr, unknown))}; allowed: {', '.join(_ENTRY_FIELDS)}")
-    missing = [key for key, (_, required, _) in _ENTRY_FIELDS.items() if required and key not in raw]
-    if "supports" not in raw and "supports" not in defaults:
-        missing.append("supports")
+        raise ConfigError(f"{where}: unknown key(s) {', '.join(map(repr, unknown))}; allowed: {', '.join(ENTRY_KEYS)}")
+    missing = [key for key in ENTRY_KEYS if key_default(key) is dataclasses.MISSING and key not in raw]
     if missing:
-        defaultable = [key for key in missing if key in _DEFAULTABLE]
-        hint = f" ({', '.join(defaultable)} may instead be given once in the document's 'defaults')" if defaultable else ""
-        raise ConfigError(f"{where}: missing key(s) {', '.join(map(repr, missing))}{hint}")
-    for key, value in raw.items():
-        _check_type(where, key, value)
-    check_options(where, raw.get("options", {}), raw.get("option_rules", {}))
-    return PatchSpec(
-        id=patch_id,
-        module=raw["module"],
-        triggers=tuple(raw["triggers"]),
-        targets=tuple(raw["targets"]),
-        supports=MappingProxyType({**defaults.get("supports", {}), **raw.get("supports", {})}),
-        requires=tuple(raw.get("requires", ())),
-        default=raw["default"],
-        options=MappingProxyType(dict(raw.get("options", {}))),
-        option_rules=MappingProxyType(dict(raw.get("option_rules", {}))),
-        runs_on=tuple(raw.get("runs_on", _TARGET_KINDS)),
-        description=raw["description"],
-        source=source,
-    )
+        raise ConfigError(f"{where}: missing key(s) {', '.join(map(repr, missing))} (a new patch states them; "
+                          f"every other key has a default)")
+    values = {key: _parse_key(where, key, value, ranges) for key, value in raw.items()}
+    values["supports"] = MappingProxyType({**defaults.get("supports", {}), **values.get("supports", {})})
+    values.setdefault("module", f"{PATCH_PACKAGE}.{patch_id}")
+    check_options(where, values.get("options", {}), values.get("option_rules", {}))
+    return PatchSpec(id=patch_id, source=source, **values)
 
 
-def _override(where: str, base: PatchSpec, raw: Any, source: str) -> PatchSpec:
+def _override(where: str, base: PatchSpec, raw: Any, source: str,
+              ranges: Mapping[str, Mapping[str, str]]) -> PatchSpec:
     if not isinstance(raw, dict):
         raise ConfigError(f"{where}: entry must be a JSON object, got {type(raw).__name__}")
-    not_allowed = sorted(set(raw) - set(_OVERRIDABLE))
+    _refuse_moved_keys(where, raw)
+    not_allowed = sorted(set(raw) - set(OVERRIDABLE_KEYS))
     if not_allowed:
         raise ConfigError(
             f"{where}: key(s) {', '.join(map(repr, not_allowed))} cannot be overridden for "
-            f"existing patch {base.id!r}; allowed: {', '.join(_OVERRIDABLE)}"
+            f"existing patch {base.id!r}; allowed: {', '.join(OVERRIDABLE_KEYS)}"
         )
-    for key, value in raw.items():
-        _check_type(where, key, value)
+    values = {key: _parse_key(where, key, value, ranges) for key, value in raw.items()}
     options = dict(base.options)
-    for name, value in raw.get("options", {}).items():
+    for name, value in values.get("options", {}).items():
         if name not in options:
             raise ConfigError(
                 f"{where}: unknown option {name!r} for patch {base.id!r}; "
@@ -259,57 +286,59 @@ def _override(where: str, base: PatchSpec, raw: Any, source: str) -> PatchSpec:
             )
         options[name] = value
     check_options(where, options, base.option_rules)
-    return PatchSpec(
-        id=base.id,
-        module=base.module,
-        triggers=base.triggers,
-        targets=base.targets,
-        supports=MappingProxyType(dict(raw.get("supports", base.supports))),
-        requires=base.requires,
-        default=raw.get("default", base.default),
-        options=MappingProxyType(options),
-        option_rules=base.option_rules,
-        runs_on=base.runs_on,
-        description=raw.get("description", base.description),
-        source=f"{base.source} + {source}",
-    )
+    values["options"] = MappingProxyType(options)
+    return dataclasses.replace(base, source=f"{base.source} + {source}", **values)
 
 
-def _read_defaults(source: str, defaults: Any) -> Mapping[str, Any]:
-    """A document's "defaults": fields every new entry of that document takes unless it gives its own."""
+def _read_defaults(source: str, defaults: Any, ranges: Mapping[str, Mapping[str, str]]) -> Mapping[str, Any]:
+    """A document's "defaults": the version ranges every new entry of that document supports."""
     where = f"{source}: 'defaults'"
     if not isinstance(defaults, dict):
         raise ConfigError(f"{where} must be an object, got {type(defaults).__name__}")
-    not_allowed = sorted(set(defaults) - set(_DEFAULTABLE))
+    not_allowed = sorted(set(defaults) - {"supports"})
     if not_allowed:
-        raise ConfigError(f"{where}: key(s) {', '.join(map(repr, not_allowed))} cannot have a default; "
-                          f"allowed: {', '.join(_DEFAULTABLE)}")
-    for key, value in defaults.items():
-        _check_type(where, key, value)
-    return defaults
+        raise ConfigError(f"{where}: key(s) {', '.join(map(repr, not_allowed))} cannot have a document "
+                          "default; allowed: 'supports' (every other key has its own default)")
+    return {key: _parse_key(where, key, value, ranges) for key, value in defaults.items()}
+
+
+def _read_ranges(source: str, ranges: Any) -> dict[str, Mapping[str, str]]:
+    """A document's "ranges": named version ranges that 'supports' may name instead of restating them."""
+    if not isinstance(ranges, dict):
+        raise ConfigError(f"{source}: 'ranges' must be an object mapping a name -> {{distribution: specifier}}")
+    parsed = {}
+    for name, value in ranges.items():
+        if not isinstance(value, dict):
+            raise ConfigError(f"{source}: ranges[{name!r}] must be a mapping of distribution -> PEP 440 "
+                              f"specifier, got {value!r}")
+        parsed[name] = _supports(f"{source}: ranges[{name!r}]", value, {})
+    return parsed
 
 
 def merge_document(registry: Registry, document: Any, source: str) -> None:
     """Merge one registry document: new ids need full entries, known ids take overrides."""
     if not isinstance(document, dict):
         raise ConfigError(f"{source}: top level must be a JSON object with a 'patches' key")
-    unknown = sorted(set(document) - {"schema", "defaults", "patches"})
+    top_level = ("schema", "ranges", "defaults", "patches")
+    unknown = sorted(set(document) - set(top_level))
     if unknown:
         raise ConfigError(f"{source}: unknown top-level key(s) {', '.join(map(repr, unknown))}; "
-                          "allowed: 'schema', 'defaults', 'patches'")
+                          f"allowed: {', '.join(map(repr, top_level))}")
     schema = document.get("schema", SCHEMA_VERSION)
-    if schema != SCHEMA_VERSION:
-        raise ConfigError(f"{source}: 'schema' is {schema!r}; this runtime reads schema {SCHEMA_VERSION}")
+    if schema not in READABLE_SCHEMAS:
+        raise ConfigError(f"{source}: 'schema' is {schema!r}; this runtime reads schemas "
+                          f"{', '.join(map(str, READABLE_SCHEMAS))}")
     patches = document.get("patches")
     if not isinstance(patches, dict):
         raise ConfigError(f"{source}: 'patches' must be an object mapping patch id -> entry")
-    defaults = _read_defaults(source, document.get("defaults", {}))
+    registry.ranges.update(_read_ranges(source, document.get("ranges", {})))
+    defaults = _read_defaults(source, document.get("defaults", {}), registry.ranges)
     for patch_id, raw in patches.items():
         where = f"{source}: patches[{patch_id!r}]"
         if patch_id in registry.patches:
-            registry.patches[patch_id] = _override(where, registry.patches[patch_id], raw, source)
+            registry.patches[patch_id] = _override(where, registry.patches[patch_id], raw, source, registry.ranges)
         else:
-            registry.patches[patch_id] = _full_entry(where, patch_id, raw, source, defaults)
+            registry.patches[patch_id] = _full_entry(where, patch_id, raw, source, defaults, registry.ranges)
     registry.sources.append(source)
 
 

@@ -22,6 +22,7 @@ import time
 from dataclasses import dataclass
 from typing import Any, Callable
 
+from npu_inject import module_facts
 from npu_inject import plan as plan_mod
 from npu_inject import registry as registry_mod
 from npu_inject import settings as settings_mod
@@ -145,16 +146,12 @@ class Runtime:
         from npu_inject.patching import PatchContext, TargetMissing
 
         started = time.perf_counter()
-        context = PatchContext(
-            patch_id=patch_id,
-            device_kind=self.settings.target,
-            options=dict(spec.options),
-            declared_targets=spec.targets,
-        )
+        context = PatchContext(patch_id=patch_id, device_kind=self.settings.target, options=dict(spec.options))
         self.states[patch_id].context = context
         try:
             module = importlib.import_module(spec.module)
             self.modules[patch_id] = module
+            context.declared_targets = module_facts.declared_names(module)
             module.apply(context)
         except TargetMissing as exc:
             context.restore()

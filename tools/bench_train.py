@@ -1,7 +1,7 @@
 """Train a torchtitan config for N steps and print its throughput table.
 
     python tools/bench_train.py --module llama3 --config llama3_8b --nproc 8 --steps 30 -- \\
-        --hf_assets_path /data/llama3 --training.local_batch_size 2
+        --hf_assets_path ASSETS_DIR --training.local_batch_size 2
 
 runs ``torchrun -m torchtitan.train`` under the current ``TORCHTITAN_NPU`` (``--target``
 overrides it; default ``cpu``), with torchtitan logging every step, then prints, for the
@@ -13,8 +13,8 @@ steps after ``--warmup``, the mean of torchtitan's own per-step figures:
 NPU, MFU) plus TFLOPS and memory. tokens/s/device and TFLOPS are torchtitan's ``tps`` and
 ``tflops``; MFU is torchtitan's, computed against the ``metrics`` patch's cited Ascend
 peak on an NPU target. In the CPU rehearsal the figures are labelled REHEARSAL: host
-throughput of reference kernels, memory as process RSS, MFU not applicable. They say
-nothing about NPU performance.
+throughput of reference kernels, memory as process RSS, MFU against the host's measured
+matmul peak. They say nothing about NPU performance.
 
 Options after ``--`` go to torchtitan unchanged. ``--json PATH`` also writes the row and
 the per-step figures. Exit status: torchrun's, or 2 when no step figures were printed.
@@ -99,10 +99,10 @@ def format_table(row: dict[str, str]) -> str:
 
 def table_row(model: str, devices: str, summary: dict[str, float], rehearsal: bool) -> dict[str, str]:
     mfu = summary["mfu"]
-    if rehearsal:
-        mfu_text = "n/a (rehearsal)"
+    if math.isnan(mfu):
+        mfu_text = "n/a (no peak)"
     else:
-        mfu_text = "n/a (no peak)" if math.isnan(mfu) else f"{mfu:.2f}%"
+        mfu_text = f"{mfu:.2f}%" + (" (of the host's measured peak)" if rehearsal else "")
     return {
         "model": model,
         "devices": devices,
@@ -159,7 +159,7 @@ def main(argv: list[str] | None = None) -> int:
     row = table_row(f"{args.module} {args.config}", device_label(dump_folder, target, args.nproc), summary, rehearsal)
     if rehearsal:
         print("REHEARSAL FIGURES (TORCHTITAN_NPU=cpu: reference kernels on the host, memory = process RSS, "
-              "no MFU): they say nothing about NPU performance.")
+              "MFU of the host's measured matmul peak): they say nothing about NPU performance.")
     print(f"means over steps {summary['steps'][0]}-{summary['steps'][-1]} of {args.steps} "
           f"(first {args.warmup} left out); log: {dump_folder}/bench_train.log")
     print(format_table(row))

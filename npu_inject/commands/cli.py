@@ -20,7 +20,7 @@ from npu_inject import plan as plan_mod
 from npu_inject import registry as registry_mod
 from npu_inject import settings as settings_mod
 from npu_inject.errors import ConfigError
-from npu_inject.registry import split_target
+from npu_inject.module_facts import module_source, split_target
 
 EXIT_OK, EXIT_ERROR = 0, 2
 DOCTOR_DISTRIBUTIONS = ("torch", "torchtitan", "torch_npu", "triton", "triton-ascend", "wrapt")
@@ -76,23 +76,6 @@ def cmd_check(args) -> int:
 
 # -- doctor ------------------------------------------------------------------
 
-def _module_source(module_name: str) -> str | None:
-    """Path of an installed module's source, found without importing any package.
-
-    ``find_spec`` of a top-level name imports nothing; with the runtime enabled it
-    does not activate it either (the bootstrap activates on execution only).
-    """
-    top, *rest = module_name.split(".")
-    spec = importlib.util.find_spec(top)
-    if spec is None or spec.origin is None:
-        return None
-    base = os.path.join(os.path.dirname(spec.origin), *rest) if rest else os.path.dirname(spec.origin)
-    for candidate in (base + ".py", os.path.join(base, "__init__.py")):
-        if os.path.isfile(candidate):
-            return candidate
-    return None
-
-
 def _defined_names(body: list[ast.stmt]) -> dict[str, ast.AST]:
     names: dict[str, ast.AST] = {}
     for node in body:
@@ -122,11 +105,11 @@ def target_status(target: str) -> str:
     that is reported as inherited rather than missing.
     """
     module_name, qualname = split_target(target)
-    path = _module_source(module_name)
+    if qualname == "*":
+        return "ok (the patch serves the whole module)"
+    path = module_source(module_name)
     if path is None:
         return f"module {module_name} not found"
-    if qualname == "*":
-        return "ok"
     with open(path, encoding="utf-8") as handle:
         tree = ast.parse(handle.read(), filename=path)
     body: list[ast.stmt] = tree.body
@@ -164,12 +147,17 @@ def cmd_doctor(args) -> int:
         if version_issue:
             issues.append(version_issue)
         notes = []
-        for target in spec.targets:
-            status = target_status(target)
+        try:
+            targets = spec.targets
+        except ConfigError as exc:  # the patch module cannot be read: that patch would fail to apply
+            issues.append(str(exc))
+            targets = ()
+        for target in targets:
+            status = target_status(target.name)
             if not status.startswith("ok"):
-                issues.append(f"target {target}: {status}")
-            elif status != "ok":
-                notes.append(f"target {target}: {status[len('ok ('):-1]}")
+                issues.append(f"target {target.name}: {status}")
+            elif status != "ok" and "serves" not in status:
+                notes.append(f"target {target.name}: {status[len('ok ('):-1]}")
         problems += bool(issues)
         verdict = "ok" if not issues else "PROBLEM: " + "; ".join(issues)
         print(f"  {spec.id:18} {verdict}" + "".join(f" [note: {note}]" for note in notes))

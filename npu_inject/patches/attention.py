@@ -1,6 +1,6 @@
-"""attention: torchtitan's inner attention runs on npu_fusion_attention semantics.
+"""Flex and varlen attention on npu_fusion_attention (BSND/TND, causal/band modes, GQA); reference math otherwise.
 
-torchtitan 0.3.0 language models accept only FlexAttention (no NPU kernel, no
+torchtitan language models accept only FlexAttention (no NPU kernel, no
 CPU backward) and VarlenAttention (CUDA flash attention). This patch:
 
 * replaces ``Decoder._create_flex_attention_mask``: when the mask mods are ones
@@ -23,16 +23,78 @@ metadata without them. Each layer then does the same ops whatever ran before it:
 selective activation checkpointing replays a block's ops by count, and a pipeline
 schedule runs the next microbatch's forward before this one's backward, so a
 "first layer reads, the others reuse" cache made recomputes read where forwards had not.
+
+The causal and band modes (sparse_mode 2/3/4) take the kernel's compressed 2048x2048 mask,
+built once per device and cached, whatever the sequence length.
 """
 
 from __future__ import annotations
 
+import functools
+
+import torch
+from torch.nn.attention.flex_attention import create_mask
+
+from npu_inject.ops import spmd_typing
+from npu_inject.ops.attention import (
+    AttentionPlan,
+    document_ends_from_positions,
+    document_plan,
+    fusion_attention_BLNH,
+    plan_keep_mask,
+    reference_attention_BLNH,
+)
+from npu_inject.ops.cp import (
+    ContextParallelPlan,
+    context_parallel_attention_BLNH,
+    context_parallel_reference_attention_BLNH,
+)
 from npu_inject.patching import PatchContext
 
+TARGETS = (
+    "torchtitan.models.common.decoder:Decoder.forward",
+    "torchtitan.models.common.decoder:Decoder._create_flex_attention_mask",
+    "torchtitan.models.common.attention:FlexAttention.forward",
+    "torchtitan.models.common.attention:VarlenAttention.forward",
+)
+
+
+def apply(ctx: PatchContext) -> None:
+    mask_mod_codes = _mask_mod_codes()
+    ctx.wrap("Decoder.forward", decoder_forward)
+    ctx.wrap("Decoder._create_flex_attention_mask", functools.partial(create_flex_attention_mask, mask_mod_codes))
+    ctx.wrap("FlexAttention.forward", functools.partial(flex_forward, ctx))
+    ctx.wrap("VarlenAttention.forward", functools.partial(varlen_forward, ctx))
+
+
+# -- Decoder.forward: host document ends once per forward ----------------------------------------
+
+def decoder_forward(original, decoder, tokens, positions=None, attention_masks=None):
+    if attention_masks is not None and not torch.compiler.is_compiling():
+        attention_masks = with_host_offsets(attention_masks)
+    return original(decoder, tokens, positions=positions, attention_masks=attention_masks)
+
+
+def with_host_offsets(attention_masks):
+    """``attention_masks`` with every VarlenMetadata carrying its host offsets, as torchtitan's
+    ``create_varlen_metadata_for_document(..., include_host_offsets=True)`` makes them."""
+    from torchtitan.models.common.attention import VarlenMetadata
+
+    def filled(metadata):
+        if not isinstance(metadata, VarlenMetadata) or metadata.cu_seq_q_host is not None:
+            return metadata
+        with spmd_typing.opaque_kernel():  # host metadata, unchecked as in upstream's own tolist()
+            return metadata._replace(cu_seq_q_host=tuple(int(end) for end in metadata.cu_seq_q.tolist()))
+
+    if isinstance(attention_masks, dict):
+        return {key: filled(value) for key, value in attention_masks.items()}
+    return filled(attention_masks)
+
+
+# -- Decoder._create_flex_attention_mask: an AttentionPlan where the kernel expresses the mask ------
 
 def _mask_mod_codes():
     """Code objects of torchtitan's mask-mod closures, to recognise them without calling them."""
-    import torch
     from torchtitan.models.common import attention
 
     one_row, two_rows = torch.zeros(1, 2, dtype=torch.long), torch.zeros(2, 2, dtype=torch.long)
@@ -45,10 +107,13 @@ def _mask_mod_codes():
     }
 
 
+def create_flex_attention_mask(mask_mod_codes, original, decoder, positions, attn_config, mask_mods):
+    plan = plan_for_mask_mods(mask_mods, positions, mask_mod_codes)
+    return plan if plan is not None else original(decoder, positions, attn_config, mask_mods)
+
+
 def plan_for_mask_mods(mask_mods, positions_BL, codes):
     """An AttentionPlan for ANDed mask mods, or None when the kernel cannot express them."""
-    from npu_inject.ops.attention import AttentionPlan, document_ends_from_positions, document_plan
-
     kinds, window = set(), None
     for mask_mod in mask_mods:
         kind = codes.get(getattr(mask_mod, "__code__", None))
@@ -65,104 +130,93 @@ def plan_for_mask_mods(mask_mods, positions_BL, codes):
     return AttentionPlan(causal=True, window=window)
 
 
-def with_host_offsets(attention_masks):
-    """``attention_masks`` with every VarlenMetadata carrying its host offsets, as torchtitan's
-    ``create_varlen_metadata_for_document(..., include_host_offsets=True)`` makes them."""
-    from torchtitan.models.common.attention import VarlenMetadata
+# -- FlexAttention.forward: a plan on the kernel, anything else on reference math -----------------
 
-    from npu_inject.ops import spmd_typing
+def flex_forward(ctx, original, flex, q_BLNH, k_BLNH, v_BLNH, *, attention_masks, score_mod=None,
+                 scale=None, enable_gqa=False, out_transform=None, **kwargs):
+    # enable_gqa needs no flag: the kernel takes fewer key/value heads than query heads.
+    mask = attention_masks
+    if isinstance(mask, ContextParallelPlan):
+        _check_no_cp_extras(score_mod, None)
+        if out_transform is None:
+            return context_parallel_attention_BLNH(q_BLNH, k_BLNH, v_BLNH, mask, mask.plan, scale)
+        ctx.fallback("FlexAttention with an out_transform under context parallel runs on reference "
+                     "attention over all-gathered key/value (needs a differentiable log-sum-exp)")
+        out_BlNH, lse_BlN = context_parallel_reference_attention_BLNH(q_BLNH, k_BLNH, v_BLNH, mask,
+                                                                       mask.plan, scale)
+        return out_transform(out_BlNH, lse_BlN)
+    if isinstance(mask, AttentionPlan) and score_mod is None and out_transform is None:
+        out_BLNH, _ = fusion_attention_BLNH(q_BLNH, k_BLNH, v_BLNH, mask, scale)
+        return out_BLNH
+    if score_mod is not None:
+        what = "a score_mod"
+    elif out_transform is not None:
+        what = "an out_transform (needs a differentiable log-sum-exp, which the kernel does not return)"
+    else:
+        what = "a mask the fused kernel cannot express"
+    ctx.fallback(f"FlexAttention with {what} runs on reference attention (explicit mask, slower)")
+    out_BLNH, lse_BLN = typed_reference_attention(
+        q_BLNH, k_BLNH, v_BLNH, lambda: _dense_keep_mask(mask, q_BLNH, k_BLNH), scale, score_mod)
+    return out_BLNH if out_transform is None else out_transform(out_BLNH, lse_BLN)
 
-    def filled(metadata):
-        if not isinstance(metadata, VarlenMetadata) or metadata.cu_seq_q_host is not None:
-            return metadata
-        with spmd_typing.opaque_kernel():  # host metadata, unchecked as in upstream's own tolist()
-            return metadata._replace(cu_seq_q_host=tuple(int(end) for end in metadata.cu_seq_q.tolist()))
 
-    if isinstance(attention_masks, dict):
-        return {key: filled(value) for key, value in attention_masks.items()}
-    return filled(attention_masks)
+def typed_reference_attention(q_BLNH, k_BLNH, v_BLNH, keep_mask, scale, score_mod=None):
+    # In place of upstream's flex_attention kernel: the same typing boundary (spmd_types type
+    # checking), the mask built from host document ends inside it.
+    with spmd_typing.opaque_kernel():
+        out_BLNH, lse_BLN = reference_attention_BLNH(q_BLNH, k_BLNH, v_BLNH, keep_mask(), scale, score_mod)
+    return spmd_typing.type_like(out_BLNH, q_BLNH), spmd_typing.type_like(lse_BLN, q_BLNH, keep_dims=3)
 
 
-def apply(ctx: PatchContext) -> None:
-    import torch
-    from torch.nn.attention.flex_attention import create_mask
+def _check_no_cp_extras(score_mod, out_transform):
+    if score_mod is not None or out_transform is not None:
+        raise NotImplementedError("context parallel (patch context_parallel) runs the fused kernel only: "
+                                  "a score_mod (or varlen's out_transform) needs context_parallel_degree 1")
 
-    from npu_inject.ops import spmd_typing
-    from npu_inject.ops.cp import (
-        ContextParallelPlan,
-        context_parallel_attention_BLNH,
-        context_parallel_reference_attention_BLNH,
-    )
-    from npu_inject.ops.attention import (
-        AttentionPlan,
-        fusion_attention_BLNH,
-        plan_keep_mask,
-        reference_attention_BLNH,
-    )
 
-    codes = _mask_mod_codes()
+def _dense_keep_mask(mask, q_BLNH, k_BLNH):
+    B, L, S = q_BLNH.shape[0], q_BLNH.shape[1], k_BLNH.shape[1]
+    if not isinstance(mask, AttentionPlan):
+        return create_mask(mask.mask_mod, B, None, L, S, device=q_BLNH.device)
+    return plan_keep_mask(mask, B, L, S, q_BLNH.device)
 
-    def decoder_forward(original, decoder, tokens, positions=None, attention_masks=None):
-        if attention_masks is not None and not torch.compiler.is_compiling():
-            attention_masks = with_host_offsets(attention_masks)
-        return original(decoder, tokens, positions=positions, attention_masks=attention_masks)
 
-    def create_flex_attention_mask(original, decoder, positions, attn_config, mask_mods):
-        plan = plan_for_mask_mods(mask_mods, positions, codes)
-        return plan if plan is not None else original(decoder, positions, attn_config, mask_mods)
+# -- VarlenAttention.forward: TND on the kernel ---------------------------------------------------
 
-    def flex_forward(original, flex, q_BLNH, k_BLNH, v_BLNH, *, attention_masks, score_mod=None,
-                     scale=None, enable_gqa=False, out_transform=None, **kwargs):
-        # enable_gqa needs no flag: the kernel takes fewer key/value heads than query heads.
-        mask = attention_masks
-        if isinstance(mask, ContextParallelPlan):
-            _check_no_cp_extras(score_mod, None)
-            if out_transform is None:
-                return context_parallel_attention_BLNH(q_BLNH, k_BLNH, v_BLNH, mask, mask.plan, scale)
-            ctx.fallback("FlexAttention with an out_transform under context parallel runs on reference "
-                         "attention over all-gathered key/value (needs a differentiable log-sum-exp)")
-            out_BlNH, lse_BlN = context_parallel_reference_attention_BLNH(q_BLNH, k_BLNH, v_BLNH, mask,
-                                                                           mask.plan, scale)
-            return out_transform(out_BlNH, lse_BlN)
-        if isinstance(mask, AttentionPlan) and score_mod is None and out_transform is None:
-            out_BLNH, _ = fusion_attention_BLNH(q_BLNH, k_BLNH, v_BLNH, mask, scale)
-            return out_BLNH
-        if score_mod is not None:
-            what = "a score_mod"
-        elif out_transform is not None:
-            what = "an out_transform (needs a differentiable log-sum-exp, which the kernel does not return)"
-        else:
-            what = "a mask the fused kernel cannot express"
-        ctx.fallback(f"FlexAttention with {what} runs on reference attention (explicit mask, slower)")
+def varlen_forward(ctx, original, varlen, q_BLNH, k_BLNH, v_BLNH, *, attention_masks, scale=None,
+                   out_transform=None, **kwargs):
+    metadata = attention_masks
+    left, right = varlen.window_size
+    if (left, right) == (-1, -1):
+        causal, window = False, None
+    elif right == 0:
+        causal, window = True, None if left < 0 else left + 1
+    else:
+        raise NotImplementedError(
+            f"VarlenAttention window_size={varlen.window_size}: the NPU kernel's band mode "
+            "needs right == 0 (causal or sliding window) or (-1, -1) (full)"
+        )
+    if isinstance(metadata, ContextParallelPlan):
+        _check_no_cp_extras(None, out_transform)
+        # Context parallel cuts documents into per-rank segments on the host: it keeps host offsets.
+        plan = AttentionPlan(causal=causal, window=window, document_ends=metadata.cu_seq_q_host[1:])
+        return context_parallel_attention_BLNH(q_BLNH, k_BLNH, v_BLNH, metadata, plan, scale)
+    plan = AttentionPlan(causal=causal, window=window, document_ends_tensor=host_document_ends(metadata))
+    if out_transform is not None:
+        ctx.fallback("VarlenAttention with an out_transform runs on reference attention "
+                     "(needs a differentiable log-sum-exp, which the kernel does not return)")
+        B, L = q_BLNH.shape[:2]
         out_BLNH, lse_BLN = typed_reference_attention(
-            q_BLNH, k_BLNH, v_BLNH, lambda: _dense_keep_mask(mask, q_BLNH, k_BLNH), scale, score_mod)
-        return out_BLNH if out_transform is None else out_transform(out_BLNH, lse_BLN)
+            q_BLNH, k_BLNH, v_BLNH, lambda: plan_keep_mask(plan, B, L, L, q_BLNH.device), scale)
+        return out_transform(out_BLNH, lse_BLN)
+    out_BLNH, _ = fusion_attention_BLNH(q_BLNH, k_BLNH, v_BLNH, plan, scale)
+    return out_BLNH
 
-    def typed_reference_attention(q_BLNH, k_BLNH, v_BLNH, keep_mask, scale, score_mod=None):
-        # In place of upstream's flex_attention kernel: the same typing boundary (spmd_types type
-        # checking), the mask built from host document ends inside it.
-        with spmd_typing.opaque_kernel():
-            out_BLNH, lse_BLN = reference_attention_BLNH(q_BLNH, k_BLNH, v_BLNH, keep_mask(), scale, score_mod)
-        return spmd_typing.type_like(out_BLNH, q_BLNH), spmd_typing.type_like(lse_BLN, q_BLNH, keep_dims=3)
 
-    def _check_no_cp_extras(score_mod, out_transform):
-        if score_mod is not None or out_transform is not None:
-            raise NotImplementedError("context parallel (patch context_parallel) runs the fused kernel only: "
-                                      "a score_mod (or varlen's out_transform) needs context_parallel_degree 1")
-
-    def _dense_keep_mask(mask, q_BLNH, k_BLNH):
-        B, L, S = q_BLNH.shape[0], q_BLNH.shape[1], k_BLNH.shape[1]
-        if not isinstance(mask, AttentionPlan):
-            return create_mask(mask.mask_mod, B, None, L, S, device=q_BLNH.device)
-        return plan_keep_mask(mask, B, L, S, q_BLNH.device)
-
-    def host_document_ends(metadata):
-        """The document ends as the CPU int64 tensor torch_npu reads: from torchtitan's host offsets
-        when the metadata has them, else a device-to-host copy of cu_seq_q (on an NPU)."""
-        with spmd_typing.opaque_kernel():  # kernel metadata, unchecked as in upstream's varlen_attn call
-            return _host_document_ends(metadata)
-
-    def _host_document_ends(metadata):
+def host_document_ends(metadata):
+    """The document ends as the CPU int64 tensor torch_npu reads: from torchtitan's host offsets
+    when the metadata has them, else a device-to-host copy of cu_seq_q (on an NPU)."""
+    with spmd_typing.opaque_kernel():  # kernel metadata, unchecked as in upstream's varlen_attn call
         host = metadata.cu_seq_q_host
         if host is not None and not torch.compiler.is_compiling():
             # Host offsets would be ints a compiled block specializes on: it copies its own below.
@@ -170,38 +224,3 @@ def apply(ctx: PatchContext) -> None:
         # Compiled, or metadata that did not pass Decoder.forward (a model with its own forward):
         # a device-to-host copy per layer.
         return metadata.cu_seq_q[1:].to(device="cpu", dtype=torch.int64)
-
-    def varlen_forward(original, varlen, q_BLNH, k_BLNH, v_BLNH, *, attention_masks, scale=None,
-                       out_transform=None, **kwargs):
-        metadata = attention_masks
-        left, right = varlen.window_size
-        if (left, right) == (-1, -1):
-            causal, window = False, None
-        elif right == 0:
-            causal, window = True, None if left < 0 else left + 1
-        else:
-            raise NotImplementedError(
-                f"VarlenAttention window_size={varlen.window_size}: the NPU kernel's band mode "
-                "needs right == 0 (causal or sliding window) or (-1, -1) (full)"
-            )
-        if isinstance(metadata, ContextParallelPlan):
-            _check_no_cp_extras(None, out_transform)
-            # Context parallel cuts documents into per-rank segments on the host: it keeps host offsets.
-            plan = AttentionPlan(causal=causal, window=window, document_ends=metadata.cu_seq_q_host[1:])
-            return context_parallel_attention_BLNH(q_BLNH, k_BLNH, v_BLNH, metadata, plan, scale)
-        plan = AttentionPlan(causal=causal, window=window,
-                             document_ends_tensor=host_document_ends(metadata))
-        if out_transform is not None:
-            ctx.fallback("VarlenAttention with an out_transform runs on reference attention "
-                         "(needs a differentiable log-sum-exp, which the kernel does not return)")
-            B, L = q_BLNH.shape[:2]
-            out_BLNH, lse_BLN = typed_reference_attention(
-                q_BLNH, k_BLNH, v_BLNH, lambda: plan_keep_mask(plan, B, L, L, q_BLNH.device), scale)
-            return out_transform(out_BLNH, lse_BLN)
-        out_BLNH, _ = fusion_attention_BLNH(q_BLNH, k_BLNH, v_BLNH, plan, scale)
-        return out_BLNH
-
-    ctx.wrap("Decoder.forward", decoder_forward)
-    ctx.wrap("Decoder._create_flex_attention_mask", create_flex_attention_mask)
-    ctx.wrap("FlexAttention.forward", flex_forward)
-    ctx.wrap("VarlenAttention.forward", varlen_forward)

@@ -1,4 +1,4 @@
-"""checkpoint_publish: a checkpoint is published whole or not at all, and only whole ones load.
+"""A checkpoint is published whole (step-N by one atomic rename) or not at all, and only complete checkpoints load.
 
 Module ``torchtitan.components.checkpointer.dcp``:
 
@@ -35,6 +35,12 @@ import shutil
 from concurrent.futures import Future
 
 from npu_inject.patching import PatchContext
+
+TARGETS = (
+    "torchtitan.components.checkpointer.dcp:CheckpointManager.dcp_save",
+    "torchtitan.components.checkpointer.dcp:CheckpointManager.dcp_load",
+    "torchtitan.components.checkpointer.dcp:CheckpointManager._find_load_step",
+)
 
 STAGING_PREFIX = ".saving-"
 STEP_PATTERN = re.compile(r"step-(\d+)")  # torchtitan's own (re.search) pattern

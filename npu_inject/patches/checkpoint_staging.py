@@ -1,4 +1,4 @@
-"""checkpoint_staging: ``--checkpoint.async_mode async_with_pinned_mem`` works on the target.
+"""async_with_pinned_mem checkpoints on the target: staging in the device's pinned memory (npu), shared memory (cpu).
 
 torchtitan's ``async_with_pinned_mem`` builds ``DefaultStager(StagingOptions(pinned,
 shared, async staging, non-blocking copy))`` in ``torchtitan.components.checkpointer.dcp``.
@@ -22,6 +22,10 @@ from __future__ import annotations
 import dataclasses
 
 from npu_inject.patching import PatchContext
+
+TARGETS = (
+    "torchtitan.components.checkpointer.dcp:DefaultStager",
+)
 
 
 def make_stager_factory(ctx: PatchContext):

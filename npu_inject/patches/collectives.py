@@ -1,4 +1,4 @@
-"""collectives: process-group settings that torchtitan only gets right for NCCL.
+"""Process-group settings torchtitan gets right for NCCL only: SUM reductions, HCCL variables, fake groups on npu.
 
 * FSDP gradient reduction: torchtitan sets every FSDP module's gradient divide
   factor to 1.0, which makes FSDP2 reduce-scatter with ``PREMUL_SUM(1.0)``; gloo
@@ -32,6 +32,12 @@ from __future__ import annotations
 import os
 
 from npu_inject.patching import PatchContext
+
+TARGETS = (
+    "torchtitan.distributed.fsdp:disable_fsdp_gradient_division",
+    ("torchtitan.distributed.utils:init_distributed", "on the NPU target"),
+    ("torchtitan.distributed.utils:init_fake_mode", "on the NPU target"),
+)
 
 
 SUM_SAFE_BACKENDS_SKIPPED = ("nccl",)

@@ -1,6 +1,6 @@
-"""compile: ``--compile.enable`` compiles with a backend the target can run.
+"""--compile.enable compiles with a backend the target runs: inductor where it can generate code, else aot_eager.
 
-torchtitan 0.3.0 compiles each transformer block (``apply_compile``, fullgraph) and
+torchtitan compiles each transformer block (``apply_compile``, fullgraph) and
 the loss (``BaseLoss._maybe_compile``) with ``--compile.backend``, "inductor" by
 default. Inductor generates code per device type: in the CPU rehearsal that is
 torch's own C++ backend (it needs a C++ compiler); on an NPU it exists only when
@@ -43,6 +43,11 @@ import pathlib
 import shutil
 
 from npu_inject.patching import PatchContext
+
+TARGETS = (
+    "torchtitan.distributed.compile:apply_compile",
+    "torchtitan.components.loss:BaseLoss._maybe_compile",
+)
 
 SAFE_BACKEND = "aot_eager"
 

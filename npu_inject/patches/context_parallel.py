@@ -1,6 +1,6 @@
-"""context_parallel: context parallel on npu_fusion_attention, for flex masks and varlen.
+"""Context parallel on npu_fusion_attention for flex masks and varlen: Ulysses all-to-all or all-gather-KV.
 
-torchtitan 0.3.0's CP shards the batch with ``cp_shard``, which only accepts
+torchtitan's CP shards the batch with ``cp_shard``, which only accepts
 BlockMasks (``assert isinstance(attention_masks, (BlockMask, dict))``): the
 attention patch's AttentionPlan fails there, and varlen attention has no CP at
 all (``apply_cp_to_forward`` and the llama3/qwen3 configs reject it). This patch:
@@ -34,7 +34,33 @@ import sys
 
 from npu_inject.errors import ConfigError
 from npu_inject.patching import PatchContext
-from npu_inject.registry import split_target
+from npu_inject.module_facts import split_target
+
+TARGETS = (
+    "torchtitan.trainer:Trainer.Config.__post_init__",
+    "torchtitan.distributed.context_parallel.api:cp_shard",
+    "torchtitan.distributed.context_parallel.api:apply_cp_to_forward",
+    "torchtitan.distributed.context_parallel:apply_cp_to_forward",
+    ("torchtitan.models.llama3.parallelize:apply_cp_to_forward",
+     "when that model module was imported before the patch applied"),
+    ("torchtitan.models.qwen3.parallelize:apply_cp_to_forward",
+     "when that model module was imported before the patch applied"),
+    ("torchtitan.models.deepseek_v3.parallelize:apply_cp_to_forward",
+     "when that model module was imported before the patch applied"),
+    ("torchtitan.models.gpt_oss.parallelize:apply_cp_to_forward",
+     "when that model module was imported before the patch applied"),
+    "torchtitan.distributed.full_dtensor:validate_config",
+    ("torchtitan.models.llama3.parallelize:validate_config",
+     "when that model module was imported before the patch applied"),
+    ("torchtitan.models.qwen3.parallelize:validate_config",
+     "when that model module was imported before the patch applied"),
+    ("torchtitan.models.deepseek_v3.parallelize:validate_config",
+     "when that model module was imported before the patch applied"),
+    ("torchtitan.models.llama3.model:Llama3Model.Config.update_from_config",
+     "when a llama3 run configures context parallel"),
+    ("torchtitan.models.qwen3.model:Qwen3Model.Config.update_from_config",
+     "when a qwen3 run configures context parallel"),
+)
 
 _MODEL_PARALLELIZE = ("llama3", "qwen3", "deepseek_v3", "gpt_oss")
 _VARLEN_CHECKING_CONFIGS = {"llama3": "Llama3Model", "qwen3": "Qwen3Model"}

@@ -1,6 +1,6 @@
-"""cuda_graphs: CUDA graphs are off on NPU and CPU targets, so their config checks are too.
+"""CUDA graphs are off on NPU and CPU targets, and so are their config checks (expert parallel needs no extra flag).
 
-torchtitan 0.3.0 enables CUDA graph capture by default and validates the config for
+torchtitan enables CUDA graph capture by default and validates the config for
 it (``Trainer.Config._validate_cuda_graphs``): expert parallelism with the
 all-to-all token dispatcher is rejected unless ``--training.disable_cuda_graphs``
 is given, although capture itself only ever runs on NVIDIA CUDA. On the NPU and
@@ -12,6 +12,10 @@ upstream's "only supported on NVIDIA CUDA" warning at every start.
 from __future__ import annotations
 
 from npu_inject.patching import PatchContext
+
+TARGETS = (
+    "torchtitan.trainer:Trainer.Config._validate_cuda_graphs",
+)
 
 
 def apply(ctx: PatchContext) -> None:

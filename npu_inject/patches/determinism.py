@@ -1,6 +1,6 @@
-"""determinism: ``--debug.deterministic`` sets what Ascend reads, not CUDA's settings.
+"""--debug.deterministic sets what Ascend reads (HCCL_DETERMINISTIC, deterministic kernels), not cuDNN/cuBLAS settings.
 
-torchtitan 0.3.0's ``set_determinism`` calls ``torch.use_deterministic_algorithms(True)``
+torchtitan's ``set_determinism`` calls ``torch.use_deterministic_algorithms(True)``
 (and ``fill_uninitialized_memory = False``), then sets cuDNN flags and
 ``CUBLAS_WORKSPACE_CONFIG``, which mean nothing on an NPU. What Ascend needs:
 
@@ -27,6 +27,11 @@ from __future__ import annotations
 import os
 
 from npu_inject.patching import PatchContext
+
+TARGETS = (
+    ("torchtitan.trainer:Trainer.init_distributed", "on the NPU target"),
+    "torchtitan.distributed.utils:set_determinism",
+)
 
 HCCL_DETERMINISTIC = "HCCL_DETERMINISTIC"
 CUDA_ONLY_VARIABLES = ("CUBLAS_WORKSPACE_CONFIG",)

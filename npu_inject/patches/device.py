@@ -1,6 +1,6 @@
-"""device: torchtitan's device type, device module and local device come from the target.
+"""torchtitan's device type, device module and local device come from the target: npu + torch.npu (hccl), or cpu (gloo).
 
-torchtitan 0.3.0 computes ``device_type, device_module`` once in
+torchtitan computes ``device_type, device_module`` once in
 ``torchtitan.tools.utils`` (``"cuda"`` on any machine without a visible
 accelerator) and many modules copy both at import. This patch runs right after
 ``torchtitan.tools.utils`` executes -- before any importer copies them -- and sets:
@@ -21,6 +21,13 @@ import sys
 import types
 
 from npu_inject.patching import PatchContext
+
+TARGETS = (
+    "torchtitan.tools.utils:device_type",
+    "torchtitan.tools.utils:device_module",
+    ("torchtitan.tools.utils:get_local_device",
+     "in the CPU rehearsal"),
+)
 
 
 HOST_DEVICE_NAME = "CPU rehearsal (host memory: process RSS)"

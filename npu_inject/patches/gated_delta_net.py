@@ -1,6 +1,6 @@
-"""gated_delta_net: qwen3_5's gated delta-net layers train on both targets, in chunked PyTorch.
+"""qwen3_5's gated delta-net trains on both targets: an fla stand-in serves it in chunked PyTorch, through autograd.
 
-torchtitan 0.3.0's ``torchtitan.models.qwen3_5.model`` imports flash-linear-attention
+torchtitan's ``torchtitan.models.qwen3_5.model`` imports flash-linear-attention
 (``fla``) at module level: the chunked and fused-recurrent gated delta rule, fla's
 varlen causal conv1d, and their autograd Functions (only registered with spmd_types).
 Those are Triton/CUDA kernels, which neither the NPU nor the CPU rehearsal runs, and
@@ -19,6 +19,10 @@ import sys
 import types
 
 from npu_inject.patching import PatchContext
+
+TARGETS = (
+    "fla:*",
+)
 
 # module -> names it provides (from npu_inject.ops.gated_delta_net); packages have submodules.
 STANDIN = {

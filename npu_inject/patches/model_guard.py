@@ -1,6 +1,6 @@
-"""model_guard: a model family or config the target cannot train stops at start-up, in one line.
+"""A model or config the target cannot train stops at start-up, in one line naming what is missing and how to get it.
 
-torchtitan 0.3.0's ``ConfigManager.parse_args`` (the first thing ``torchtitan.train``
+torchtitan's ``ConfigManager.parse_args`` (the first thing ``torchtitan.train``
 does) resolves ``--module``/``--config`` in ``_load_config``: it imports
 ``torchtitan.models.<module>.config_registry`` (swallowing any ImportError into
 "Cannot import config_registry") and calls the config function, then merges the
@@ -37,6 +37,10 @@ from dataclasses import dataclass
 
 from npu_inject.patching import PatchContext
 
+TARGETS = (
+    "torchtitan.config.manager:ConfigManager.parse_args",
+)
+
 EXTRA = "pip install 'npu-inject[models]'"
 MAKE_ASSETS = "python tools/make_assets.py (text) / python tools/make_sft_assets.py (SFT)"
 
@@ -64,7 +68,7 @@ STANDIN_FAMILIES = {
                 "which neither the NPU nor the CPU rehearsal runs; enable patch gated_delta_net (on by default) "
                 "to run them in chunked PyTorch"),
 }
-# torchtitan 0.3.0's data set names whose default path is local: its registries (hf_datasets/
+# torchtitan's data set names whose default path is local: its registries (hf_datasets/
 # text_datasets.py DATASETS, hf_datasets/multimodal/mm_datasets.py MM_DATASETS, models/flux/
 # flux_datasets.py DATASETS) resolve `path = dataset_path or default` for the lowercased name, a
 # default relative to the working directory (its repository's tests/assets).
@@ -73,12 +77,12 @@ LOCAL_DATASETS = {
     "cc12m-test": ("tests/assets/cc12m_test", "python tools/make_mm_assets.py writes a small image-text set "
                                               "there (torchtitan's own is in its source repository, not its wheel)"),
 }
-# Optimizers (a param group's optimizer_name) that torchtitan 0.3.0 builds for CUDA parameters only.
+# Optimizers (a param group's optimizer_name) that torchtitan builds for CUDA parameters only.
 CUDA_ONLY_OPTIMIZERS = {
     "DistMuon": ("DistMuon (torchtitan.distributed.flex_shard), which refuses parameters off CUDA "
                  "(\"DistMuon requires one CUDA device per process\")"),
 }
-# torchtitan 0.3.0's in-repo --override.imports modules that import a kernel package:
+# torchtitan's in-repo --override.imports modules that import a kernel package:
 # module -> (import name, why the override cannot run without it, what to do).
 OVERRIDE_NEEDS = {
     "torchtitan.overrides.helion_rope": (

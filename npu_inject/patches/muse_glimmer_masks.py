@@ -1,6 +1,6 @@
-"""muse_glimmer_masks: Muse Glimmer's per-window masks run on the fused attention kernel.
+"""Muse Glimmer's per-window causal masks and its vision encoder's per-image mask run on npu_fusion_attention.
 
-torchtitan 0.3.0's ``MuseGlimmerModel.get_attention_masks`` builds its own BlockMasks,
+torchtitan's ``MuseGlimmerModel.get_attention_masks`` builds its own BlockMasks,
 not through ``Decoder._create_flex_attention_mask``: a dict keyed ``"global"`` and
 ``"swa_<n>"``, each the causal AND packed-document mask mods, AND a sliding window
 of n tokens for the windowed layers. The attention patch never saw those mask mods,
@@ -28,6 +28,11 @@ for the simulated npu). That choice is a reported fallback.
 from __future__ import annotations
 
 from npu_inject.patching import PatchContext
+
+TARGETS = (
+    "torchtitan.models.muse_glimmer.model:MuseGlimmerModel.get_attention_masks",
+    "torchtitan.models.muse_glimmer.vision_encoder:compiled_create_block_mask",
+)
 
 
 def apply(ctx: PatchContext) -> None:

@@ -1,6 +1,6 @@
-"""optimizer: torchtitan's optimizers use the fastest implementation the device really runs.
+"""Optimizers use the fastest implementation the device runs (probed: fused, foreach, for-loop), kept across loads.
 
-torchtitan 0.3.0 builds every optimizer with ``implementation="fused"`` by default,
+torchtitan builds every optimizer with ``implementation="fused"`` by default,
 which it documents as CUDA-only. torch lets ``fused=True`` through for any
 PrivateUse1 device (its list of fused-capable devices names the backend
 unconditionally), so on a device without the ``_fused_adam(w)_`` kernels the run
@@ -30,6 +30,11 @@ import dataclasses
 import weakref
 
 from npu_inject.patching import PatchContext
+
+TARGETS = (
+    "torchtitan.components.optimizer.optimizer:OptimizersContainer.__init__",
+    "torchtitan.components.optimizer.optimizer:OptimizersContainer.load_state_dict",
+)
 
 
 # Fastest first; a configured implementation is only ever replaced by a later one.

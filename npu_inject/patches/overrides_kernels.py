@@ -1,7 +1,7 @@
-"""overrides_kernels: torchtitan's fused SwiGLU override ops get kernels on the target's device.
+"""The --override.imports fused SwiGLU ops (Triton, CUDA-only upstream) get npu_swiglu kernels on the target's device.
 
 ``--override.imports torchtitan.overrides.fused_swiglu.fused_swiglu`` (and
-``...fused_grouped_experts``) swaps torchtitan 0.3.0's FFN and routed experts for
+``...fused_grouped_experts``) swaps torchtitan's FFN and routed experts for
 modules that call the custom op ``torchtitan::silu_and_mul(gate, up, offsets=None)``
 and, in its registered autograd, ``torchtitan::silu_and_mul_backward(grad_out, gate,
 up, offsets=None)``. Upstream defines both with ``device_types="cuda"`` and Triton
@@ -33,6 +33,13 @@ from __future__ import annotations
 import importlib.util
 
 from npu_inject.patching import PatchContext
+
+TARGETS = (
+    ("torchtitan.overrides.fused_swiglu:silu_and_mul_op",
+     "when triton is importable (else triton_guard serves the module without ops)"),
+    ("torchtitan.overrides.fused_swiglu:silu_and_mul_backward_op",
+     "when triton is importable (else triton_guard serves the module without ops)"),
+)
 
 # The run's target -> the dispatch key its tensors dispatch to.
 DISPATCH_KEYS = {"cpu": "CPU", "npu": "PrivateUse1"}
@@ -66,14 +73,15 @@ def apply(ctx: PatchContext) -> None:
         return (rows_below_offsets(grad_gate_RF, offsets_E).contiguous(),
                 rows_below_offsets(grad_up_RF, offsets_E).contiguous())
 
-    # The ops of the targets registry.json declares (silu_and_mul_op, silu_and_mul_backward_op).
+    # The ops behind TARGETS (silu_and_mul_op, silu_and_mul_backward_op): their kernels for the target's device.
     kernels = {"silu_and_mul": silu_and_mul, "silu_and_mul_backward": silu_and_mul_backward}
     undefined = [name for name in kernels if not hasattr(torch.ops.torchtitan, name)]
     if undefined:
         raise LookupError(f"torchtitan.overrides.fused_swiglu was imported but defines no torchtitan::{undefined}; "
-                          f"this patch knows torchtitan 0.3.0's ops {sorted(kernels)}")
+                          f"this patch knows torchtitan's ops {sorted(kernels)}")
     key = DISPATCH_KEYS[ctx.device_kind]
     library = torch.library.Library("torchtitan", "IMPL")
     ctx.add_cleanup(library._destroy)
     for name, kernel in kernels.items():
         library.impl(name, kernel, key)
+        ctx.changed(f"{name}_op")

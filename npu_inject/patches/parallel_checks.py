@@ -1,6 +1,6 @@
-"""parallel_checks: parallelism settings the target cannot run stop at start-up, with one clear error.
+"""Parallelism settings the target cannot run stop at start-up with one clear error, before any rank builds a model.
 
-torchtitan 0.3.0 validates its config for CUDA. Some settings pass that check and
+torchtitan validates its config for CUDA. Some settings pass that check and
 then fail mid-run on an NPU or in the CPU rehearsal, after every rank has built
 its model. This patch extends ``Trainer.Config.__post_init__`` (run on every rank
 while the command line is parsed, before any mesh or model exists) with:
@@ -18,6 +18,10 @@ from __future__ import annotations
 
 from npu_inject.errors import ConfigError
 from npu_inject.patching import PatchContext
+
+TARGETS = (
+    "torchtitan.trainer:Trainer.Config.__post_init__",
+)
 
 
 def unsupported_settings(config, target: str) -> list[str]:

@@ -1,6 +1,6 @@
-"""profiling: torchtitan's profiler and memory snapshots on the target.
+"""--profiler.enable-profiling records CPU+NPU activity with torch_npu.profiler; memory snapshots from torch.npu.
 
-torchtitan 0.3.0's ``Profiler`` (``torchtitan.tools.profiler``) builds a
+torchtitan's ``Profiler`` (``torchtitan.tools.profiler``) builds a
 ``torch.profiler.profile`` whose activities are CPU plus CUDA/XPU when available, and
 its memory snapshots call ``device_module.memory._record_memory_history`` and
 ``device_module.memory._snapshot()``.
@@ -29,6 +29,13 @@ import logging
 import os
 
 from npu_inject.patching import PatchContext
+
+TARGETS = (
+    ("torchtitan.tools.profiler:Profiler.build_torch_profiler",
+     "on the NPU target"),
+    ("torchtitan.tools.profiler:Profiler.build_memory_profiler",
+     "in the CPU rehearsal"),
+)
 
 logger = logging.getLogger("npu_inject")
 

@@ -1,6 +1,6 @@
-"""qwen3_5_masks: qwen3_5's attention masks run on the fused attention kernel.
+"""qwen3_5's masks run on npu_fusion_attention: causal packed documents (TND) and its vision encoder's per-image mask.
 
-Targets torchtitan 0.3.0's ``torchtitan.models.qwen3_5`` (flex configs such as
+Targets torchtitan's ``torchtitan.models.qwen3_5`` (flex configs such as
 ``qwen35_debugmodel``); requires the attention patch, which runs an
 :class:`~npu_inject.ops.attention.AttentionPlan` on ``npu_fusion_attention``, and
 gated_delta_net (qwen3_5's model module imports only while its fla stand-in serves).
@@ -29,6 +29,11 @@ Revert restores both functions (PatchContext).
 from __future__ import annotations
 
 from npu_inject.patching import PatchContext
+
+TARGETS = (
+    "torchtitan.models.qwen3_5.model:Qwen35Model.get_attention_masks",
+    "torchtitan.models.qwen3_5.vision_encoder:compiled_create_block_mask",
+)
 
 
 def apply(ctx: PatchContext) -> None:

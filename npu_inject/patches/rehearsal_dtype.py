@@ -1,10 +1,10 @@
-"""rehearsal_dtype: the CPU rehearsal computes in fp32 where the CPU has no native bf16.
+"""The CPU rehearsal computes in fp32 where the CPU has no native bf16 (rank 0's probe decides for every rank).
 
 torchtitan's default mixed precision computes in bf16 (``training.mixed_precision_param``,
 applied by FSDP). A CPU without native bf16 instructions (x86 without AVX-512 BF16/AMX,
-i.e. AVX2-only servers) emulates bf16 matmuls about 30x slower than fp32, so a debug
-model rehearses at seconds per step instead of well under one. Option
-``compute_dtype``:
+i.e. AVX2-only servers) emulates bf16 matmuls 30-130x slower than fp32 (measured on this
+project's CI machines), so a debug model rehearses at seconds per step instead of well under
+one. Option ``compute_dtype``:
 
 * ``auto`` (default): when the job asks for bf16, time one bf16 and one fp32 matmul (once per
   process); when bf16 is more than ``SLOW_FACTOR`` times slower, train with
@@ -26,6 +26,10 @@ import logging
 import time
 
 from npu_inject.patching import PatchContext
+
+TARGETS = (
+    "torchtitan.trainer:Trainer.__init__",
+)
 
 logger = logging.getLogger("npu_inject")
 

@@ -1,6 +1,6 @@
-"""rms_norm: torchtitan's RMSNorm modules on ``npu_rms_norm``.
+"""torchtitan's RMSNorm modules as one npu_rms_norm each; parameters unchanged.
 
-torchtitan 0.3.0's ``RMSNorm`` (``models/common/nn_modules.py``) is ``nn.RMSNorm``,
+torchtitan's ``RMSNorm`` (``models/common/nn_modules.py``) is ``nn.RMSNorm``,
 whose forward is a chain of small ops (pow, mean, rsqrt, two muls) on an NPU. This
 patch gives torchtitan's ``RMSNorm`` its own forward: one ``npu_rms_norm(x, weight,
 epsilon=eps)`` (the reference kernel in the rehearsal) for every norm built from it --
@@ -17,6 +17,10 @@ replacing each model's block forward rather than a module the models share.
 from __future__ import annotations
 
 from npu_inject.patching import PatchContext
+
+TARGETS = (
+    "torchtitan.models.common.nn_modules:RMSNorm.forward",
+)
 
 
 def apply(ctx: PatchContext) -> None:

@@ -1,6 +1,6 @@
-"""rotary: torchtitan's RoPE on ``npu_rotary_mul``, with no complex tensor on the device.
+"""RoPE as one npu_rotary_mul per q and k, with no complex tensor on the device.
 
-torchtitan 0.3.0 has two RoPE formats (``models/common/rope.py``):
+torchtitan has two RoPE formats (``models/common/rope.py``):
 
 * ``ComplexRoPE`` (llama3, deepseek_v3's MLA rope dims) keeps a complex64 ``cis`` cache
   and rotates adjacent pairs with ``view_as_complex`` -- complex tensors, which Ascend
@@ -19,6 +19,12 @@ kernel call. Glue: :mod:`npu_inject.ops.rotary`.
 from __future__ import annotations
 
 from npu_inject.patching import PatchContext
+
+TARGETS = (
+    "torchtitan.models.common.rope:ComplexRoPE._precompute_cache",
+    "torchtitan.models.common.rope:ComplexRoPE.apply_rotary_emb",
+    "torchtitan.models.common.rope:CosSinRoPE.apply_rotary_emb",
+)
 
 
 def apply(ctx: PatchContext) -> None:

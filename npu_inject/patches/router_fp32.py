@@ -1,6 +1,6 @@
-"""router_fp32: the MoE router's gate computes in float32 on NPU (and in the rehearsal).
+"""The MoE router's gate computes in float32, as upstream's autocast asks (only CUDA autocast honours float32).
 
-torchtitan 0.3.0's ``TokenChoiceTopKRouter.forward`` (``models/common/moe.py``) asks for
+torchtitan's ``TokenChoiceTopKRouter.forward`` (``models/common/moe.py``) asks for
 a float32 gate with ``torch.autocast(device_type, dtype=torch.float32)``. Only CUDA
 autocast takes float32; NPU and CPU autocast accept float16/bfloat16 only and disable
 themselves, so under bf16 mixed precision the router's scores -- and with them the
@@ -12,6 +12,10 @@ what the autocast asks for. With float32 parameters and activations it changes n
 from __future__ import annotations
 
 from npu_inject.patching import PatchContext
+
+TARGETS = (
+    "torchtitan.models.common.moe:TokenChoiceTopKRouter.forward",
+)
 
 
 class _RouterWithFp32Gate:

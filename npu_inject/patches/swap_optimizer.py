@@ -1,4 +1,4 @@
-"""swap_optimizer: optimizer states in pinned host memory, streamed to the device per slice.
+"""Swap Optimizer: Adam/AdamW/SGD states in pinned host memory, streamed to the device per slice (bit-identical).
 
 Off by default (option ``slices``: how many parts the parameters are split into;
 about 2/slices of the state is on the device during ``step()``, none between
@@ -17,6 +17,10 @@ rehearsal exercises the code path, but it saves no memory.
 from __future__ import annotations
 
 from npu_inject.patching import PatchContext
+
+TARGETS = (
+    "torchtitan.components.optimizer.optimizer:OptimizersContainer._post_init",
+)
 
 
 def apply(ctx: PatchContext) -> None:

@@ -1,6 +1,6 @@
-"""swiglu: the SwiGLU of torchtitan's dense FFN and routed experts on ``npu_swiglu``.
+"""The SwiGLU of the dense FFN and of the routed experts as one npu_swiglu; w1 and w3 stay separate parameters.
 
-torchtitan 0.3.0 computes ``F.silu(w1(x)) * w3(x)`` in ``FeedForward.forward``
+torchtitan computes ``F.silu(w1(x)) * w3(x)`` in ``FeedForward.forward``
 (``models/common/feed_forward.py``) and between the grouped matmuls of
 ``GroupedExperts.forward`` (``models/common/moe.py``): three small ops per FFN on an
 NPU. This patch keeps the projections as upstream computes them -- w1 and w3 stay
@@ -13,6 +13,11 @@ joins silu and the product into one ``npu_swiglu`` per FFN (glue:
 from __future__ import annotations
 
 from npu_inject.patching import PatchContext
+
+TARGETS = (
+    "torchtitan.models.common.feed_forward:FeedForward.forward",
+    "torchtitan.models.common.moe:GroupedExperts.forward",
+)
 
 
 def apply(ctx: PatchContext) -> None:

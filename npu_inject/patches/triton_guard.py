@@ -1,6 +1,6 @@
-"""triton_guard: torchtitan imports without ``triton``; only code that needs it fails.
+"""torchtitan imports without triton; only code that needs triton fails, saying what to install.
 
-torchtitan 0.3.0 imports ``triton`` at module level in its MinimalAsyncEP kernels
+torchtitan imports ``triton`` at module level in its MinimalAsyncEP kernels
 (pulled in by every model through the MoE token dispatcher) and in two
 ``overrides`` modules. Ascend machines often have no triton (or triton-ascend
 only). When ``triton`` cannot be found, those torchtitan modules are served as
@@ -14,7 +14,16 @@ import importlib.util
 import types
 
 from npu_inject.patching import PatchContext
-from npu_inject.registry import split_target
+from npu_inject.module_facts import split_target
+
+TARGETS = (
+    ("torchtitan.distributed.minimal_async_ep.kernels:*",
+     "when triton is not importable"),
+    ("torchtitan.overrides.fused_swiglu:*",
+     "when triton is not importable"),
+    ("torchtitan.overrides.fused_mla:*",
+     "when triton is not importable"),
+)
 
 INSTALL_HINT = (
     "install triton (pip install triton) on CUDA/CPU machines, or triton-ascend on Ascend "
@@ -40,7 +49,7 @@ def apply(ctx: PatchContext) -> None:
     if importlib.util.find_spec("triton") is not None:
         ctx.note("triton is importable: nothing guarded")
         return
-    # The registry entry lists the guarded modules as ``module:*`` targets.
+    # TARGETS lists the guarded modules as ``module:*`` targets.
     ctx.serve_modules((split_target(target)[0] for target in ctx.declared_targets), _describe,
                       missing=_needs_triton)
     ctx.fallback(

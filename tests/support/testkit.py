@@ -37,20 +37,9 @@ def run_python(code: str, env: dict[str, str], cwd: str | None = None, timeout: 
     )
 
 
-def fake_entry(module: str, triggers=("faketitan.core",),
-               targets=("faketitan.core:DEVICE", "faketitan.core:compute"), **extra) -> dict:
-    entry = {
-        "module": module,
-        "triggers": list(triggers),
-        "targets": list(targets),
-        "supports": {},
-        "requires": [],
-        "default": True,
-        "options": {},
-        "description": f"test patch {module}",
-    }
-    entry.update(extra)
-    return entry
+def fake_entry(module: str, triggers=("faketitan.core",), **extra) -> dict:
+    """A registry entry for a test patch in tests/support/plugins (its TARGETS and docstring are the module's)."""
+    return {"module": module, "triggers": list(triggers), **extra}
 
 
 # -- torchrun end-to-end helpers ------------------------------------------------

@@ -1,4 +1,6 @@
-"""Test-only patch: after the first training step, record where parameters, gradients and
+"""TEST ONLY: after step 1, write where parameters, gradients and optimizer states live
+
+Test-only patch: after the first training step, record where parameters, gradients and
 optimizer states live, and the process group's backend, into <dump_folder>/device_audit_rank<N>.json.
 """
 
@@ -6,6 +8,10 @@ from __future__ import annotations
 
 import json
 import os
+
+TARGETS = (
+    "torchtitan.trainer:Trainer.train_step",
+)
 
 
 def _device_of(tensor) -> str:

@@ -1,5 +1,10 @@
 """Test patch: changes two things, then raises -- the runtime must restore both."""
 
+TARGETS = (
+    "faketitan.core:DEVICE",
+    "faketitan.core:Engine.run",
+)
+
 
 def apply(ctx):
     ctx.replace("faketitan.core:DEVICE", "broken")

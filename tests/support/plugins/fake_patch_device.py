@@ -1,5 +1,10 @@
 """Test patch: sets faketitan.core.DEVICE to the target and wraps compute()."""
 
+TARGETS = (
+    "faketitan.core:DEVICE",
+    "faketitan.core:compute",
+)
+
 APPLY_COUNT = 0
 
 

@@ -2,6 +2,10 @@
 
 import os
 
+TARGETS = (
+    "torchtitan.trainer:Trainer.close",
+)
+
 
 def apply(ctx):
     if os.environ.get("RANK") == "1":

@@ -1,4 +1,6 @@
-"""Test-only patch: what a training step runs on the device, written to
+"""TEST ONLY: per training step, the torch.ops.npu operators called and any complex tensor on the device
+
+Test-only patch: what a training step runs on the device, written to
 <dump_folder>/fused_step_probe_rank<N>.json after every step:
 
 * ``npu_ops``: per step, the count of each ``torch_npu.npu_*`` kernel called (the stand-in's
@@ -17,6 +19,10 @@ from __future__ import annotations
 import json
 import os
 from collections import Counter
+
+TARGETS = (
+    "torchtitan.trainer:Trainer.train_step",
+)
 
 KERNELS = ("npu_rms_norm", "npu_rotary_mul", "npu_swiglu", "npu_fusion_attention", "npu_fusion_attention_v3",
            "npu_grouped_matmul", "npu_moe_token_permute", "npu_moe_token_unpermute")

@@ -1,4 +1,6 @@
-"""Test-only third-party patch: torchtitan MoE experts and dispatch in plain PyTorch.
+"""TEST ONLY: MoE in plain PyTorch, the independent baseline for moe_dispatch's loss parity.
+
+Test-only third-party patch: torchtitan MoE experts and dispatch in plain PyTorch.
 
 The independent baseline for moe_dispatch's loss parity: it shares no code with
 npu_inject's moe_dispatch patch, its ops glue or its reference kernels.
@@ -17,6 +19,16 @@ on PYTHONPATH; select it with ``TORCHTITAN_NPU_PATCHES=-moe_dispatch,+moe_refere
 """
 
 from __future__ import annotations
+
+TARGETS = (
+    "torchtitan.models.common.moe:GroupedExperts._grouped_mm",
+    "torchtitan.models.common.token_dispatcher:LocalTokenDispatcher._local_reorder",
+    "torchtitan.models.common.token_dispatcher:LocalTokenDispatcher.combine",
+    "torchtitan.models.common.token_dispatcher:AllToAllTokenDispatcher._dispatch_token_exchange",
+    "torchtitan.models.common.token_dispatcher:AllToAllTokenDispatcher._permute",
+    "torchtitan.models.common.token_dispatcher:AllToAllTokenDispatcher._unpermute",
+    "torchtitan.models.common.token_dispatcher:AllToAllTokenDispatcher._combine_token_exchange",
+)
 
 _DISPATCHER = "torchtitan.models.common.token_dispatcher"
 

@@ -1,4 +1,6 @@
-"""Test-only third-party patch: torchtitan attention on plain PyTorch SDPA with dense masks.
+"""TEST ONLY: attention on plain SDPA with dense masks, the independent baseline for loss parity
+
+Test-only third-party patch: torchtitan attention on plain PyTorch SDPA with dense masks.
 
 The independent baseline for loss parity: it shares no code with npu_inject's
 attention patch or reference kernels. Masks are torchtitan's own mask mods (or
@@ -8,6 +10,12 @@ torch.nn.functional.scaled_dot_product_attention. Joins through a user registry
 """
 
 from __future__ import annotations
+
+TARGETS = (
+    "torchtitan.models.common.decoder:Decoder._create_flex_attention_mask",
+    "torchtitan.models.common.attention:FlexAttention.forward",
+    "torchtitan.models.common.attention:VarlenAttention.forward",
+)
 
 
 class DenseKeepMask:

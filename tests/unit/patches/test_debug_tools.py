@@ -12,19 +12,22 @@ from __future__ import annotations
 import importlib
 import math
 import os
+import time
 import types
 
 import pytest
 import torch
 
+from npu_inject import module_facts
 from npu_inject import registry as registry_mod
 from npu_inject.patching import PatchContext
 
 
 def _apply(patch_id: str, target: str, **options) -> tuple[types.ModuleType, PatchContext]:
     spec = registry_mod.load(None).get(patch_id)
-    ctx = PatchContext(patch_id, target, {**spec.options, **options}, declared_targets=tuple(spec.targets))
     module = importlib.import_module(spec.module)
+    ctx = PatchContext(patch_id, target, {**spec.options, **options},
+                       declared_targets=module_facts.declared_names(module))
     module.apply(ctx)
     return module, ctx
 
@@ -74,14 +77,23 @@ def test_option_overrides_the_table(applied):
     assert utils.get_peak_flops("Ascend910_9391") == pytest.approx(400e12)
 
 
-def test_rehearsal_mfu_is_not_applicable(applied):
+def test_rehearsal_mfu_is_against_the_hosts_measured_matmul_peak(applied):
     from torchtitan.tools import utils
 
     upstream = utils.get_peak_flops("CPU rehearsal (host memory: process RSS)")
     assert upstream == 312e12  # what torchtitan would divide by: A100's peak
     _, ctx = applied("metrics", "cpu")
-    assert math.isnan(utils.get_peak_flops("CPU rehearsal (host memory: process RSS)"))
-    assert any("not applicable" in note for note in ctx.notes)
+    peak = utils.get_peak_flops("CPU rehearsal (host memory: process RSS)")
+    # Independent of the patch's probe: one timed float32 matmul of another shape on this host.
+    a, b = torch.randn(384, 384), torch.randn(384, 384)
+    torch.mm(a, b)
+    started = time.perf_counter()
+    torch.mm(a, b)
+    float32_rate = 2 * 384**3 / (time.perf_counter() - started)
+    assert math.isfinite(peak) and peak > 0.2 * float32_rate, (peak, float32_rate)
+    assert any("host matmul peak" in note and "GFLOP/s" in note for note in ctx.notes)
+    applied("metrics", "cpu", peak_tflops=2.0)
+    assert utils.get_peak_flops("CPU rehearsal (host memory: process RSS)") == pytest.approx(2e12)
 
 
 # -- determinism ------------------------------------------------------------------------------
@@ -253,11 +265,11 @@ def test_rehearsal_memory_snapshot_is_one_clear_note(applied, tmp_path, monkeypa
 NPU_PROFILER_PROGRAM = r"""
 import json, os, pickle, sys
 import torch, torch_npu
-from npu_inject import registry
+from npu_inject import module_facts, registry
 from npu_inject.patching import PatchContext
 import npu_inject.patches.profiling as profiling
 spec = registry.load(None).get("profiling")
-ctx = PatchContext("profiling", "npu", dict(spec.options), declared_targets=tuple(spec.targets))
+ctx = PatchContext("profiling", "npu", dict(spec.options), declared_targets=module_facts.declared_names(profiling))
 profiling.apply(ctx)
 from torchtitan.tools import profiler as titan_profiler
 titan_profiler.device_module = torch.npu  # what the device patch gives torchtitan on the NPU target

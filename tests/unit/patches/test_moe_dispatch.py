@@ -9,16 +9,14 @@ of 8 (torch._grouped_mm's 16-byte alignment) and experts that receive no tokens.
 from __future__ import annotations
 
 import importlib
-import json
-import os
 import types
 
 import pytest
 import torch
 import torch.nn.functional as F
 
-from testkit import REPO, clean_env
-from npu_inject import runtime
+from testkit import clean_env
+from npu_inject import module_facts, runtime
 
 PATCH_ID = "moe_dispatch"
 MOE = "torchtitan.models.common.moe"
@@ -86,8 +84,9 @@ def expert_loop_matmul(x_RI, weight_EIO, counts):
 
 
 def _targets() -> list[str]:
-    with open(os.path.join(REPO, "npu_inject", "registry.json"), encoding="utf-8") as handle:
-        return json.load(handle)["patches"][PATCH_ID]["targets"]
+    from npu_inject.patches import moe_dispatch
+
+    return list(module_facts.declared_names(moe_dispatch))
 
 
 def test_revert_restores_every_original(titan_moe):

@@ -10,10 +10,10 @@ import types
 
 import pytest
 
+from npu_inject import module_facts
 from npu_inject.patching import PatchContext
 from npu_inject.patches import rehearsal_dtype
 
-TARGET = "torchtitan.trainer:Trainer.__init__"
 EMULATED = (1e-3, 30e-3, 30.0)  # (fp32 s, bf16 s, ratio)
 NATIVE = (1e-3, 0.5e-3, 0.5)
 
@@ -51,7 +51,7 @@ def _apply(monkeypatch, option: str, stub_init):
 
     monkeypatch.setattr(torchtitan.trainer.Trainer, "__init__", stub_init)
     ctx = PatchContext(patch_id="rehearsal_dtype", device_kind="cpu", options={"compute_dtype": option},
-                       declared_targets=(TARGET,))
+                       declared_targets=module_facts.declared_names(rehearsal_dtype))
     rehearsal_dtype.apply(ctx)
     return ctx, torchtitan.trainer.Trainer
 

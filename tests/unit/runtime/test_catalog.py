@@ -1,4 +1,4 @@
-"""Every shipped patch module holds code only, touches only what registry.json declares, and reverts exactly.
+"""Every shipped patch module states its description and TARGETS, touches exactly them, and reverts exactly.
 
 These run the real patches against the installed torchtitan, in this process,
 with the runtime driven by hand (no import hooks).
@@ -8,27 +8,49 @@ from __future__ import annotations
 
 import importlib
 import inspect
+import json
 
 import pytest
 
 from testkit import clean_env, run_python
-from npu_inject import patching, registry, runtime
+from npu_inject import module_facts, patching, registry, runtime
+from npu_inject.commands import cli
 
 CATALOG = registry.load(None, entry_points=False)
 SHIPPED = sorted(CATALOG.patches)
 
 
 @pytest.mark.parametrize("patch_id", SHIPPED)
-def test_patch_module_holds_code_and_the_registry_holds_metadata(patch_id):
+def test_patch_module_states_what_only_it_knows_and_the_registry_the_rest(patch_id):
     spec = CATALOG.patches[patch_id]
     module = importlib.import_module(spec.module)
-    for copy in ("TRIGGERS", "TARGETS", "SUPPORTS", "REQUIRES"):
-        assert not hasattr(module, copy), f"{spec.module}.{copy} duplicates registry.json; the registry is the one source"
+    for copy in ("TRIGGERS", "SUPPORTS", "REQUIRES", "DESCRIPTION"):
+        assert not hasattr(module, copy), f"{spec.module}.{copy} restates registry.json or the docstring"
+    assert module_facts.declared_names(module) == tuple(target.name for target in spec.targets)
     assert callable(module.apply)
     assert callable(getattr(module, "revert", lambda ctx: None))
-    assert inspect.getdoc(module), f"{spec.module} needs a docstring saying what it targets and why"
     for trigger in spec.triggers:
         assert importlib.util.find_spec(trigger.split(".")[0]) is not None
+
+
+def test_npu_inject_list_shows_each_module_docstrings_first_line(capsys):
+    assert cli.main(["list", "--json"]) == 0
+    shown = {row["id"]: row["description"] for row in json.loads(capsys.readouterr().out)["patches"]}
+    for patch_id in SHIPPED:
+        docstring = inspect.getdoc(importlib.import_module(CATALOG.patches[patch_id].module))
+        assert docstring, f"{patch_id}: a patch module starts with a docstring"
+        assert shown[patch_id] == docstring.splitlines()[0], patch_id
+        assert "0.3.0" not in docstring, f"{patch_id}: the supported versions live in registry.json"
+
+
+def test_registry_json_states_no_default():
+    document = registry.read_json(registry.PACKAGED_REGISTRY)
+    named_ranges = list(document.get("ranges", {}).values())
+    for patch_id, entry in document["patches"].items():
+        for key, value in entry.items():
+            assert value != registry.key_default(key), f"registry.json: {patch_id}.{key} states its default"
+        assert entry.get("module") != f"{registry.PATCH_PACKAGE}.{patch_id}", f"{patch_id}.module is derived"
+        assert entry.get("supports") not in named_ranges, f"{patch_id}.supports: name the range instead"
 
 
 def _raw(target: str):
@@ -53,9 +75,13 @@ def test_apply_then_revert_restores_originals(patch_id):
         for trigger in CATALOG.patches[required].triggers:
             importlib.import_module(trigger)
         for target in CATALOG.patches[required].targets:
-            before.setdefault(target, _raw(target))
+            before.setdefault(target.name, _raw(target.name))
         assert rt.apply(required), rt.report.patches[required].reason
     assert rt.report.patches[patch_id].state == "applied"
+    touched = rt.states[patch_id].context.touched()
+    untouched = [target.name for target in spec.targets if not target.condition and target.name not in touched]
+    assert not untouched, (f"{patch_id} declares {untouched} in TARGETS but did not change them; mark a target "
+                           "that is changed only sometimes as ('module:qualname', 'when ...')")
     rt.revert_all()
     for target, original in before.items():
         assert _raw(target) is original, f"{target} not restored by reverting {patch_id}"

@@ -35,7 +35,9 @@ def test_malformed_json_names_file_line_and_column(tmp_path):
 
 @pytest.mark.parametrize("override, message", [
     ({"default": "yes"}, "key 'default' must be true or false"),
-    ({"colour": 1}, "key(s) 'colour' cannot be overridden for existing patch 'device'; allowed: default, options"),
+    ({"colour": 1}, "key(s) 'colour' cannot be overridden for existing patch 'device'; allowed: supports, default, "
+                    "options"),
+    ({"supports": "no_such_range"}, "'supports' names the range 'no_such_range', which no 'ranges' defines"),
     ({"options": {"nope": 1}}, "unknown option 'nope' for patch 'device'"),
     ({"supports": {"torch": "about 2"}}, "supports['torch']='about 2' is not a PEP 440 specifier"),
     ({"supports": {"numpy": ">=1"}}, "'supports' names 'numpy'; allowed: torchtitan, torch, torch_npu"),
@@ -51,22 +53,55 @@ def test_bad_overrides_name_the_key_and_what_is_allowed(tmp_path, override, mess
 def test_unknown_top_level_key_and_schema(tmp_path):
     with pytest.raises(ConfigError, match="unknown top-level key"):
         registry.load(write(tmp_path, '{"patchez": {}}'))
-    with pytest.raises(ConfigError, match="this runtime reads schema 1"):
-        registry.load(write(tmp_path, '{"schema": 2, "patches": {}}'))
+    with pytest.raises(ConfigError, match="this runtime reads schemas 1, 2"):
+        registry.load(write(tmp_path, '{"schema": 3, "patches": {}}'))
 
 
-def test_new_entry_must_be_complete(tmp_path):
-    with pytest.raises(ConfigError, match="missing key.*'module'"):
-        registry.load(write(tmp_path, json.dumps({"patches": {"mine": {"default": True}}})))
+def test_a_new_entry_states_its_triggers_and_takes_defaults_for_the_rest(tmp_path):
+    with pytest.raises(ConfigError, match="missing key.*'triggers'"):
+        registry.load(write(tmp_path, json.dumps({"patches": {"mine": {"default": False}}})))
+    mine = registry.load(write(tmp_path, json.dumps({"patches": {"mine": {"triggers": ["torchtitan"]}}}),
+                               name="ok.json")).patches["mine"]
+    assert (mine.module, mine.default, dict(mine.options), mine.requires, mine.runs_on) == (
+        "npu_inject.patches.mine", True, {}, (), ("npu", "cpu"))
 
 
-def test_user_override_changes_toggles_and_options_only(tmp_path, monkeypatch):
+def test_named_ranges_are_shared_and_merged_over_the_document_default(tmp_path):
+    document = {"defaults": {"supports": {"torch": ">=2.14"}}, "ranges": {"npu": {"torch_npu": ">=2.14,<2.16"}},
+                "patches": {"a": {"triggers": ["x"], "supports": "npu"}, "b": {"triggers": ["x"]}}}
+    catalog = registry.load(write(tmp_path, json.dumps(document)))
+    assert dict(catalog.patches["a"].supports) == {"torch": ">=2.14", "torch_npu": ">=2.14,<2.16"}
+    assert dict(catalog.patches["b"].supports) == {"torch": ">=2.14"}
+    # A later document (a user registry) may name a range an earlier one defined.
+    later = registry.Registry(ranges=dict(catalog.ranges), patches=dict(catalog.patches))
+    registry.merge_document(later, {"patches": {"b": {"supports": "npu"}}}, "user")
+    assert dict(later.patches["b"].supports) == {"torch_npu": ">=2.14,<2.16"}
+
+
+def test_user_override_changes_toggles_and_options_only(tmp_path):
     base = registry.load(None)
-    document = {"patches": {"device": {"default": False, "description": "mine"}}}
+    document = {"patches": {"device": {"default": False}}}
     merged = registry.load(write(tmp_path, json.dumps(document)))
     assert merged.patches["device"].default is False
-    assert merged.patches["device"].targets == base.patches["device"].targets
+    assert merged.patches["device"].triggers == base.patches["device"].triggers
     assert merged.sources[-1].endswith("user.json")
+
+
+def test_schema_1_registries_load_except_keys_that_moved_into_the_patch_module(tmp_path):
+    # Toggles and options in yesterday's format keep working.
+    toggles = {"schema": 1, "patches": {"swap_optimizer": {"default": True, "options": {"slices": 8}}}}
+    assert registry.load(write(tmp_path, json.dumps(toggles))).patches["swap_optimizer"].options["slices"] == 8
+    # A full schema 1 entry listed targets and a description: one message says what to do instead.
+    old_entry = {"module": "mine", "triggers": ["torchtitan"], "targets": ["torchtitan.trainer:Trainer.close"],
+                 "supports": {}, "requires": [], "default": True, "options": {}, "description": "mine"}
+    with pytest.raises(ConfigError) as error:
+        registry.load(write(tmp_path, json.dumps({"schema": 1, "patches": {"mine": old_entry}}), name="old.json"))
+    assert str(error.value) == (
+        f"{tmp_path / 'old.json'}: patches['mine']: key(s) 'targets', 'description' moved out of registries in "
+        "schema 2: a patch module states the targets it changes itself, as TARGETS = (...) near its top; a "
+        "patch's description is the first line of its module's docstring. Remove the key(s) from the entry")
+    with pytest.raises(ConfigError, match="key.s. 'description' moved out of registries"):
+        registry.load(write(tmp_path, json.dumps({"patches": {"device": {"description": "mine"}}}), name="d.json"))
 
 
 def test_option_type_must_match_default(tmp_path):

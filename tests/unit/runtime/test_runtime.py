@@ -32,8 +32,7 @@ def test_patch_module_is_imported_only_when_its_trigger_is(fake_target):
 
 
 def test_failed_apply_restores_everything_it_changed(fake_target):
-    path = fake_target({"fake_broken": fake_entry("fake_patch_broken",
-                                                  targets=["faketitan.core:DEVICE", "faketitan.core:Engine.run"])})
+    path = fake_target({"fake_broken": fake_entry("fake_patch_broken")})
     rt = activate(path, "fake_broken")
     core = importlib.import_module("faketitan.core")
     record = rt.report.patches["fake_broken"]
@@ -46,7 +45,7 @@ def test_failed_apply_restores_everything_it_changed(fake_target):
 
 def test_missing_target_fails_and_restores(fake_target):
     path = fake_target({"fake_missing": fake_entry(
-        "fake_patch_missing", targets=["faketitan.core:DEVICE", "faketitan.core:Engine.vanished"])})
+        "fake_patch_missing")})
     rt = activate(path, "fake_missing")
     core = importlib.import_module("faketitan.core")
     record = rt.report.patches["fake_missing"]
@@ -56,8 +55,7 @@ def test_missing_target_fails_and_restores(fake_target):
 
 
 def test_strict_mode_stops_at_a_failing_patch(fake_target):
-    path = fake_target({"fake_broken": fake_entry("fake_patch_broken",
-                                                  targets=["faketitan.core:DEVICE", "faketitan.core:Engine.run"])})
+    path = fake_target({"fake_broken": fake_entry("fake_patch_broken")})
     activate(path, "fake_broken", TORCHTITAN_NPU_STRICT="1")
     with pytest.raises(PatchError, match="fake_broken.*TORCHTITAN_NPU_STRICT=1"):
         importlib.import_module("faketitan.core")
@@ -86,9 +84,7 @@ def device_and_engine_patches() -> dict:
     """fake_engine (triggered by faketitan.other) requires fake_device (triggered by faketitan.core)."""
     return {
         "fake_device": fake_entry("fake_patch_device"),
-        "fake_engine": fake_entry("fake_patch_engine", triggers=["faketitan.other"], requires=["fake_device"],
-                                  targets=["faketitan.core:Engine.run", "faketitan.core:Engine.build",
-                                           "faketitan.core:Engine.create", "faketitan.core:Engine.name"]),
+        "fake_engine": fake_entry("fake_patch_engine", triggers=["faketitan.other"], requires=["fake_device"]),
     }
 
 
@@ -144,8 +140,7 @@ def test_runtime_off_when_target_unset():
 
 
 def test_report_summary_and_json(fake_target, tmp_path):
-    path = fake_target({"fake_broken": fake_entry("fake_patch_broken",
-                                                  targets=["faketitan.core:DEVICE", "faketitan.core:Engine.run"]),
+    path = fake_target({"fake_broken": fake_entry("fake_patch_broken"),
                         "fake_device": fake_entry("fake_patch_device")})
     rt = activate(path, "fake_broken,fake_device")
     importlib.import_module("faketitan.core")
