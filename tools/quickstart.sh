@@ -20,7 +20,9 @@ else
   echo "quickstart: torch_npu does not import here: running the CPU rehearsal (TORCHTITAN_NPU=cpu)"
 fi
 [ "${1:-}" = "--" ] && shift
-"$VENV/bin/npu-inject" doctor || true
+# The doctor of the target this run trains on: a patch that would not apply stops here, not mid-run.
+TORCHTITAN_NPU=$TARGET "$VENV/bin/npu-inject" doctor || {
+  echo "quickstart: npu-inject doctor found problems (above) for TORCHTITAN_NPU=$TARGET; not training" >&2; exit 2; }
 TORCHTITAN_NPU=$TARGET HF_HUB_OFFLINE=1 "$VENV/bin/torchrun" --nproc_per_node "$NPROC" \
   -m torchtitan.train --module llama3 --config llama3_debugmodel \
   --training.steps "${STEPS:-10}" --training.seq_len 256 --training.local_batch_size 2 \

@@ -3,8 +3,8 @@
 # .venv), run the whole test suite (unit tests, the multi-process end-to-end runs marked e2e, and the
 # real torch_npu wheel on the emulation, marked cann_emu).
 #   bash tools/test.sh                 # unit tests + e2e runs (what CI runs)
-#   bash tools/test.sh -m "not (e2e or parallel or models or fused_matrix or compile_long)"  # unit tests only
-#   bash tools/test.sh -m parallel     # the long matrices: parallel, models, fused_matrix, compile_long
+#   bash tools/test.sh --unit          # unit tests only: pyproject.toml's default marker selection
+#   bash tools/test.sh -m parallel     # a long matrix by its marker (pyproject.toml lists them)
 #   bash tools/test.sh -m "cann_emu or cann_emu_long"   # everything on the CANN emulation
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -19,9 +19,15 @@ PY="$VENV/bin/python"
 # only the wheel, and the emulated CANN libraries.
 bash verification/cann_emu/setup.sh .venv-cann --base "$VENV"
 export HF_HUB_OFFLINE=1
+# --unit keeps pyproject.toml's addopts selection: the unit tests, whatever markers join the project.
+unit=0 args=()
+for arg in "$@"; do
+  if [ "$arg" = --unit ]; then unit=1; else args+=("$arg"); fi
+done
+set -- ${args[@]+"${args[@]}"}
 # CI's selection: everything but the long matrices (their one-case-per-dimension members carry e2e too).
-case " $* " in
-  *" -m "*) ;;
+case "$unit $* " in
+  1*|*" -m "*) ;;
   *) set -- -m "not (models or fused_matrix or compile_long or upstream_suite or cann_emu_long) and (e2e or not parallel)" "$@" ;;
 esac
 # Two workers by default (tests/conftest.py groups the tests that share runs); -n 0 runs in one process.
