@@ -29,25 +29,32 @@ def block(text: str, begin: str, end: str) -> str | None:
 
 def main(render: Callable[[], str], path: str, begin: str, end: str, description: str) -> int:
     """Print the block, or with --check/--write compare it with / write it into ``path``."""
+    return main_blocks([(render, path, begin, end)], description)
+
+
+def main_blocks(blocks: list[tuple[Callable[[], str], str, str, str]], description: str) -> int:
+    """:func:`main` for several blocks (render, path, begin, end), each in its own document or not."""
+    paths = sorted({os.path.relpath(path, REPO) for _, path, _, _ in blocks})
     parser = argparse.ArgumentParser(description=description)
-    parser.add_argument("--check", action="store_true", help=f"exit 1 when {os.path.relpath(path, REPO)} differs")
-    parser.add_argument("--write", action="store_true", help=f"replace the block in {os.path.relpath(path, REPO)}")
+    parser.add_argument("--check", action="store_true", help=f"exit 1 when {', '.join(paths)} differ")
+    parser.add_argument("--write", action="store_true", help=f"replace the blocks in {', '.join(paths)}")
     args = parser.parse_args()
-    rendered = render()
-    with open(path, encoding="utf-8") as handle:
-        text = handle.read()
-    current = block(text, begin, end)
-    if args.write:
-        if current is None:
-            print(f"{path} has no {begin} ... {end} block to replace", file=sys.stderr)
-            return 1
-        with open(path, "w", encoding="utf-8") as handle:
-            handle.write(text.replace(current, rendered))
-        return 0
-    if args.check:
-        if current != rendered:
-            print(f"{path}: the generated block differs; run: python {sys.argv[0]} --write", file=sys.stderr)
-            return 1
-        return 0
-    print(rendered)
-    return 0
+    status = 0
+    for render, path, begin, end in blocks:
+        rendered = render()
+        with open(path, encoding="utf-8") as handle:
+            text = handle.read()
+        current = block(text, begin, end)
+        if args.write:
+            if current is None:
+                print(f"{path} has no {begin} ... {end} block to replace", file=sys.stderr)
+                return 1
+            with open(path, "w", encoding="utf-8") as handle:
+                handle.write(text.replace(current, rendered))
+        elif args.check:
+            if current != rendered:
+                print(f"{path}: the generated block differs; run: python {sys.argv[0]} --write", file=sys.stderr)
+                status = 1
+        else:
+            print(rendered)
+    return status

@@ -1,12 +1,13 @@
-"""The capability matrix in the README: torchtitan's integration suite on each target, side by side.
+"""The capability matrix in docs/suite.md (torchtitan's integration suite on each target, side by side)
+and its counts, one line per target, in the README.
 
 Rendered from the ``matrix.json`` files ``npu-inject suite`` writes, committed as
-``docs/suite/<target>.json`` (one per target, copied from a whole-suite run's ``--output``);
-tests/unit/tools/test_suite_table.py checks the README holds exactly what ``render()`` gives
-and that every enabled upstream case has a row.
+``docs/suite/<target>.json`` (one per target, copied from a whole-suite run's ``--output``, with every
+machine path written as a variable); tests/unit/tools/test_suite_table.py checks the documents hold
+exactly what ``render()`` and ``render_counts()`` give and that every enabled upstream case has a row.
 
-Usage: python tools/suite_table.py                        # print the block
-       python tools/suite_table.py --check | --write      # compare with / rewrite the README's block
+Usage: python tools/suite_table.py                        # print the blocks
+       python tools/suite_table.py --check | --write      # compare with / rewrite the documents' blocks
        python tools/suite_table.py --record TARGET DIR    # copy DIR/matrix.json to docs/suite/TARGET.json
        python tools/suite_table.py --rerun TARGET DIR     # replace the rows DIR/matrix.json re-ran
 A re-run (cases run again after a fix) replaces those rows and is listed under the target with
@@ -17,16 +18,17 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import sys
 
 if __package__ in (None, ""):  # run as a script: the repository root holds tools/
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from tools import doc_blocks  # noqa: E402
 
-DOC = os.path.join(doc_blocks.REPO, "README.md")
+DOC = os.path.join(doc_blocks.REPO, "docs", "suite.md")
+README = os.path.join(doc_blocks.REPO, "README.md")
 DATA = os.path.join(doc_blocks.REPO, "docs", "suite")
 BEGIN, END = doc_blocks.markers("suite-matrix", "tools/suite_table.py")
+COUNTS_BEGIN, COUNTS_END = doc_blocks.markers("suite-counts", "tools/suite_table.py")
 # Column order and headings; a target's file is docs/suite/<key>.json.
 TARGETS = {"rehearsal": "CPU rehearsal", "sim_npu": "simulated NPUs"}
 STATUSES = ("green", "stopped", "red", "timeout", "memory")
@@ -57,6 +59,20 @@ def _shape(meta: dict) -> str:
     return ", ".join(parts) or "upstream's shapes and steps"
 
 
+def _counts(cases: list[dict]) -> str:
+    return ", ".join(f"{sum(c['status'] == s for c in cases)} {s}" for s in STATUSES) + f" of {len(cases)}"
+
+
+def render_counts() -> str:
+    """One line per target for the README."""
+    lines = [COUNTS_BEGIN]
+    for target, heading in TARGETS.items():
+        matrix = load(target)
+        lines.append(f"- {heading}: {_counts(matrix['cases'])} ({matrix['meta']['date'][:10]}, "
+                     f"{_shape(matrix['meta'])})")
+    return "\n".join([*lines, COUNTS_END])
+
+
 def render() -> str:
     matrices = {target: load(target) for target in TARGETS}
     names: list[str] = []
@@ -67,8 +83,7 @@ def render() -> str:
     lines = [BEGIN, ""]
     for target, heading in TARGETS.items():
         meta, cases = matrices[target]["meta"], matrices[target]["cases"]
-        counts = ", ".join(f"{sum(c['status'] == s for c in cases)} {s}" for s in STATUSES)
-        lines.append(f"- **{heading}**: {counts} of {len(cases)}. {meta['date']}, npu_inject "
+        lines.append(f"- **{heading}**: {_counts(cases)}. {meta['date']}, npu_inject "
                      f"{meta.get('npu_inject_commit', 'unknown')}, {meta['machine']}; {_shape(meta)}; "
                      f"`{meta['command']}`")
         for rerun in meta.get("reruns", ()):
@@ -93,6 +108,27 @@ def render() -> str:
     return "\n".join(lines)
 
 
+def portable(matrix: dict) -> dict:
+    """``matrix`` with every recorded command's machine paths written as variables."""
+    from npu_inject.commands.suite import portable_command
+
+    meta = matrix["meta"]
+    meta["command"] = portable_command(meta["command"])
+    for rerun_meta in meta.get("reruns", ()):
+        rerun_meta["command"] = portable_command(rerun_meta["command"])
+    for case in matrix["cases"]:
+        case["command"] = portable_command(case["command"])
+    return matrix
+
+
+def _write(target: str, matrix: dict) -> str:
+    destination = os.path.join(DATA, f"{target}.json")
+    with open(destination, "w", encoding="utf-8") as handle:
+        json.dump(portable(matrix), handle, indent=2)
+        handle.write("\n")
+    return destination
+
+
 def record(target: str, output_dir: str) -> str:
     """Copy a whole-suite run's matrix.json as the target's data file."""
     if target not in TARGETS:
@@ -101,9 +137,8 @@ def record(target: str, output_dir: str) -> str:
     if not os.path.isfile(source):
         raise SystemExit(f"--record: no matrix.json in {output_dir} (npu-inject suite's --output)")
     os.makedirs(DATA, exist_ok=True)
-    destination = os.path.join(DATA, f"{target}.json")
-    shutil.copyfile(source, destination)
-    return destination
+    with open(source, encoding="utf-8") as handle:
+        return _write(target, json.load(handle))
 
 
 def rerun(target: str, output_dir: str) -> str:
@@ -126,14 +161,12 @@ def rerun(target: str, output_dir: str) -> str:
         {"cases": [f"{suite}/{name}" for suite, name in replaced], "date": meta["date"],
          "npu_inject_commit": meta.get("npu_inject_commit", "unknown"), "machine": meta["machine"],
          "command": meta["command"]})
-    destination = os.path.join(DATA, f"{target}.json")
-    with open(destination, "w", encoding="utf-8") as handle:
-        json.dump(base, handle, indent=2)
-    return destination
+    return _write(target, base)
 
 
 if __name__ == "__main__":
     if len(sys.argv) == 4 and sys.argv[1] in ("--record", "--rerun"):
         print((record if sys.argv[1] == "--record" else rerun)(sys.argv[2], sys.argv[3]))
         sys.exit(0)
-    sys.exit(doc_blocks.main(render, DOC, BEGIN, END, __doc__.splitlines()[0]))
+    sys.exit(doc_blocks.main_blocks([(render, DOC, BEGIN, END), (render_counts, README, COUNTS_BEGIN, COUNTS_END)],
+                                    __doc__.splitlines()[0]))

@@ -255,7 +255,7 @@ def with_checkout_recipes(torchtitan_src: str, workdir: str, env: dict[str, str]
 
 
 def run_case(case: Case, args: argparse.Namespace, workdir: str, env: dict[str, str]) -> Result:
-    output_dir = os.path.join(workdir, "artifacts-to-be-uploaded")  # upstream's relative checkpoint paths
+    output_dir = os.path.join(workdir, ARTIFACTS)  # upstream's relative checkpoint paths
     os.makedirs(output_dir, exist_ok=True)
     started, losses, peak, status, cause, who, command = time.monotonic(), {}, 0, "green", "", "", ""
     for number, run_args in enumerate(case.runs, start=1):
@@ -292,7 +292,34 @@ def run_case(case: Case, args: argparse.Namespace, workdir: str, env: dict[str, 
     return Result(case.suite, case.name, case.ngpu, status, time.monotonic() - started,
                   ordered[0] if ordered else None, ordered[-1] if ordered else None, cause, who,
                   number, round(peak / 2**20, 2) if peak else None, bool(args.shrink),
-                  shlex.join(command))
+                  portable_command(shlex.join(command)))
+
+
+# Path arguments of a recorded command line, written as variables: a matrix committed to the docs
+# names no folder of the machine it ran on.
+PATH_ARGUMENTS = {"--torchtitan-src": "$TORCHTITAN_SRC", "--run-train": "$TORCHTITAN_SRC/run_train.sh",
+                  "--output": "$OUTPUT", "--assets": "$ASSETS"}
+
+
+ARTIFACTS = "artifacts-to-be-uploaded"  # upstream's folder for a case's outputs, under --output
+
+
+def portable_command(command: str) -> str:
+    """``command`` with every machine path replaced: the suite's path arguments by variables,
+    upstream's run_train.sh by ``$TORCHTITAN_SRC/run_train.sh``, paths into a case's outputs
+    (dump folders, checkpoints) by the same path under ``$OUTPUT``."""
+    words, previous = [], ""
+    for word in shlex.split(command):
+        if previous in PATH_ARGUMENTS:
+            words.append(PATH_ARGUMENTS[previous])
+        elif f"/{ARTIFACTS}/" in word:
+            words.append("$OUTPUT" + word[word.index(f"/{ARTIFACTS}/"):])
+        elif os.path.basename(word) == "run_train.sh":
+            words.append(PATH_ARGUMENTS["--run-train"])
+        else:
+            words.append(shlex.quote(word))
+        previous = word
+    return " ".join(words)
 
 
 def render_markdown(results: list[Result], meta: dict[str, Any]) -> str:
@@ -384,7 +411,7 @@ def cmd_suite(args: argparse.Namespace) -> int:
                        f"{os.sysconf('SC_PAGE_SIZE') * os.sysconf('SC_PHYS_PAGES') / 2**30:.0f} GiB",
             "simulated_npu": os.environ.get("TORCHTITAN_NPU_SIM") == "1",
             "npu_inject_commit": _checkout_commit(),
-            "command": shlex.join(["npu-inject", *sys.argv[1:]]) if sys.argv else "npu-inject suite",
+            "command": portable_command(shlex.join(["npu-inject", *sys.argv[1:]])) if sys.argv else "npu-inject suite",
             "steps": args.steps, "shrink": args.shrink, "case_timeout_s": args.case_timeout}
     results, began, markdown = [], time.monotonic(), ""
     for index, case in enumerate(cases, start=1):

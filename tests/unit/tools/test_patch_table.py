@@ -1,52 +1,58 @@
-"""docs/patches.md's patch table is what tools/patch_table.py renders from registry.json."""
+"""docs/patches.md and docs/registry.md hold what tools/patch_table.py renders from the catalog,
+the patch modules' docstrings and TARGETS, and registry.PatchSpec's fields."""
 
 from __future__ import annotations
 
-import json
 import os
 
 from testkit import REPO  # first: puts the repository root on sys.path for tools/
 from tools import doc_blocks, patch_table
 
+from npu_inject import module_facts, registry
 
-def _doc() -> str:
-    with open(patch_table.DOC, encoding="utf-8") as handle:
+
+def _read(path: str) -> str:
+    with open(path, encoding="utf-8") as handle:
         return handle.read()
 
 
-def test_docs_hold_the_rendered_table():
+def test_docs_hold_the_rendered_blocks():
     assert patch_table.DOC == os.path.join(REPO, "docs", "patches.md")
-    assert doc_blocks.block(_doc(), patch_table.BEGIN, patch_table.END) == patch_table.render(), (
-        "docs/patches.md's patch table is stale: python tools/patch_table.py --write")
+    assert doc_blocks.block(_read(patch_table.DOC), patch_table.BEGIN, patch_table.END) == patch_table.render(), (
+        "docs/patches.md is stale: python tools/patch_table.py --write")
+    assert doc_blocks.block(_read(patch_table.REGISTRY_DOC), patch_table.KEYS_BEGIN,
+                            patch_table.KEYS_END) == patch_table.render_keys(), (
+        "docs/registry.md's key table is stale: python tools/patch_table.py --write")
 
 
-def test_table_has_one_row_per_catalog_entry_with_its_description():
-    with open(os.path.join(REPO, "npu_inject", "registry.json"), encoding="utf-8") as handle:
-        catalog = json.load(handle)["patches"]
-    rows = [line for line in patch_table.render().splitlines() if line.startswith("| `")]
-    assert [row.split("|")[1].strip().strip("`") for row in rows] == list(catalog)
-    for row, entry in zip(rows, catalog.values()):
-        assert row.rstrip(" |").endswith(entry["description"])
+def test_one_row_and_one_section_per_patch_from_its_module():
+    catalog = registry.load(None, entry_points=False)
+    rendered = patch_table.render()
+    rows = [line for line in rendered.splitlines() if line.startswith("| `")]
+    assert [row.split("|")[1].strip().strip("`") for row in rows] == list(catalog.patches)
+    for row, spec in zip(rows, catalog.patches.values()):
+        facts = module_facts.read(spec.module)
+        assert row.rstrip(" |").endswith(facts.description)
+        section = rendered.split(f"### `{spec.id}`", 1)[1].split("\n### ", 1)[0]
+        assert patch_table._markdown(facts.details) in section
+        assert all(f"`{target.name}`" in section for target in facts.targets)
 
 
-def test_a_changed_description_makes_the_block_stale(monkeypatch):
-    """The drift check can fail: the rendered block follows the catalog, not the document."""
-    from npu_inject import registry
+def test_a_changed_docstring_makes_the_block_stale(monkeypatch):
+    """The drift check can fail: the rendered block follows the modules, not the document."""
+    real_read = module_facts.read
 
-    real_load = registry.load
+    def read_with_new_docstring(module_name):
+        facts = real_read(module_name)
+        if module_name.endswith(".device"):
+            return module_facts.ModuleFacts(facts.path, "changed\n\nchanged too", facts.targets)
+        return facts
 
-    def load_with_new_description(*args, **kwargs):
-        loaded = real_load(*args, **kwargs)
-        spec = loaded.patches["device"]
-        loaded.patches["device"] = type(spec)(**{**spec.__dict__, "description": "changed"})
-        return loaded
-
-    monkeypatch.setattr(registry, "load", load_with_new_description)
-    assert doc_blocks.block(_doc(), patch_table.BEGIN, patch_table.END) != patch_table.render()
+    monkeypatch.setattr(module_facts, "read", read_with_new_docstring)
+    assert doc_blocks.block(_read(patch_table.DOC), patch_table.BEGIN, patch_table.END) != patch_table.render()
 
 
-def test_every_patch_is_explained_in_prose():
-    with open(os.path.join(REPO, "npu_inject", "registry.json"), encoding="utf-8") as handle:
-        catalog = json.load(handle)["patches"]
-    explained = {line[2:].split(":", 1)[0] for line in _doc().splitlines() if line.startswith("- `")}
-    assert {f"`{patch_id}`" for patch_id in catalog} <= explained, "docs/patches.md 'How each patch works'"
+def test_every_registry_key_is_in_the_key_table():
+    table = patch_table.render_keys()
+    assert [line.split("|")[1].strip().strip("`") for line in table.splitlines() if line.startswith("| `")] == list(
+        registry.ENTRY_KEYS)

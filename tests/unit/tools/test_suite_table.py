@@ -1,5 +1,6 @@
-"""The README's capability matrix is what tools/suite_table.py renders from the recorded suite runs,
-and those runs cover every enabled case of upstream's integration suite on every target."""
+"""docs/suite.md's capability matrix and the README's counts are what tools/suite_table.py renders from
+the recorded suite runs, and those runs cover every enabled case of upstream's integration suite on
+every target."""
 
 from __future__ import annotations
 
@@ -13,10 +14,14 @@ from tools import doc_blocks, suite_table
 UPSTREAM = os.path.join(os.path.dirname(REPO), "shared", "upstream", "torchtitan-0.3")
 
 
-def test_readme_holds_the_rendered_matrix():
+def test_docs_hold_the_rendered_matrix_and_the_readme_its_counts():
     with open(suite_table.DOC, encoding="utf-8") as handle:
         assert doc_blocks.block(handle.read(), suite_table.BEGIN, suite_table.END) == suite_table.render(), (
-            "README.md's suite matrix is stale: python tools/suite_table.py --write")
+            "docs/suite.md's suite matrix is stale: python tools/suite_table.py --write")
+    with open(suite_table.README, encoding="utf-8") as handle:
+        counts = doc_blocks.block(handle.read(), suite_table.COUNTS_BEGIN, suite_table.COUNTS_END)
+    assert counts == suite_table.render_counts(), "README.md's suite counts are stale: tools/suite_table.py --write"
+    assert len(counts.splitlines()) == 2 + len(suite_table.TARGETS)
 
 
 @pytest.mark.skipif(not os.path.isdir(UPSTREAM), reason=f"upstream's suite is not at {UPSTREAM}")
@@ -44,17 +49,23 @@ def test_a_rerun_replaces_its_rows_and_is_listed(tmp_path, monkeypatch):
     meta = {"target": "cpu", "date": "d1", "machine": "m", "command": "c1", "steps": 2, "shrink": [256, 2],
             "npu_inject_commit": "aaa"}
     row = lambda name, status: {"suite": "features", "name": name, "ngpu": 2, "status": status,  # noqa: E731
-                                "seconds": 1.0, "cause": "" if status == "green" else "boom", "attributed_to": ""}
+                                "seconds": 1.0, "cause": "" if status == "green" else "boom", "attributed_to": "",
+                                "command": f"bash /home/me/tt/run_train.sh --dump_folder "
+                                           f"/scratch/o/artifacts-to-be-uploaded/{name}"}
     monkeypatch.setattr(suite_table, "DATA", str(tmp_path))
     (tmp_path / "rehearsal.json").write_text(json.dumps({"meta": meta, "cases": [row("a", "green"), row("b", "red")]}))
     (tmp_path / "run").mkdir()
-    later = {"meta": {**meta, "date": "d2", "command": "c2", "npu_inject_commit": "bbb"}, "cases": [row("b", "green")]}
+    later = {"meta": {**meta, "date": "d2", "command": "npu-inject suite --output /scratch/o --cases b",
+                      "npu_inject_commit": "bbb"}, "cases": [row("b", "green")]}
     (tmp_path / "run" / "matrix.json").write_text(json.dumps(later))
     suite_table.rerun("rehearsal", str(tmp_path / "run"))
     merged = suite_table.load("rehearsal")
     assert [case["status"] for case in merged["cases"]] == ["green", "green"]
     assert merged["meta"]["reruns"] == [{"cases": ["features/b"], "date": "d2", "npu_inject_commit": "bbb",
-                                         "machine": "m", "command": "c2"}]
+                                         "machine": "m", "command": "npu-inject suite --output $OUTPUT --cases b"}]
+    # Recorded data names no folder of the machine it ran on.
+    assert merged["cases"][1]["command"] == ("bash $TORCHTITAN_SRC/run_train.sh --dump_folder "
+                                             "$OUTPUT/artifacts-to-be-uploaded/b")
     (tmp_path / "run" / "matrix.json").write_text(json.dumps({**later, "meta": {**later["meta"], "steps": 10}}))
     with pytest.raises(SystemExit, match="other steps"):
         suite_table.rerun("rehearsal", str(tmp_path / "run"))
