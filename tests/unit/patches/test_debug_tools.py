@@ -83,7 +83,12 @@ def test_rehearsal_mfu_is_against_the_hosts_measured_matmul_peak(applied):
     upstream = utils.get_peak_flops("CPU rehearsal (host memory: process RSS)")
     assert upstream == 312e12  # what torchtitan would divide by: A100's peak
     _, ctx = applied("metrics", "cpu")
+    metrics = importlib.import_module("npu_inject.patches.metrics")
+    metrics.measured_host_peak_flops.cache_clear()
+    rng_before = torch.get_rng_state()
     peak = utils.get_peak_flops("CPU rehearsal (host memory: process RSS)")
+    # The probe runs after torchtitan seeded the job: it must not move the random stream (weights, data).
+    assert torch.equal(torch.get_rng_state(), rng_before)
     # Independent of the patch's probe: one timed float32 matmul of another shape on this host.
     a, b = torch.randn(384, 384), torch.randn(384, 384)
     torch.mm(a, b)
