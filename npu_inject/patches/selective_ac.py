@@ -10,7 +10,14 @@ step and re-reads MoE split sizes from the device. This patch:
 * extends ``SelectiveAC.get_save_ops`` with torch_npu's fused attention (v1/v2/v3)
   and grouped-matmul dispatcher ops, where the installed torch_npu registers them;
 * wraps the policy torchtitan hands to ``create_selective_checkpoint_contexts`` so
-  that copies from the target device to the host are saved on any device type;
+  that copies from the target device to the host are saved on any device type, and so
+  that a linear layer counts as the matmul it is: torch_npu registers ``aten.matmul`` as
+  a kernel of its own, so on an NPU every linear reaches the policy as ``aten.matmul``,
+  which upstream's policy neither saves nor counts (it knows ``aten.mm`` and ``aten.linear``),
+  and every linear was recomputed in backward. The policy now sees it as ``aten.mm``: every
+  other linear is saved, as torchtitan intends and as on CUDA and the CPU, where
+  ``matmul`` decomposes into ``mm`` (seen on the real torch_npu 2.14.0: a 3-D and a 2-D
+  ``nn.Linear`` under selective checkpointing reach the policy as ``aten.matmul`` and ``aten.t``);
 * where the kernel is not a dispatcher op -- the CPU rehearsal and the simulated
   NPU run ``npu_inject.ops.reference`` in Python -- routes the reference
   ``npu_fusion_attention`` (and its TND variant ``npu_fusion_attention_v3``) through one dispatcher op
@@ -44,14 +51,15 @@ _TORCH_NPU_SAVED_OPS = (
 _REFERENCE_KERNELS = ("npu_fusion_attention", "npu_fusion_attention_v3")
 
 
-def _torch_npu_dispatcher_ops() -> list:
-    """OpOverloads of torch_npu's fused kernels that this process has registered."""
+def _dispatcher_ops(namespace: str) -> list:
+    """OpOverloads of the fused kernels registered in ``namespace``: torch_npu's ("npu"), or the
+    rehearsal's custom ops that stand for them under torch.compile and fake tensors ("npu_inject")."""
     import torch
 
     found = []
     for name in _TORCH_NPU_SAVED_OPS:
         try:
-            packet = getattr(torch.ops.npu, name)
+            packet = getattr(getattr(torch.ops, namespace), name)
         except (AttributeError, RuntimeError):
             continue  # not registered: no torch_npu, or the simulated one (Python kernels)
         found.extend(getattr(packet, overload) for overload in packet.overloads())
@@ -62,7 +70,7 @@ def apply(ctx: PatchContext) -> None:
     import torch
     from torch.utils.checkpoint import CheckpointPolicy
 
-    npu_ops = _torch_npu_dispatcher_ops()
+    npu_ops = _dispatcher_ops("npu")
     if npu_ops:
         ctx.note("selective AC saves torch_npu ops: " + ", ".join(sorted({str(op) for op in npu_ops})))
     reference_routed: list[bool] = []
@@ -84,6 +92,10 @@ def apply(ctx: PatchContext) -> None:
                          f"({sac_dispatch.FUSION_ATTENTION_OP_NAME}): the kernel runs in Python on "
                          f"target {ctx.device_kind}")
             save_ops.add(sac_dispatch.FUSION_ATTENTION_OP)
+            # Compiled or under fake tensors the kernels are the rehearsal's custom ops: saved as torch_npu's.
+            from npu_inject.ops import rehearsal  # noqa: F401 (registers the ops)
+
+            save_ops.update(_dispatcher_ops(rehearsal.NAMESPACE))
         return save_ops
 
     def create_selective_checkpoint_contexts(original, policy_fn_or_list, *args, **kwargs):
@@ -101,6 +113,10 @@ def apply(ctx: PatchContext) -> None:
                 and str(op_kwargs.get("device", "")) == "cpu"
             ):
                 return CheckpointPolicy.MUST_SAVE
+            if func == torch.ops.aten.matmul.default:
+                # torch_npu's leaf matmul of a linear: upstream's mm rule (count, save every other one,
+                # honour force_recompute_mm_shapes_by_fqns on args[1], the (in, out) weight as for mm).
+                func = torch.ops.aten.mm.default
             return upstream_policy(sac_ctx, func, *op_args, **op_kwargs)
 
         return original(policy, *args, **kwargs)

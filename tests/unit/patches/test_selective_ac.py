@@ -103,3 +103,45 @@ def test_reverting_restores_the_reference_kernel():
 
     _train_step_counting_kernel("device,attention,selective_ac", checkpointing=True)
     assert reference.npu_fusion_attention is fusion_attention.npu_fusion_attention
+
+
+def test_a_linear_reaching_the_policy_as_matmul_is_saved_every_other_time_like_mm():
+    """torch_npu registers aten.matmul as a kernel of its own, so on an NPU each nn.Linear reaches the
+    selective-AC policy as aten.matmul (seen on the real torch_npu 2.14.0, tests/cann_emu). Upstream's
+    policy knows aten.mm and aten.linear only: every linear was recomputed. With the patch, matmul gets
+    upstream's own mm answer, call by call (save, recompute, save, ...), forced shapes included."""
+    from torch.utils.checkpoint import CheckpointPolicy
+
+    rt = runtime.activate(clean_env(TORCHTITAN_NPU="cpu", TORCHTITAN_NPU_PATCHES="device,attention,selective_ac"),
+                          install_hooks=False)
+    try:
+        for module in ("torchtitan.tools.utils", "torchtitan.models.common.decoder",
+                       "torchtitan.distributed.activation_checkpoint"):
+            importlib.import_module(module)
+        import torchtitan.distributed.activation_checkpoint as titan_ac
+
+        captured = []
+        real_contexts = titan_ac.create_selective_checkpoint_contexts
+        # Stands for torch's function, beneath the patch's wrapper once it applies.
+        titan_ac.create_selective_checkpoint_contexts = lambda policy, *a, **k: captured.append(policy)
+
+        def policy_of_a_wrapped_block():
+            wrapped = titan_ac.SelectiveAC(titan_ac.SelectiveAC.Config())._wrap_block(torch.nn.Linear(4, 8))
+            wrapped.checkpoint_fn.keywords["context_fn"]()
+            return captured[-1]
+
+        policies = {False: policy_of_a_wrapped_block()}
+        for patch_id in ("device", "attention", "selective_ac"):
+            assert rt.apply(patch_id), rt.report.patches[patch_id]
+        policies[True] = policy_of_a_wrapped_block()
+        ctx = type("Ctx", (), {"is_recompute": False})()
+        x, w_t = torch.zeros(2, 3, 4), torch.zeros(4, 8)
+        upstream_mm = [policies[False](ctx, torch.ops.aten.mm.default, x.view(6, 4), w_t) for _ in range(4)]
+        upstream_matmul = [policies[False](ctx, torch.ops.aten.matmul.default, x, w_t) for _ in range(2)]
+        patched_matmul = [policies[True](ctx, torch.ops.aten.matmul.default, x, w_t) for _ in range(4)]
+    finally:
+        rt.revert_all()
+        titan_ac.create_selective_checkpoint_contexts = real_contexts
+    assert upstream_mm == [CheckpointPolicy.MUST_SAVE, CheckpointPolicy.PREFER_RECOMPUTE] * 2
+    assert upstream_matmul == [CheckpointPolicy.PREFER_RECOMPUTE] * 2  # the NPU's loss before the patch
+    assert patched_matmul == upstream_mm
