@@ -35,6 +35,10 @@ def _spmd_type_checking() -> bool:
     return type_checking()
 
 
+def _fake_tensor_mode() -> bool:
+    return torch._C._get_dispatch_mode(torch._C._TorchDispatchModeKey.FAKE) is not None
+
+
 def kernels() -> ModuleType:
     """torch_npu on an NPU target, the reference implementations otherwise.
 
@@ -42,6 +46,11 @@ def kernels() -> ModuleType:
     runtime made (and validated) at activation.
     """
     target = plan.current_target()
+    if target != "npu" and _fake_tensor_mode():
+        # npu-inject plan: what the NPU's kernels allocate and keep, nothing computed.
+        from npu_inject.ops import planning
+
+        return planning
     if target != "npu" and (torch.compiler.is_compiling() or _spmd_type_checking()):
         # Under torch.compile the reference kernels are custom ops with fakes, as torch_npu's are; so
         # under spmd_types type checking, which then types each kernel as one op, as it does torch_npu's.

@@ -85,6 +85,20 @@ def query_heads(config) -> int | None:
     return getattr(getattr(layers[0], "attention", None), "n_heads", None)
 
 
+def exchange_positions(local_positions_Bl, cp_mesh, load_balancer_type: str) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """(this rank's sequence positions, every rank's in rank order): the balancer's order, read back
+    from the device and all-gathered over the CP group (npu-inject plan computes it from the balancer)."""
+    import torch
+
+    if not bool((local_positions_Bl == local_positions_Bl[:1]).all()):
+        raise NotImplementedError(f"load balancer {load_balancer_type!r} orders batch rows differently; "
+                                  "npu_inject context parallel needs one order for all rows")
+    local_l = local_positions_Bl[0].contiguous()
+    gathered = local_l.new_empty(local_l.numel() * cp_mesh.size())
+    torch.distributed.all_gather_into_tensor(gathered, local_l, group=cp_mesh.get_group())
+    return tuple(local_l.tolist()), tuple(gathered.tolist())
+
+
 def apply(ctx: PatchContext) -> None:
     import torch
     from torch.distributed.tensor.experimental._attention import _context_parallel_shard, _PTRRLoadBalancer
@@ -161,14 +175,8 @@ def apply(ctx: PatchContext) -> None:
             sharded, _ = original(cp_mesh, (*inputs, positions_BL), None, load_balancer_type, input_seq_dim,
                                   ptrr_mask_key)
         *sharded_inputs, local_positions_Bl = sharded
-        if not bool((local_positions_Bl == local_positions_Bl[:1]).all()):
-            raise NotImplementedError(f"load balancer {load_balancer_type!r} orders batch rows differently; "
-                                      "npu_inject context parallel needs one order for all rows")
         group = cp_mesh.get_group()
-        local_l = local_positions_Bl[0].contiguous()
-        gathered = local_l.new_empty(local_l.numel() * cp_mesh.size())
-        torch.distributed.all_gather_into_tensor(gathered, local_l, group=group)
-        local_positions, balanced_order = tuple(local_l.tolist()), tuple(gathered.tolist())
+        local_positions, balanced_order = exchange_positions(local_positions_Bl, cp_mesh, load_balancer_type)
         if keyed:
             return tuple(sharded_inputs), {
                 key: ContextParallelPlan(plan, None, local_positions, balanced_order, requested, group,

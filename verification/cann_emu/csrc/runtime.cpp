@@ -10,11 +10,15 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <map>
 #include <mutex>
 #include <string>
 #include <unordered_map>
 #include <unordered_set>
 #include <vector>
+
+#include <sys/mman.h>
+#include <unistd.h>
 
 namespace cann_emu {
 
@@ -338,6 +342,154 @@ CANN_API aclError aclrtGetMemInfo(int /*attr*/, size_t* free_bytes, size_t* tota
     std::lock_guard<std::mutex> lock(g_mem_mutex);
     *total = config().capacity;
     *free_bytes = config().capacity - used()[dev];
+    return ACL_SUCCESS;
+}
+
+// ---- virtual memory: what torch_npu's expandable segments call ----------------------------------
+// acl_rt.h's family: reserve a range of virtual addresses, create physical memory, map it into the
+// range, unmap, free, release. The range is host address space without backing (mmap PROT_NONE); a
+// physical handle is a memfd of its size, counted against the device's capacity as aclrtMalloc's
+// memory is (so aclrtGetMemInfo and the OOM check see it); a map puts the handle's bytes at an address
+// of a reservation (MAP_FIXED|MAP_SHARED), and an unmap gives that address back to PROT_NONE. Torch's
+// copies and the operators then read and write mapped addresses like any device address.
+struct aclrtMemLocation {
+    uint32_t id;
+    int type;  // aclrtMemLocationType: ACL_MEM_LOCATION_TYPE_DEVICE = 1
+};
+struct aclrtPhysicalMemProp {
+    int handleType;      // ACL_MEM_HANDLE_TYPE_NONE = 0
+    int allocationType;  // ACL_MEM_ALLOCATION_TYPE_PINNED = 0
+    int memAttr;         // aclrtMemAttr
+    aclrtMemLocation location;
+    uint64_t reserve;
+};
+struct PhysicalMemory {
+    int device;
+    size_t size;
+    int fd;
+};
+struct Mapping {
+    size_t size;
+    PhysicalMemory* handle;
+};
+static std::map<char*, size_t> g_reservations;  // start -> size
+static std::map<char*, Mapping> g_mappings;      // start -> what is mapped there
+static std::unordered_set<PhysicalMemory*> g_physical;
+
+// The reservation holding [p, p + size), or null.
+static const std::pair<char* const, size_t>* reservation_of(char* p, size_t size) {
+    auto it = g_reservations.upper_bound(p);
+    if (it == g_reservations.begin()) return nullptr;
+    --it;
+    return p + size <= it->first + it->second ? &*it : nullptr;
+}
+
+CANN_API aclError aclrtReserveMemAddress(void** virPtr, size_t size, size_t alignment, void* expectPtr,
+                                         uint64_t /*flags*/) {
+    if (!virPtr) return fail(ACL_ERROR_INVALID_PARAM, "aclrtReserveMemAddress: virPtr is null");
+    if (size == 0) return fail(ACL_ERROR_INVALID_PARAM, "aclrtReserveMemAddress: size is 0");
+    // CANN's document: alignment and expectPtr are reserved and must be 0.
+    if (alignment != 0 || expectPtr != nullptr)
+        return fail(ACL_ERROR_INVALID_PARAM, "aclrtReserveMemAddress: alignment and expectPtr must be 0");
+    // Device virtual addresses start on a huge page (2 MiB), as the driver maps them; torch_npu aligns
+    // blocks of 2 MiB or more to base_addr_aligned_kb relative to that address.
+    constexpr size_t kHugePage = 2u << 20;
+    char* p = static_cast<char*>(
+        mmap(nullptr, size + kHugePage, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0));
+    if (p == MAP_FAILED)
+        return fail(ACL_ERROR_BAD_ALLOC, "aclrtReserveMemAddress: no virtual address range of " +
+                                             std::to_string(size) + " bytes");
+    char* start = p + (kHugePage - reinterpret_cast<uintptr_t>(p) % kHugePage) % kHugePage;
+    if (start > p) munmap(p, start - p);
+    munmap(start + size, p + size + kHugePage - (start + size));
+    std::lock_guard<std::mutex> lock(g_mem_mutex);
+    g_reservations[start] = size;
+    *virPtr = start;
+    return ACL_SUCCESS;
+}
+CANN_API aclError aclrtReleaseMemAddress(void* virPtr) {
+    std::lock_guard<std::mutex> lock(g_mem_mutex);
+    auto it = g_reservations.find(static_cast<char*>(virPtr));
+    if (it == g_reservations.end())
+        return fail(ACL_ERROR_INVALID_PARAM, "aclrtReleaseMemAddress: not the start of a reserved range");
+    auto mapped = g_mappings.lower_bound(it->first);
+    if (mapped != g_mappings.end() && mapped->first < it->first + it->second)
+        return fail(ACL_ERROR_INVALID_PARAM, "aclrtReleaseMemAddress: the range still has memory mapped "
+                                             "(aclrtUnmapMem first)");
+    munmap(it->first, it->second);
+    g_reservations.erase(it);
+    return ACL_SUCCESS;
+}
+CANN_API aclError aclrtMallocPhysical(void** handle, size_t size, const aclrtPhysicalMemProp* prop,
+                                      uint64_t flags) {
+    if (!handle || !prop) return fail(ACL_ERROR_INVALID_PARAM, "aclrtMallocPhysical: handle or prop is null");
+    if (size == 0) return fail(ACL_ERROR_INVALID_PARAM, "aclrtMallocPhysical: size is 0");
+    if (flags != 0) return fail(ACL_ERROR_INVALID_PARAM, "aclrtMallocPhysical: flags must be 0");
+    if (prop->handleType != 0 || prop->allocationType != 0 || prop->location.type != 1)
+        return fail(ACL_ERROR_INVALID_PARAM, "aclrtMallocPhysical: only handleType NONE, allocationType "
+                                             "PINNED and location DEVICE are supported (acl_rt.h)");
+    int dev = static_cast<int>(prop->location.id);
+    if (int rc = check_device(dev)) return rc;
+    std::lock_guard<std::mutex> lock(g_mem_mutex);
+    auto& u = used();
+    if (u[dev] + size > config().capacity)
+        return fail(ACL_ERROR_RT_MEMORY_ALLOCATION,
+                    "aclrtMallocPhysical: out of device memory on device " + std::to_string(dev) + ": " +
+                        std::to_string(size) + " bytes requested, " + std::to_string(u[dev]) + " of " +
+                        std::to_string(config().capacity) + " in use");
+    int fd = memfd_create("cann_emu_physical", MFD_CLOEXEC);
+    if (fd < 0 || ftruncate(fd, static_cast<off_t>(size)) != 0) {
+        if (fd >= 0) close(fd);
+        return fail(ACL_ERROR_BAD_ALLOC, "aclrtMallocPhysical: the host has no memory for " +
+                                             std::to_string(size) + " bytes");
+    }
+    auto* memory = new PhysicalMemory{dev, size, fd};
+    g_physical.insert(memory);
+    u[dev] += size;
+    peak()[dev] = std::max(peak()[dev], u[dev]);
+    *handle = memory;
+    return ACL_SUCCESS;
+}
+CANN_API aclError aclrtFreePhysical(void* handle) {
+    std::lock_guard<std::mutex> lock(g_mem_mutex);
+    auto* memory = static_cast<PhysicalMemory*>(handle);
+    if (!g_physical.count(memory)) return fail(ACL_ERROR_INVALID_PARAM, "aclrtFreePhysical: not a physical handle");
+    for (auto& [start, mapping] : g_mappings)
+        if (mapping.handle == memory)
+            return fail(ACL_ERROR_INVALID_PARAM, "aclrtFreePhysical: the handle is still mapped (aclrtUnmapMem first)");
+    used()[memory->device] -= memory->size;
+    close(memory->fd);
+    g_physical.erase(memory);
+    delete memory;
+    return ACL_SUCCESS;
+}
+CANN_API aclError aclrtMapMem(void* virPtr, size_t size, size_t offset, void* handle, uint64_t flags) {
+    if (flags != 0) return fail(ACL_ERROR_INVALID_PARAM, "aclrtMapMem: flags must be 0");
+    std::lock_guard<std::mutex> lock(g_mem_mutex);
+    auto* memory = static_cast<PhysicalMemory*>(handle);
+    if (!g_physical.count(memory)) return fail(ACL_ERROR_INVALID_PARAM, "aclrtMapMem: not a physical handle");
+    char* start = static_cast<char*>(virPtr);
+    if (size == 0 || offset + size > memory->size)
+        return fail(ACL_ERROR_INVALID_PARAM, "aclrtMapMem: offset + size exceeds the handle's " +
+                                                 std::to_string(memory->size) + " bytes");
+    if (!reservation_of(start, size))
+        return fail(ACL_ERROR_INVALID_PARAM, "aclrtMapMem: the address range is not inside a reservation");
+    auto next = g_mappings.lower_bound(start);
+    bool overlaps = (next != g_mappings.end() && next->first < start + size) ||
+                    (next != g_mappings.begin() && std::prev(next)->first + std::prev(next)->second.size > start);
+    if (overlaps) return fail(ACL_ERROR_INVALID_PARAM, "aclrtMapMem: the address range is already mapped");
+    void* p = mmap(start, size, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_FIXED, memory->fd, static_cast<off_t>(offset));
+    if (p == MAP_FAILED) return fail(ACL_ERROR_BAD_ALLOC, "aclrtMapMem: mmap failed");
+    g_mappings[start] = {size, memory};
+    return ACL_SUCCESS;
+}
+CANN_API aclError aclrtUnmapMem(void* virPtr) {
+    std::lock_guard<std::mutex> lock(g_mem_mutex);
+    auto it = g_mappings.find(static_cast<char*>(virPtr));
+    if (it == g_mappings.end()) return fail(ACL_ERROR_INVALID_PARAM, "aclrtUnmapMem: nothing is mapped at this address");
+    // Back to reserved, unbacked address space.
+    mmap(it->first, it->second.size, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE | MAP_FIXED, -1, 0);
+    g_mappings.erase(it);
     return ACL_SUCCESS;
 }
 

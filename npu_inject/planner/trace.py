@@ -1,0 +1,284 @@
+"""What one rank's training step dispatches, allocates and communicates, recorded on fake tensors.
+
+:class:`Recorder` is a TorchDispatchMode that sits above the planner's FakeTensorMode and sees every
+operator torchtitan's step runs on local tensors (DTensor desugars first; DTensor's own sharding
+propagation, which runs under another fake mode, is skipped, as torch's MemTracker does). For each
+it keeps the operator, its FLOPs (torch's flop formulas, plus the NPU kernels'), the bytes it reads
+and writes, the stream it was issued on, the phase (forward, backward, optimizer) and the module it
+ran in; for collectives the kind, the bytes and the ranks of the group. Every new storage is an
+allocation, and a weakref callback records when it is freed: the sequence the allocator model
+replays (:mod:`npu_inject.planner.allocator`).
+"""
+
+from __future__ import annotations
+
+import weakref
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch.distributed.tensor import DTensor
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_flatten
+from torch.utils.flop_counter import flop_registry
+
+# Operators that create no data of their own (views, metadata): no kernel, no time.
+_NO_KERNEL = {"view", "_unsafe_view", "reshape", "as_strided", "expand", "permute", "transpose", "t",
+              "squeeze", "unsqueeze", "slice", "select", "alias", "detach", "split", "split_with_sizes",
+              "unbind", "chunk", "narrow", "_reshape_alias", "view_as", "unflatten", "flatten",
+              "lift_fresh", "_to_copy_meta", "empty", "empty_strided", "empty_like", "new_empty",
+              "new_empty_strided", "_local_scalar_dense", "sym_size", "sym_stride", "sym_numel",
+              "is_same_size", "resize_", "set_", "_has_same_storage_numel", "wait_tensor",
+              "record_stream", "_conj", "_neg_view", "view_as_real", "view_as_complex", "diagonal",
+              "movedim", "clone_meta", "_wrapped_call_index"}
+# Collective operators (c10d and functional collectives) -> kind.
+_COLLECTIVES = {
+    "allgather_": "all_gather", "_allgather_base_": "all_gather", "allgather_into_tensor_coalesced_": "all_gather",
+    "all_gather_into_tensor": "all_gather", "all_gather_into_tensor_out": "all_gather",
+    "all_gather_into_tensor_coalesced": "all_gather",
+    "reduce_scatter_": "reduce_scatter", "_reduce_scatter_base_": "reduce_scatter",
+    "reduce_scatter_tensor_coalesced_": "reduce_scatter", "reduce_scatter_tensor": "reduce_scatter",
+    "reduce_scatter_tensor_coalesced": "reduce_scatter",
+    "allreduce_": "all_reduce", "allreduce_coalesced_": "all_reduce", "all_reduce": "all_reduce",
+    "all_reduce_coalesced": "all_reduce",
+    "alltoall_": "all_to_all", "alltoall_base_": "all_to_all", "all_to_all_single": "all_to_all",
+    "broadcast_": "broadcast", "broadcast": "broadcast",
+    "send": "send", "recv_": "recv", "recv_any_source_": "recv",
+    "barrier": "barrier",
+}
+# FLOPs of the NPU kernels (the rehearsal's custom ops standing for torch_npu's), per call.
+_KERNEL_FLOPS: dict[str, Any] = {}
+
+
+@dataclass
+class Op:
+    index: int
+    name: str  # "aten.mm", "npu_inject.npu_fusion_attention_v3", "c10d._allgather_base_"
+    kind: str  # "compute", "view", "collective"
+    flops: float
+    bytes: int  # bytes read and written
+    dtype: str
+    phase: str  # "setup", "forward", "backward", "optimizer"
+    stream: int
+    module: str
+    inputs: tuple[int, ...]  # allocation ids read
+    outputs: tuple[int, ...]  # allocation ids written (new or in place)
+    collective: str | None = None
+    group: tuple[int, ...] = ()  # global ranks of the collective's group
+    comm_bytes: int = 0  # the collective's payload: the full (gathered) tensor for all-gather/reduce-scatter
+
+
+@dataclass
+class Allocation:
+    id: int
+    nbytes: int
+    stream: int
+    op: int  # index of the op that allocated it (-1: before recording)
+    phase: str
+    freed: int | None = None  # index of the first op after it was freed; None: alive at the end
+    category: str = ""  # parameters, gradients, optimizer states, activations, temporaries, communication
+
+
+@dataclass
+class Trace:
+    ops: list[Op] = field(default_factory=list)
+    allocations: list[Allocation] = field(default_factory=list)
+    # (op index, event): "reset_peaks" / "empty_cache" where torchtitan calls them, "step <n>" markers
+    marks: list[tuple[int, str]] = field(default_factory=list)
+
+
+def _storage(tensor: torch.Tensor):
+    try:
+        return tensor.untyped_storage()
+    except (NotImplementedError, RuntimeError):  # sparse, nested or functional wrappers: not tracked
+        return None
+
+
+class Recorder(TorchDispatchMode):
+    """Records ops and allocations under the active FakeTensorMode (see module docstring)."""
+
+    def __init__(self, fake_mode, stream_ids: dict[Any, int], module_of=lambda: "") -> None:
+        super().__init__()
+        self.fake_mode = fake_mode
+        self.trace = Trace()
+        self.phase = "setup"
+        self._stream_ids = stream_ids  # torch.cpu.Stream -> small int (0: the default stream)
+        self._module_of = module_of
+        self._ids: dict[int, int] = {}  # storage _cdata -> allocation id, while alive
+        self.paused = 0  # > 0 inside DTensor's sharding propagation (global shapes, not this rank's work)
+        self._refs: dict[int, weakref.ref] = {}  # storage _cdata -> weakref whose callback records the free
+        self._group_cache: dict[Any, tuple[int, ...]] = {}
+
+    # -- storages ---------------------------------------------------------------------------
+    def _stream(self) -> int:
+        stream = torch.cpu.current_stream()
+        return self._stream_ids.setdefault(stream, len(self._stream_ids))
+
+    def track(self, tensor: torch.Tensor, op_index: int = -1, category: str = "") -> int | None:
+        """The allocation id of ``tensor``'s storage, recording a new allocation when it is new."""
+        if tensor.device.type == "meta":
+            return None  # DTensor's sharding propagation: shapes only, no device memory
+        storage = _storage(tensor)
+        if storage is None:
+            return None
+        key = storage._cdata
+        known = self._ids.get(key)
+        if known is not None:
+            return known
+        allocation = self._allocate(key, storage.nbytes(), op_index, category)
+        self._watch(storage, key)
+        return allocation.id
+
+    def _allocate(self, key: int, nbytes: int, op_index: int, category: str = "") -> Allocation:
+        allocation = Allocation(len(self.trace.allocations), nbytes, self._stream(), op_index, self.phase,
+                                category=category)
+        self.trace.allocations.append(allocation)
+        self._ids[key] = allocation.id
+        return allocation
+
+    def _watch(self, storage, key: int) -> None:
+        """Record the free of whatever allocation the storage holds when the storage itself dies."""
+        if key in self._refs:
+            return
+        trace, ids, refs = self.trace, self._ids, self._refs
+
+        def freed(_ref, key=key):
+            refs.pop(key, None)
+            current = ids.pop(key, None)
+            if current is not None and trace.allocations[current].freed is None:
+                trace.allocations[current].freed = len(trace.ops)
+
+        self._refs[key] = weakref.ref(storage, freed)
+
+    def resized(self, storage, nbytes: int) -> None:
+        """``UntypedStorage.resize_``: FSDP2 frees an unsharded parameter's memory by resizing its storage
+        to 0 and allocates it again by resizing it back, the storage object living on throughout."""
+        if self.paused:
+            return
+        key = storage._cdata  # a fake tensor's storage is a meta storage: its device says nothing
+        current = self._ids.pop(key, None)
+        if current is not None and self.trace.allocations[current].freed is None:
+            self.trace.allocations[current].freed = len(self.trace.ops)
+        if nbytes > 0:
+            self._allocate(key, nbytes, len(self.trace.ops))
+            self._watch(storage, key)
+
+    def kernel(self, name: str, inputs: tuple, outputs: tuple) -> None:
+        """A kernel of :mod:`npu_inject.ops.planning` (its outputs were allocated by ops already
+        recorded): one launch reading and writing these tensors."""
+        from torch.distributed.tensor import DTensor
+
+        local = [t._local_tensor if isinstance(t, DTensor) else t for t in (*inputs, *outputs)]
+        ids = [self.track(t) for t in local]
+        nbytes = sum(t.numel() * t.element_size() for t in local)
+        self.trace.ops.append(Op(len(self.trace.ops), f"npu_inject.{name}", "compute", 0.0, nbytes,
+                                 str(local[-1].dtype).removeprefix("torch."),
+                                 "backward" if torch._C._current_graph_task_id() != -1 else self.phase,
+                                 self._stream(), self._module_of(),
+                                 tuple(i for i in ids[:len(inputs)] if i is not None),
+                                 tuple(i for i in ids[len(inputs):] if i is not None)))
+
+    def mark(self, event: str) -> None:
+        self.trace.marks.append((len(self.trace.ops), event))
+
+    # -- ops --------------------------------------------------------------------------------
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if any(issubclass(t, DTensor) for t in types):
+            return NotImplemented  # let DTensor desugar into local ops first
+        kwargs = kwargs or {}
+        if func is torch.ops._c10d_functional.wait_tensor.default:
+            out = args[0]  # eager's wait returns its input; the fake kernel would allocate a new tensor
+        else:
+            out = func(*args, **kwargs)
+        if self.paused or torch._C._get_dispatch_mode(torch._C._TorchDispatchModeKey.FAKE) is not self.fake_mode:
+            return out  # DTensor's sharding propagation (in this fake mode or its own): not this rank's work
+        self._record(func, args, kwargs, out)
+        return out
+
+    def _record(self, func, args, kwargs, out) -> None:
+        index = len(self.trace.ops)
+        in_tensors = [t for t in tree_flatten((args, kwargs))[0] if isinstance(t, torch.Tensor)]
+        out_tensors = [t for t in tree_flatten(out)[0] if isinstance(t, torch.Tensor)]
+        inputs = tuple(i for i in (self.track(t) for t in in_tensors) if i is not None)
+        outputs = tuple(i for i in (self.track(t, index) for t in out_tensors) if i is not None)
+        namespace = func.namespace
+        short = func._schema.name.split("::")[-1]
+        name = f"{namespace}.{short}"
+        collective = _COLLECTIVES.get(short) if namespace in ("c10d", "_c10d_functional") else None
+        if collective is not None:
+            kind = "collective"
+        elif short in _NO_KERNEL or all(t.numel() == 0 for t in out_tensors) and not in_tensors:
+            kind = "view"
+        else:
+            kind = "compute"
+        nbytes = sum(t.numel() * t.element_size() for t in (*in_tensors, *out_tensors)) if kind == "compute" else 0
+        op = Op(index, name, kind, self._flops(func, args, kwargs, out) if kind == "compute" else 0.0, nbytes,
+                str(out_tensors[0].dtype).removeprefix("torch.") if out_tensors else "",
+                "backward" if torch._C._current_graph_task_id() != -1 else self.phase,
+                self._stream(), self._module_of(), inputs, outputs, collective)
+        if collective is not None:
+            op.group, op.comm_bytes = self._collective(func, args, kwargs, in_tensors, out_tensors)
+        self.trace.ops.append(op)
+
+    def _flops(self, func, args, kwargs, out) -> float:
+        formula = flop_registry.get(func._overloadpacket)
+        if formula is not None:
+            return float(formula(*args, **kwargs, out_val=out))
+        kernel = _KERNEL_FLOPS.get(func._schema.name.split("::")[-1]) if func.namespace == "npu_inject" else None
+        return float(kernel(*args, **kwargs)) if kernel is not None else 0.0
+
+    def _collective(self, func, args, kwargs, in_tensors, out_tensors) -> tuple[tuple[int, ...], int]:
+        import torch.distributed as dist
+
+        group = None
+        # The group is the argument the schema names: a functional collective's group_name, or a c10d
+        # op's ProcessGroup.
+        for position, argument in enumerate(func._schema.arguments):
+            value = args[position] if position < len(args) else kwargs.get(argument.name)
+            if argument.name == "group_name" and isinstance(value, str):
+                group = dist.distributed_c10d._resolve_process_group(value)
+                break
+            if isinstance(value, torch.ScriptObject):
+                group = dist.ProcessGroup.unbox(value)
+                break
+        ranks = self._group_cache.get(group)
+        if ranks is None:
+            ranks = tuple(dist.get_process_group_ranks(group)) if group is not None else ()
+            self._group_cache[group] = ranks
+        sizes = [t.numel() * t.element_size() for t in (*in_tensors, *out_tensors)]
+        return ranks, max(sizes, default=0)
+
+
+def register_kernel_flops(name: str, formula) -> None:
+    """FLOPs of an ``npu_inject::<name>`` op from its arguments (used by the cost model)."""
+    _KERNEL_FLOPS[name] = formula
+
+
+def _grouped_matmul_flops(x, weight, *args, group_type=None, **kwargs) -> float:
+    # M-grouped (x (M, K), weight (E, K, N)): 2*M*K*N; K-grouped (x (K, M) viewed, weight (K, N)): 2*M*K*N too.
+    x0, w0 = x[0], weight[0]
+    if w0.dim() == 3:
+        return 2.0 * x0.shape[0] * x0.shape[1] * w0.shape[-1]
+    return 2.0 * x0.shape[-1] * x0.shape[0] * w0.shape[-1]
+
+
+def _fusion_attention_flops(query, key, value, head_num, input_layout, *args, sparse_mode=0, **kwargs) -> float:
+    """4 * q_tokens * kv_tokens * head_dim * heads (QK^T and PV), halved for the causal modes."""
+    if input_layout == "TND":
+        tokens, heads, dim = query.shape
+        # One sequence per document is the planner's assumption: quadratic in the tokens per row.
+        kv = key.shape[0]
+        pairs = tokens * kv
+    elif input_layout == "BSND":
+        batch, seq, heads, dim = query.shape
+        pairs = batch * seq * key.shape[1]
+    else:  # BNSD
+        batch, heads, seq, dim = query.shape
+        pairs = batch * seq * key.shape[2]
+    causal = sparse_mode in (2, 3, 4) or (input_layout == "TND")
+    return 4.0 * pairs * heads * dim * (0.5 if causal else 1.0)
+
+
+register_kernel_flops("npu_grouped_matmul", _grouped_matmul_flops)
+register_kernel_flops("npu_fusion_attention", _fusion_attention_flops)
+register_kernel_flops("npu_fusion_attention_v3", _fusion_attention_flops)
