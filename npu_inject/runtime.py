@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 from npu_inject import module_facts
-from npu_inject import plan as plan_mod
+from npu_inject import selection as selection_mod
 from npu_inject import registry as registry_mod
 from npu_inject import settings as settings_mod
 from npu_inject.errors import ConfigError, PatchError
@@ -49,22 +49,22 @@ class PatchState:
 
 
 class Runtime:
-    def __init__(self, plan: plan_mod.Plan) -> None:
-        self.plan = plan
-        self.settings = plan.settings
-        self.registry = plan.registry
+    def __init__(self, selection: selection_mod.Selection) -> None:
+        self.selection = selection
+        self.settings = selection.settings
+        self.registry = selection.registry
         self.active = True
         self.rank = int(os.environ.get("RANK", "0"))
         self.states: dict[str, PatchState] = {}
         self.modules: dict[str, Any] = {}
         self.versions: dict[str, str | None] = {
-            dist: version for dist, version in plan.versions.items() if dist != "torch_npu"}
+            dist: version for dist, version in selection.versions.items() if dist != "torch_npu"}
         self.timings_ms: dict[str, float] = {}
         self.dump_dir: str | None = None
         self.services: Any = None  # PatchContext of the runtime's own hooks
         self._applying: list[str] = []
         self._hooked: set[str] = set()
-        for patch_id, (state, reason) in plan.initial.items():
+        for patch_id, (state, reason) in selection.initial.items():
             self.states[patch_id] = PatchState(state, reason)
 
     # -- the report: a view of the state -----------------------------------------
@@ -95,7 +95,7 @@ class Runtime:
 
         atexit.register(_write_report_at_exit, self)
         self.timings_ms["wrapt_import"] = _ms(started)
-        for trigger in dict.fromkeys((SERVICES_TRIGGER, *self.plan.triggers())):
+        for trigger in dict.fromkeys((SERVICES_TRIGGER, *self.selection.triggers())):
             if trigger not in self._hooked:
                 self._hooked.add(trigger)
                 wrapt.register_post_import_hook(self._on_import, trigger)
@@ -106,7 +106,7 @@ class Runtime:
         if not self.active:
             return
         name = module.__name__
-        for patch_id in self.plan.order:
+        for patch_id in self.selection.order:
             if self.states[patch_id].state == "pending" and name in self.registry.patches[patch_id].triggers:
                 self.apply(patch_id, trigger=name)
         if name == SERVICES_TRIGGER and self.services is None:
@@ -125,7 +125,7 @@ class Runtime:
         spec = self.registry.patches[patch_id]
         self._applying.append(patch_id)
         try:
-            reason = self._requirements_met(spec) or self.plan.version_problem(patch_id)
+            reason = self._requirements_met(spec) or self.selection.version_problem(patch_id)
             if reason:
                 return self._not_applied(patch_id, "skipped", reason)
             return self._run_apply(patch_id, spec, trigger)
@@ -253,10 +253,10 @@ def activate(environ: dict | None = None, *, install_hooks: bool = True) -> Runt
     if _RUNTIME is not None and _RUNTIME.active:
         return _RUNTIME
     started = time.perf_counter()
-    plan = plan_mod.establish(environ)
-    if not plan.settings.enabled:
+    selection = selection_mod.establish(environ)
+    if not selection.settings.enabled:
         return None
-    runtime = Runtime(plan)
+    runtime = Runtime(selection)
     _import_backend(runtime)
     _RUNTIME = runtime
     if install_hooks:
@@ -270,7 +270,7 @@ def deactivate() -> None:
     if _RUNTIME is not None:
         _RUNTIME.deactivate()
     _RUNTIME = None
-    plan_mod.forget()
+    selection_mod.forget()
 
 
 def _write_report_at_exit(runtime: Runtime) -> None:

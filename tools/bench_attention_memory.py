@@ -51,9 +51,9 @@ def measure_kernel(seq: int, revision: str | None) -> dict:
 
     import torch
 
-    from npu_inject import plan
+    from npu_inject import selection
 
-    plan.establish({"TORCHTITAN_NPU": "cpu"})
+    selection.establish({"TORCHTITAN_NPU": "cpu"})
     if revision is None:
         from npu_inject.ops.reference import fusion_attention as module
     else:

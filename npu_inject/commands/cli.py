@@ -16,7 +16,7 @@ import os
 import sys
 from typing import Any
 
-from npu_inject import plan as plan_mod
+from npu_inject import selection as selection_mod
 from npu_inject import registry as registry_mod
 from npu_inject import settings as settings_mod
 from npu_inject.errors import ConfigError
@@ -26,9 +26,9 @@ EXIT_OK, EXIT_ERROR = 0, 2
 DOCTOR_DISTRIBUTIONS = ("torch", "torchtitan", "torch_npu", "triton", "triton-ascend", "wrapt")
 
 
-def _state(plan: plan_mod.Plan, patch_id: str) -> str:
+def _state(selection: selection_mod.Selection, patch_id: str) -> str:
     """'on' (would apply at its trigger), 'off', or 'off (why)' when not by selection."""
-    state, reason = plan.initial[patch_id]
+    state, reason = selection.initial[patch_id]
     if state == "pending":
         return "on"
     return "off" if reason == "off by selection" else f"off ({reason})"
@@ -39,11 +39,11 @@ def _supports_text(spec: registry_mod.PatchSpec) -> str:
 
 
 def cmd_list(args) -> int:
-    plan = plan_mod.make()  # what this environment would make a run do
-    registry = plan.registry
-    rows = [{**spec.to_json(), "state": _state(plan, patch_id)} for patch_id, spec in registry.patches.items()]
+    selection = selection_mod.make()  # what this environment would make a run do
+    registry = selection.registry
+    rows = [{**spec.to_json(), "state": _state(selection, patch_id)} for patch_id, spec in registry.patches.items()]
     if args.json:
-        print(json.dumps({"target": plan.target, "patches": rows}, indent=2))
+        print(json.dumps({"target": selection.target, "patches": rows}, indent=2))
         return EXIT_OK
     headers = ("id", "state", "default", "triggers", "supports", "description")
     table = [
@@ -52,24 +52,24 @@ def cmd_list(args) -> int:
         for r in rows
     ]
     widths = [max(len(str(row[i])) for row in (headers, *table)) for i in range(len(headers) - 1)]
-    print(f"target: {plan.target or 'off (TORCHTITAN_NPU unset or 0)'}")
+    print(f"target: {selection.target or 'off (TORCHTITAN_NPU unset or 0)'}")
     for row in (headers, *table):
         print("  ".join(str(cell).ljust(width) for cell, width in zip(row, widths)) + "  " + row[-1])
     return EXIT_OK
 
 
 def cmd_show(args) -> int:
-    plan = plan_mod.make()
-    spec = plan.registry.get(args.patch_id)
-    print(json.dumps({**spec.to_json(), "state": _state(plan, spec.id)}, indent=2))
+    selection = selection_mod.make()
+    spec = selection.registry.get(args.patch_id)
+    print(json.dumps({**spec.to_json(), "state": _state(selection, spec.id)}, indent=2))
     return EXIT_OK
 
 
 def cmd_check(args) -> int:
-    plan = plan_mod.make()
-    on = [patch_id for patch_id in plan.registry.patches if plan.state(patch_id) == "pending"]
-    print(f"OK: target={plan.target or 'off'}, strict={int(plan.settings.strict)}, "
-          f"registries: {', '.join(plan.registry.sources)}")
+    selection = selection_mod.make()
+    on = [patch_id for patch_id in selection.registry.patches if selection.state(patch_id) == "pending"]
+    print(f"OK: target={selection.target or 'off'}, strict={int(selection.settings.strict)}, "
+          f"registries: {', '.join(selection.registry.sources)}")
     print(f"enabled ({len(on)}): {', '.join(on) or '-'}")
     return EXIT_OK
 
@@ -127,23 +127,23 @@ def target_status(target: str) -> str:
 
 
 def cmd_doctor(args) -> int:
-    plan = plan_mod.make()
-    versions = {dist: plan.versions[dist] if dist in plan.versions else registry_mod.installed_version(dist)
+    selection = selection_mod.make()
+    versions = {dist: selection.versions[dist] if dist in selection.versions else registry_mod.installed_version(dist)
                 for dist in DOCTOR_DISTRIBUTIONS}
     print("installed:")
     for dist, version in versions.items():
         print(f"  {dist:14} {version or '-'}")
     problems = 0
-    if plan.target == "npu":
+    if selection.target == "npu":
         probe_ok, probe = _probe_torch_npu()
         problems += not probe_ok
         print(f"  torch_npu import: {probe if probe_ok else 'PROBLEM: ' + probe}")
-    print(f"patches enabled for target {plan.target or 'off'}:")
-    for spec in plan.registry.patches.values():
-        if plan.state(spec.id) != "pending":
+    print(f"patches enabled for target {selection.target or 'off'}:")
+    for spec in selection.registry.patches.values():
+        if selection.state(spec.id) != "pending":
             continue
         issues = []
-        version_issue = plan.version_problem(spec.id)
+        version_issue = selection.version_problem(spec.id)
         if version_issue:
             issues.append(version_issue)
         notes = []

@@ -15,7 +15,7 @@ from types import ModuleType
 
 import torch
 
-from npu_inject import plan
+from npu_inject import selection
 
 
 @functools.lru_cache(maxsize=None)
@@ -42,10 +42,10 @@ def _fake_tensor_mode() -> bool:
 def kernels() -> ModuleType:
     """torch_npu on an NPU target, the reference implementations otherwise.
 
-    Called for every kernel launch: the target comes from the process's plan, which the
+    Called for every kernel launch: the target comes from the process's selection, which the
     runtime made (and validated) at activation.
     """
-    target = plan.current_target()
+    target = selection.current_target()
     if target != "npu" and _fake_tensor_mode():
         # npu-inject plan: what the NPU's kernels allocate and keep, nothing computed.
         from npu_inject.ops import planning

@@ -27,10 +27,10 @@ TOLERANCE = {"float32": (1e-5, 1e-5), "bfloat16": (1e-2, 1e-2)}
 CHILD = """
 import json
 import torch, torch_npu
-from npu_inject import plan
+from npu_inject import selection
 from npu_inject.ops import moe
 
-plan.establish({"TORCHTITAN_NPU": "npu"})
+selection.establish({"TORCHTITAN_NPU": "npu"})
 TOL = %(tolerance)s
 out = {}
 

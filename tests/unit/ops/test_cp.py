@@ -70,9 +70,9 @@ def sinks_transformed_BLNH(q, k, v, keep_BLL, sinks_N):
 
 
 def _worker(rank: int, init_file: str, results: dict) -> None:
-    from npu_inject import plan
+    from npu_inject import selection
 
-    plan.establish({"TORCHTITAN_NPU": "cpu"})  # the rehearsal's kernels, as a training run's plan picks
+    selection.establish({"TORCHTITAN_NPU": "cpu"})  # the rehearsal's kernels, as a training run's plan picks
     dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=WORLD)
     from npu_inject.ops.attention import AttentionPlan
     from npu_inject.ops.cp import (

@@ -47,9 +47,9 @@ def _type_on(mesh, tensor):
 
 
 def _worker(rank: int, init_file: str, results: dict) -> None:  # noqa: C901
-    from npu_inject import plan
+    from npu_inject import selection
 
-    plan.establish({"TORCHTITAN_NPU": "cpu"})
+    selection.establish({"TORCHTITAN_NPU": "cpu"})
     dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=WORLD)
     import spmd_types as spmd
     from torch.distributed.device_mesh import init_device_mesh

@@ -20,7 +20,7 @@ def test_wheel_layout(tmp_path):
     assert "npu_inject/registry.json" in names
     assert "npu_inject/patches/attention.py" in names and "npu_inject/patches/device.py" in names
     assert not any(name.startswith(("patches/", "tools/", "tests/", "verification/")) for name in names)
-    assert "npu_inject/commands/cli.py" in names and "npu_inject/plan.py" in names
+    assert "npu_inject/commands/cli.py" in names and "npu_inject/selection.py" in names
     pth = zipfile.ZipFile(wheel).read("npu_inject_bootstrap.pth").decode()
     assert pth.startswith("import os; os.environ.get('TORCHTITAN_NPU'")
     metadata = zipfile.ZipFile(wheel).read(next(n for n in names if n.endswith("METADATA"))).decode()
