@@ -4,4 +4,5 @@ import sys
 
 from npu_inject.commands.cli import main
 
-sys.exit(main())
+if __name__ == "__main__":  # the planner's worker processes import this module as __mp_main__
+    sys.exit(main())

@@ -1,4 +1,4 @@
-"""``npu-inject`` / ``python -m npu_inject``: list, show, check, doctor.
+"""``npu-inject`` / ``python -m npu_inject``: list, show, check, doctor (and the commands of their own modules).
 
 Nothing here imports torch, torchtitan or wrapt, nor activates the runtime:
 targets are checked by reading the installed torchtitan's source with :mod:`ast`,
@@ -211,12 +211,25 @@ def build_parser() -> argparse.ArgumentParser:
     from npu_inject.commands import suite  # stdlib only; runs torchtitan in child processes
 
     suite.add_parser(commands)
+    from npu_inject.commands import plan  # stdlib only; the planner runs in worker processes
+
+    plan.add_parser(commands)
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    argv = sys.argv[1:] if argv is None else argv
+    parser = build_parser()
     try:
+        if argv[:1] == ["plan"]:
+            # torchtitan's flags follow the planner's: argparse would take them for its own.
+            from npu_inject.commands import plan
+
+            ours, theirs = plan.split_argv(parser._subparsers._group_actions[0].choices["plan"], argv[1:])
+            args = parser.parse_args(["plan", *ours])
+            args.torchtitan = theirs
+        else:
+            args = parser.parse_args(argv)
         return args.run(args)
     except ConfigError as exc:
         print(f"npu-inject: error: {exc}", file=sys.stderr)

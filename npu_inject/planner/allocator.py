@@ -14,7 +14,9 @@ The rules and constants are torch_npu's NPUCachingAllocator (Ascend/pytorch, the
 builds 2.14.0), which the CANN emulation's measurements confirm (docs/planner.md, "The
 allocator"): the same as CUDA's caching allocator except the padding.
 Pure Python; what it cannot know: memory outside the allocator (HCCL's buffers, the CANN
-runtime), and the allocator's release-and-retry when the device is full.
+runtime: the caller gives the ``limit`` they leave). Release-and-retry when the device is full is
+modelled as torch_npu's last resort (every cached segment released), not its first (the cached
+blocks at least as large as the request).
 """
 
 from __future__ import annotations
@@ -87,16 +89,22 @@ class Stats:
     peak_reserved: int = 0
     peak_requested: int = 0
     segments: int = 0
+    retries: int = 0  # times the device was full and the cache was released to retry
+    failed: int = 0  # requests that did not fit even then: the run stops with "out of memory"
 
 
 class CachingAllocator:
     """Replays allocations and frees; reports what torch.npu's memory statistics would.
 
     ``pad`` is 32 on Atlas A2/A3; ``expandable`` follows ``PYTORCH_NPU_ALLOC_CONF=expandable_segments:True``.
+    ``limit``: the bytes the allocator can reserve (the device's memory less what lives outside it);
+    a segment that would pass it makes the allocator release its cached segments and retry, as
+    torch_npu does, and counts as failed when it still does not fit.
     """
 
     def __init__(self, *, pad: int = NPU_PAD, expandable: bool = False, large_page: int = LARGE_BUFFER,
-                 device_memory: int = 64 << 30) -> None:
+                 device_memory: int = 64 << 30, limit: int | None = None) -> None:
+        self.limit = limit
         self.pad = pad
         self.expandable = expandable
         self.large_page = large_page
@@ -182,6 +190,15 @@ class CachingAllocator:
         reservation = -(-(self.device_memory + self.device_memory // 8) // page) * page
         return reservation - block.offset
 
+    def _make_room(self, nbytes: int) -> None:
+        if self.limit is None or self.stats.reserved + nbytes <= self.limit:
+            return
+        if not self.expandable:  # expandable segments hold little cache to release: not modelled
+            self.stats.retries += 1
+            self.empty_cache()
+        if self.stats.reserved + nbytes > self.limit:
+            self.stats.failed += 1
+
     def _reserve(self, nbytes: int) -> None:
         self.stats.reserved += nbytes
         self.stats.peak_reserved = max(self.stats.peak_reserved, self.stats.reserved)
@@ -190,6 +207,7 @@ class CachingAllocator:
         if self.expandable:
             return self._map_pages(key, pool, size)
         nbytes = segment_size(size)
+        self._make_room(nbytes)
         segment = len(self._segments)
         block = _Block(segment, 0, nbytes)
         self._segments.append((key, block, nbytes))
@@ -212,6 +230,7 @@ class CachingAllocator:
             segment, end = tail.segment, tail.offset + tail.size
         have = tail.size if tail is not None and tail.free else 0
         mapped = -(-(size - have) // page) * page
+        self._make_room(mapped)
         _, first, nbytes = self._segments[segment]
         self._reserve(mapped)
         if have:

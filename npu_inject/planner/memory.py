@@ -32,10 +32,13 @@ class MemoryResult:
     peak_reserved: int
     timeline: list[tuple[int, int, int, dict[str, int]]]  # (op index, allocated, reserved, live bytes by category)
     segments: int
+    retries: int = 0  # the device was full and the cache released (a slow step, not a failure)
+    failed: int = 0  # allocations that did not fit at all: out of memory
 
 
-def replay(trace, *, pad: int, expandable: bool, device_memory: int, timeline_points: int = 400) -> MemoryResult:
-    allocator = CachingAllocator(pad=pad, expandable=expandable, device_memory=device_memory)
+def replay(trace, *, pad: int, expandable: bool, device_memory: int, limit: int | None = None,
+           timeline_points: int = 400) -> MemoryResult:
+    allocator = CachingAllocator(pad=pad, expandable=expandable, device_memory=device_memory, limit=limit)
     allocations_at: dict[int, list] = defaultdict(list)
     frees_at: dict[int, list] = defaultdict(list)
     for allocation in trace.allocations:
@@ -78,4 +81,4 @@ def replay(trace, *, pad: int, expandable: bool, device_memory: int, timeline_po
             current.peak_reserved = max(current.peak_reserved, stats.reserved)
         if index % every == 0:
             timeline.append((index, stats.allocated, stats.reserved, {name: live[name] for name in CATEGORIES}))
-    return MemoryResult(steps, peak_allocated, peak_reserved, timeline, stats.segments)
+    return MemoryResult(steps, peak_allocated, peak_reserved, timeline, stats.segments, stats.retries, stats.failed)

@@ -79,32 +79,106 @@ def with_flags(argv: list[str], flags: list[str]) -> list[str]:
     return [*argv[:first], *flags, *argv[first:]]
 
 
-def _environment(world_size: int, rank: int, selection: str) -> dict[str, str]:
+def environment(selection: str = "") -> dict[str, str]:
+    """The runtime's settings for a recording: the rehearsal target, the user's ``selection`` of patches
+    (``TORCHTITAN_NPU_PATCHES`` syntax) less the planner's exclusions."""
     excluded = ",".join(f"-{patch_id}" for patch_id in PLANNER_EXCLUDED)
-    return {"TORCHTITAN_NPU": "cpu", "TORCHTITAN_NPU_PATCHES": f"{selection},{excluded}" if selection else excluded,
-            "NGPU": str(world_size), "RANK": str(rank), "LOCAL_RANK": "0", "WORLD_SIZE": "1"}
+    return {"TORCHTITAN_NPU": "cpu", "TORCHTITAN_NPU_PATCHES": f"{selection},{excluded}" if selection else excluded}
 
 
-def _guard(argv: list[str]) -> None:
-    """model_guard's start-up checks for the NPU target, but the data set's presence."""
+def _parse(argv: list[str]):
+    """torchtitan's configuration for ``argv``, or PlanError with torchtitan's (tyro's) own message."""
+    import contextlib
+    import io
+
     from torchtitan.config import ConfigManager
 
+    from npu_inject.patches import model_guard
+
+    _, config_name = model_guard.selection(argv)
+    printed = io.StringIO()
+    try:
+        with contextlib.redirect_stderr(printed), contextlib.redirect_stdout(printed):
+            return ConfigManager().parse_args(argv)
+    except (ImportError, ValueError) as exc:
+        problem = model_guard.quantization_problem(exc, config_name, "npu")
+        raise PlanError(problem or f"torchtitan refused the configuration: {exc}") from None
+    except SystemExit:
+        # tyro prints a titled panel (a box on a terminal, rules otherwise) after whatever torchtitan
+        # printed: keep the panel's words.
+        lines = [line.strip(" │╭╮╰╯─┃━┏┓┗┛-") for line in printed.getvalue().splitlines()]
+        rules = [i for i, line in enumerate(printed.getvalue().splitlines()) if line.strip() and not lines[i]]
+        panel = lines[max(rules[0] - 1, 0):] if rules else lines
+        message = "; ".join(line for line in panel if line and not line.startswith(("For full helptext", "usage:", "/")))
+        raise PlanError(f"torchtitan refused the command line: {message or 'see --help'}") from None
+
+
+def _guard(argv: list[str], world_size: int):
+    """model_guard's start-up checks for the NPU target, but the data set's presence, and the layout
+    against the world size; the parsed configuration."""
     from npu_inject.patches import model_guard
 
     family, config_name = model_guard.selection(argv)
     problem = model_guard.family_problem(family, "npu")
     if problem:
         raise PlanError(problem)
-    try:
-        config = ConfigManager().parse_args(argv)
-    except (ImportError, ValueError) as exc:
-        problem = model_guard.quantization_problem(exc, config_name, "npu")
-        raise PlanError(problem or f"torchtitan refused the configuration: {exc}") from None
-    except SystemExit as exc:
-        raise PlanError(f"torchtitan refused the command line ({exc})") from None
-    problem = model_guard.optimizer_problem(config, config_name, "npu") or model_guard.override_problem(config, "npu")
+    config = _parse(argv)
+    problem = (model_guard.optimizer_problem(config, config_name, "npu") or model_guard.override_problem(config, "npu")
+               or layout_problem(config.parallelism, world_size))
     if problem:
         raise PlanError(problem)
+    return config
+
+
+def layout_problem(parallelism, world_size: int) -> str | None:
+    """Why torchtitan would refuse these degrees on ``world_size`` ranks, in one line; None if it would not."""
+    names = {"dp_replicate": parallelism.data_parallel_replicate_degree, "cp": parallelism.context_parallel_degree,
+             "tp": parallelism.tensor_parallel_degree, "pp": parallelism.pipeline_parallel_degree}
+    fixed = names["dp_replicate"] * names["cp"] * names["tp"] * names["pp"]
+    shown = " x ".join(f"{name} {degree}" for name, degree in names.items())
+    dp_shard = parallelism.data_parallel_shard_degree
+    if dp_shard == -1:
+        if world_size % fixed:
+            return (f"the layout's degrees ({shown} = {fixed}) do not divide the {world_size} ranks "
+                    "(--parallelism.data_parallel_shard_degree -1 takes the rest)")
+        dp_shard = world_size // fixed
+    elif fixed * dp_shard != world_size:
+        return (f"the layout's degrees ({shown} x dp_shard {dp_shard} = {fixed * dp_shard}) are not the "
+                f"{world_size} ranks planned")
+    ep = parallelism.expert_parallel_degree
+    if ep > 1 and (dp_shard * names["cp"] * names["tp"]) % ep:
+        return (f"--parallelism.expert_parallel_degree {ep} does not divide dp_shard {dp_shard} x cp {names['cp']} "
+                f"x tp {names['tp']} = {dp_shard * names['cp'] * names['tp']} (torchtitan borrows experts' ranks "
+                "from these)")
+    return None
+
+
+def describe(argv: list[str], world_size: int) -> dict[str, Any]:
+    """What the layout search needs to know of the job: the model's shape and the batch it trains on."""
+    config = _guard(with_flags(argv, list(FORCED_FLAGS)), world_size)
+    model = config.model_spec.model
+    layers = getattr(model, "layers", None) or []
+    last = layers[-1] if layers else None
+    attention = getattr(last, "attention", None)
+    moe = getattr(last, "moe", None)
+    parallelism, training = config.parallelism, config.training
+    dp = world_size // (parallelism.context_parallel_degree * parallelism.tensor_parallel_degree
+                        * parallelism.pipeline_parallel_degree)
+    return {
+        "model": f"{config.model_spec.name} {config.model_spec.flavor}",
+        "layers": len(layers),
+        "heads": getattr(attention, "n_heads", None),
+        "kv_heads": getattr(attention, "n_kv_heads", None) or getattr(attention, "n_heads", None),
+        "experts": getattr(moe, "num_experts", None) if moe is not None else None,
+        "seq_len": training.seq_len,
+        "local_batch_size": training.local_batch_size,
+        "global_batch_size": training.global_batch_size if training.global_batch_size > 0
+        else training.local_batch_size * dp,
+        "microbatch_size": parallelism.pipeline_parallel_microbatch_size,
+        "pp_schedule": parallelism.pipeline_parallel_schedule,
+        "activation_checkpoint": type(config.activation_checkpoint).__qualname__.split(".")[0]
+        if config.activation_checkpoint is not None else "none",
+    }
 
 
 def _stage_metadata(config, model_config, stages, args, kwargs) -> None:
@@ -360,23 +434,35 @@ def _categorize(trainer, recorder) -> None:
             allocation.category = "temporaries"
 
 
-def run(argv: list[str], *, world_size: int, rank: int, steps: int = 2, selection: str = "") -> RoleResult:
-    """Build the job for ``rank`` of ``world_size`` and record ``steps`` training steps (a fresh process)."""
-    os.environ.update(_environment(world_size, rank, selection))
+def run(argv: list[str], *, world_size: int, rank: int, steps: int = 2, selection: str = "",
+        units: int | None = None) -> RoleResult:
+    """Build the job for ``rank`` of ``world_size`` and record ``steps`` training steps (a fresh process).
+    With ``units``, the model keeps that many repeats of its layer block per pipeline stage
+    (:mod:`npu_inject.planner.depth`); ``info["depth"]`` then describes the full model."""
+    # torchtitan's fake process group takes its size from NGPU and this rank from RANK.
+    os.environ.update({**environment(selection), "NGPU": str(world_size), "RANK": str(rank), "LOCAL_RANK": "0",
+                       "WORLD_SIZE": "1"})
     from npu_inject import runtime
 
     runtime.activate()
     import torch
     import torchtitan.trainer as titan_trainer
     from torch._subclasses.fake_tensor import FakeTensorMode
-    from torchtitan.config import ConfigManager
 
     import npu_inject.patches.attention  # noqa: F401 (the session changes one of its names)
     from npu_inject.planner.trace import Recorder
 
     argv = with_flags(argv, [*FORCED_FLAGS, *([] if "--debug.seed" in argv else ["--debug.seed", "0"])])
-    _guard(argv)
-    config = ConfigManager().parse_args(argv)
+    config = _guard(argv, world_size)
+    shape = None
+    if units is not None:
+        from npu_inject.planner import depth
+
+        shape = depth.shape(config)
+        if shape is None:
+            raise PlanError(f"{config.model_spec.name} {config.model_spec.flavor}: its layers do not repeat; "
+                            "it can only be planned at full depth")
+        depth.reduce(config, shape, units)
     config.tokenizer = _NotBuilt("the tokenizer")
     config.dataloader = _NotBuilt("the data loader")
     fake_mode = FakeTensorMode(allow_non_fake_inputs=True)
@@ -392,7 +478,7 @@ def run(argv: list[str], *, world_size: int, rank: int, steps: int = 2, selectio
     finally:
         context.restore()
     info.update(gradient_accumulation_steps=trainer.gradient_accumulation_steps, groups_recorded=groups,
-                steps_recorded=steps)
+                steps_recorded=steps, units=units, shape=shape)
     return RoleResult(rank, world_size, recorder.trace, info)
 
 

@@ -66,6 +66,9 @@ class Op:
     collective: str | None = None
     group: tuple[int, ...] = ()  # global ranks of the collective's group
     comm_bytes: int = 0  # the collective's payload: the full (gathered) tensor for all-gather/reduce-scatter
+    peer: int | None = None  # send/recv: the other end's rank within the group
+    blocking: bool = False  # a c10d collective issued with async_op=False: its stream waits for it
+    views: int = 0  # view operators issued since the previous op (host time only; not recorded one by one)
 
 
 @dataclass
@@ -108,6 +111,7 @@ class Recorder(TorchDispatchMode):
         self.paused = 0  # > 0 inside DTensor's sharding propagation (global shapes, not this rank's work)
         self._refs: dict[int, weakref.ref] = {}  # storage _cdata -> weakref whose callback records the free
         self._group_cache: dict[Any, tuple[int, ...]] = {}
+        self._views = 0  # views since the last recorded op
 
     # -- storages ---------------------------------------------------------------------------
     def _stream(self) -> int:
@@ -176,7 +180,8 @@ class Recorder(TorchDispatchMode):
                                  "backward" if torch._C._current_graph_task_id() != -1 else self.phase,
                                  self._stream(), self._module_of(),
                                  tuple(i for i in ids[:len(inputs)] if i is not None),
-                                 tuple(i for i in ids[len(inputs):] if i is not None)))
+                                 tuple(i for i in ids[len(inputs):] if i is not None), views=self._views))
+        self._views = 0
 
     def mark(self, event: str) -> None:
         self.trace.marks.append((len(self.trace.ops), event))
@@ -192,6 +197,11 @@ class Recorder(TorchDispatchMode):
             out = func(*args, **kwargs)
         if self.paused or torch._C._get_dispatch_mode(torch._C._TorchDispatchModeKey.FAKE) is not self.fake_mode:
             return out  # DTensor's sharding propagation (in this fake mode or its own): not this rank's work
+        if func.is_view or func.namespace == "prim":
+            # Aliases of storages already tracked: a host-side cost, counted, not recorded (FSDP's
+            # sharding alone chunks every parameter into world-size views).
+            self._views += 1
+            return out
         self._record(func, args, kwargs, out)
         return out
 
@@ -207,7 +217,7 @@ class Recorder(TorchDispatchMode):
         collective = _COLLECTIVES.get(short) if namespace in ("c10d", "_c10d_functional") else None
         if collective is not None:
             kind = "collective"
-        elif short in _NO_KERNEL or all(t.numel() == 0 for t in out_tensors) and not in_tensors:
+        elif short in _NO_KERNEL or namespace == "prim" or all(t.numel() == 0 for t in out_tensors) and not in_tensors:
             kind = "view"
         else:
             kind = "compute"
@@ -215,9 +225,18 @@ class Recorder(TorchDispatchMode):
         op = Op(index, name, kind, self._flops(func, args, kwargs, out) if kind == "compute" else 0.0, nbytes,
                 str(out_tensors[0].dtype).removeprefix("torch.") if out_tensors else "",
                 "backward" if torch._C._current_graph_task_id() != -1 else self.phase,
-                self._stream(), self._module_of(), inputs, outputs, collective)
+                self._stream(), self._module_of(), inputs, outputs, collective, views=self._views)
+        self._views = 0
         if collective is not None:
             op.group, op.comm_bytes = self._collective(func, args, kwargs, in_tensors, out_tensors)
+            values = _by_name(func, args, kwargs)
+            op.peer = values.get("dst", values.get("src"))
+            op.blocking = namespace == "c10d" and values.get("async_op", True) is False
+            if collective in ("recv", "all_gather", "reduce_scatter", "all_reduce", "all_to_all", "broadcast"):
+                # c10d's collectives write into tensors they are given: those are what they produce.
+                written = [t for t in tree_flatten(values.get("tensors", values.get("output_tensor", values.get(
+                    "output_tensors", values.get("output")))))[0] if isinstance(t, torch.Tensor)]
+                op.outputs = tuple(dict.fromkeys((*op.outputs, *(i for i in map(self.track, written) if i is not None))))
         self.trace.ops.append(op)
 
     def _flops(self, func, args, kwargs, out) -> float:
@@ -225,7 +244,7 @@ class Recorder(TorchDispatchMode):
         if formula is not None:
             return float(formula(*args, **kwargs, out_val=out))
         kernel = _KERNEL_FLOPS.get(func._schema.name.split("::")[-1]) if func.namespace == "npu_inject" else None
-        return float(kernel(*args, **kwargs)) if kernel is not None else 0.0
+        return float(kernel(**_by_name(func, args, kwargs))) if kernel is not None else 0.0
 
     def _collective(self, func, args, kwargs, in_tensors, out_tensors) -> tuple[tuple[int, ...], int]:
         import torch.distributed as dist
@@ -249,12 +268,18 @@ class Recorder(TorchDispatchMode):
         return ranks, max(sizes, default=0)
 
 
+def _by_name(func, args, kwargs) -> dict[str, Any]:
+    """An op call's arguments by their schema names, defaults filled in."""
+    return {argument.name: (args[i] if i < len(args) else kwargs.get(argument.name, argument.default_value))
+            for i, argument in enumerate(func._schema.arguments)}
+
+
 def register_kernel_flops(name: str, formula) -> None:
-    """FLOPs of an ``npu_inject::<name>`` op from its arguments (used by the cost model)."""
+    """FLOPs of an ``npu_inject::<name>`` op from its arguments, passed by their schema names."""
     _KERNEL_FLOPS[name] = formula
 
 
-def _grouped_matmul_flops(x, weight, *args, group_type=None, **kwargs) -> float:
+def _grouped_matmul_flops(x, weight, **unused) -> float:
     # M-grouped (x (M, K), weight (E, K, N)): 2*M*K*N; K-grouped (x (K, M) viewed, weight (K, N)): 2*M*K*N too.
     x0, w0 = x[0], weight[0]
     if w0.dim() == 3:
@@ -262,23 +287,44 @@ def _grouped_matmul_flops(x, weight, *args, group_type=None, **kwargs) -> float:
     return 2.0 * x0.shape[-1] * x0.shape[0] * w0.shape[-1]
 
 
-def _fusion_attention_flops(query, key, value, head_num, input_layout, *args, sparse_mode=0, **kwargs) -> float:
-    """4 * q_tokens * kv_tokens * head_dim * heads (QK^T and PV), halved for the causal modes."""
+def _query_key_pairs(query, key, input_layout, actual_seq_qlen) -> float:
+    """(query, key) position pairs the kernel scores, before a causal mask halves them."""
     if input_layout == "TND":
-        tokens, heads, dim = query.shape
-        # One sequence per document is the planner's assumption: quadratic in the tokens per row.
-        kv = key.shape[0]
-        pairs = tokens * kv
-    elif input_layout == "BSND":
-        batch, seq, heads, dim = query.shape
-        pairs = batch * seq * key.shape[1]
-    else:  # BNSD
-        batch, heads, seq, dim = query.shape
-        pairs = batch * seq * key.shape[2]
-    causal = sparse_mode in (2, 3, 4) or (input_layout == "TND")
-    return 4.0 * pairs * heads * dim * (0.5 if causal else 1.0)
+        tokens = query.shape[0]
+        if isinstance(actual_seq_qlen, (list, tuple)) and actual_seq_qlen:
+            ends = [0, *actual_seq_qlen]  # cumulative document ends (v1: host integers)
+            return float(sum((end - start) ** 2 for start, end in zip(ends, ends[1:])))
+        # v3's lengths are a tensor (fake here): documents of equal length, one per sequence.
+        documents = actual_seq_qlen.numel() if isinstance(actual_seq_qlen, torch.Tensor) else 1
+        return float(documents * (tokens // documents) ** 2)
+    if input_layout == "BSND":
+        return float(query.shape[0] * query.shape[1] * key.shape[1])
+    if input_layout == "BSH":
+        return float(query.shape[0] * query.shape[1] * key.shape[1])
+    if input_layout == "SBH":
+        return float(query.shape[1] * query.shape[0] * key.shape[0])
+    return float(query.shape[0] * query.shape[2] * key.shape[2])  # BNSD
+
+
+def _fusion_attention_flops(query, key, value, head_num, input_layout, sparse_mode=0, actual_seq_qlen=None,
+                            **unused) -> float:
+    """2 * pairs * heads * (qk_dim + v_dim): QK^T and PV, halved for the causal modes."""
+    qk_dim = query.shape[-1] if input_layout in ("TND", "BSND", "BNSD") else query.shape[-1] // head_num
+    v_dim = value.shape[-1] if input_layout in ("TND", "BSND", "BNSD") else value.shape[-1] // head_num
+    causal = sparse_mode in (2, 3, 4) or input_layout == "TND"
+    pairs = _query_key_pairs(query, key, input_layout, actual_seq_qlen)
+    return 2.0 * pairs * head_num * (qk_dim + v_dim) * (0.5 if causal else 1.0)
+
+
+def _backward(forward, factor: float):
+    """A ``<name>_backward`` op's FLOPs: the forward's arguments follow the output gradients."""
+    return lambda grad_outputs, **arguments: factor * forward(**arguments)
 
 
 register_kernel_flops("npu_grouped_matmul", _grouped_matmul_flops)
-register_kernel_flops("npu_fusion_attention", _fusion_attention_flops)
-register_kernel_flops("npu_fusion_attention_v3", _fusion_attention_flops)
+# dx and dweight: two products of the forward's size.
+register_kernel_flops("npu_grouped_matmul_backward", _backward(_grouped_matmul_flops, 2.0))
+for _name in ("npu_fusion_attention", "npu_fusion_attention_v3"):
+    register_kernel_flops(_name, _fusion_attention_flops)
+    # QK^T again, dV, dP, dQ and dK: five products where the forward has two.
+    register_kernel_flops(f"{_name}_backward", _backward(_fusion_attention_flops, 2.5))

@@ -1,0 +1,186 @@
+"""Hardware profiles (``hardware.json``): peaks, memory, links, each number with its source.
+
+Used by ``npu-inject plan`` (its cost model and the capacity a job must fit) and by the ``metrics``
+patch (the peak MFU is measured against). A profile is found by the SoC name torch_npu reports
+(``torch.npu.get_device_name()``, e.g. ``Ascend910B2``; a name carrying a listed one, such as
+``Ascend910B2C``, takes it), by an alias (``A2``, ``A3``, ``950``, ``H100``, ``H200``), or as ``cpu``:
+the rehearsal host, measured when asked for. A user file (``TORCHTITAN_NPU_HARDWARE`` or the
+planner's ``--hardware-file``) adds or replaces profiles in the same format. Stdlib only.
+"""
+
+from __future__ import annotations
+
+import difflib
+import json
+import os
+from dataclasses import dataclass, field
+from typing import Any
+
+from npu_inject.errors import ConfigError
+
+PACKAGED = os.path.join(os.path.dirname(os.path.abspath(__file__)), "hardware.json")
+ENV_FILE = "TORCHTITAN_NPU_HARDWARE"
+CPU = "cpu"
+# Fields every profile gives, as {value, source}.
+NUMBERS = ("vector_tflops", "memory_gib", "memory_bandwidth_gbps", "scale_up_devices", "allocator_pad_bytes",
+           "comm_buffer_mib", "runtime_reserved_gib")
+LINKS = ("scale_up", "scale_out")
+
+
+@dataclass(frozen=True)
+class Link:
+    bandwidth_gbps: float  # GB/s per device, one direction
+    latency_us: float
+
+
+@dataclass(frozen=True)
+class Profile:
+    name: str
+    family: str  # "ascend", "nvidia", "cpu": which calibrated efficiencies apply
+    description: str
+    peak_tflops: dict[str, float]  # dense matrix peak per dtype ("bf16", "fp16", "fp32", "fp8")
+    vector_tflops: float
+    memory_gib: float
+    memory_bandwidth_gbps: float
+    scale_up_devices: int  # devices one another reach over the fast links (a server; an A3 SuperPoD)
+    scale_up: Link  # HCCS, UB, NVLink
+    scale_out: Link  # RoCE / InfiniBand, through each device's NIC
+    allocator_pad_bytes: int
+    comm_buffer_mib: float  # per communicator, outside the caching allocator
+    runtime_reserved_gib: float  # outside the caching allocator (runtime, driver, kernels)
+    sources: dict[str, str] = field(default_factory=dict)
+
+    def peak(self, dtype: str) -> float:
+        """Dense matrix FLOP/s for ``dtype`` ("bfloat16", "float32", ...)."""
+        short = {"bfloat16": "bf16", "float16": "fp16", "float32": "fp32", "float8_e4m3fn": "fp8"}.get(dtype, dtype)
+        return self.peak_tflops.get(short, self.peak_tflops["bf16"]) * 1e12
+
+
+def _number(where: str, entry: Any) -> tuple[float, str]:
+    if not isinstance(entry, dict) or set(entry) != {"value", "source"} or not isinstance(entry["value"], (int, float)) \
+            or isinstance(entry["value"], bool) or not isinstance(entry["source"], str) or not entry["source"]:
+        raise ConfigError(f"{where} must be {{\"value\": <number>, \"source\": \"<where it comes from>\"}}, got {entry!r}")
+    return float(entry["value"]), entry["source"]
+
+
+def _profile(where: str, name: str, raw: Any) -> Profile:
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{where}: a profile is an object, got {type(raw).__name__}")
+    required = {"family", "description", "peak_tflops", *NUMBERS, *LINKS}
+    missing = sorted(required - set(raw))
+    unknown = sorted(set(raw) - required)
+    if missing or unknown:
+        raise ConfigError(f"{where}: " + "; ".join(filter(None, [
+            f"missing key(s) {', '.join(missing)}" if missing else "",
+            f"unknown key(s) {', '.join(unknown)}" if unknown else ""])) + f" (a profile has {', '.join(sorted(required))})")
+    sources: dict[str, str] = {}
+    values: dict[str, float] = {}
+    for key in NUMBERS:
+        values[key], sources[key] = _number(f"{where}.{key}", raw[key])
+    peaks = raw["peak_tflops"]
+    if not isinstance(peaks, dict) or "bf16" not in peaks:
+        raise ConfigError(f"{where}.peak_tflops must map dtypes (bf16 at least) to {{value, source}}")
+    peak_tflops = {}
+    for dtype, entry in peaks.items():
+        peak_tflops[dtype], sources[f"peak_tflops.{dtype}"] = _number(f"{where}.peak_tflops.{dtype}", entry)
+    links = {}
+    for key in LINKS:
+        link = raw[key]
+        if not isinstance(link, dict) or set(link) != {"bandwidth_gbps", "latency_us"}:
+            raise ConfigError(f"{where}.{key} must have bandwidth_gbps and latency_us")
+        bandwidth, sources[f"{key}.bandwidth_gbps"] = _number(f"{where}.{key}.bandwidth_gbps", link["bandwidth_gbps"])
+        latency, sources[f"{key}.latency_us"] = _number(f"{where}.{key}.latency_us", link["latency_us"])
+        links[key] = Link(bandwidth, latency)
+    return Profile(name, str(raw["family"]), str(raw["description"]), peak_tflops, values["vector_tflops"],
+                   values["memory_gib"], values["memory_bandwidth_gbps"], int(values["scale_up_devices"]),
+                   links["scale_up"], links["scale_out"], int(values["allocator_pad_bytes"]),
+                   values["comm_buffer_mib"], values["runtime_reserved_gib"], sources)
+
+
+@dataclass
+class Catalog:
+    profiles: dict[str, Profile]
+    aliases: dict[str, str]
+    efficiency: dict[str, dict[str, float]]  # family -> calibrated fractions and overheads
+
+    def names(self) -> list[str]:
+        return sorted(self.profiles) + sorted(set(self.aliases) - set(self.profiles)) + [CPU]
+
+    def find(self, name: str) -> Profile:
+        """The profile for a SoC name, an alias, or ``cpu`` (measured on this host)."""
+        if name == CPU:
+            return measure_host()
+        name = self.aliases.get(name, name)
+        if name in self.profiles:
+            return self.profiles[name]
+        # torch_npu's names for variants carry the base part's name (Ascend910B2C, Ascend910B4-1).
+        carrying = [known for known in self.profiles if known in name]
+        if carrying:
+            return self.profiles[max(carrying, key=len)]
+        close = difflib.get_close_matches(name, self.names(), n=3, cutoff=0.5)
+        hint = f"; did you mean {', '.join(close)}?" if close else ""
+        raise ConfigError(f"unknown hardware {name!r}{hint} (known: {', '.join(self.names())}; add a profile "
+                          f"with --hardware-file or {ENV_FILE})")
+
+
+def _merge(catalog_raw: dict, document: Any, source: str) -> None:
+    if not isinstance(document, dict) or not isinstance(document.get("profiles", {}), dict):
+        raise ConfigError(f"{source}: a hardware file is an object with 'profiles' (name -> profile)")
+    unknown = sorted(set(document) - {"schema", "about", "sources", "aliases", "profiles", "efficiency"})
+    if unknown:
+        raise ConfigError(f"{source}: unknown top-level key(s) {', '.join(unknown)}")
+    for key in ("profiles", "aliases", "efficiency"):
+        catalog_raw.setdefault(key, {}).update(document.get(key, {}))
+
+
+def load(user_file: str | None = None) -> Catalog:
+    raw: dict = {}
+    paths = [PACKAGED] + [path for path in (os.environ.get(ENV_FILE), user_file) if path]
+    for path in paths:
+        try:
+            with open(path, encoding="utf-8") as handle:
+                document = json.load(handle)
+        except OSError as exc:
+            raise ConfigError(f"{path}: cannot read hardware file: {exc.strerror}") from None
+        except json.JSONDecodeError as exc:
+            raise ConfigError(f"{path}:{exc.lineno}:{exc.colno}: malformed JSON: {exc.msg}") from None
+        _merge(raw, document, path)
+    profiles = {name: _profile(f"hardware profile {name!r}", name, value) for name, value in raw["profiles"].items()}
+    for alias, target in raw.get("aliases", {}).items():
+        if target not in profiles:
+            raise ConfigError(f"hardware alias {alias!r} names {target!r}, which is not a profile")
+    efficiency = {family: values for family, values in raw.get("efficiency", {}).items() if family != "about"}
+    for family in {profile.family for profile in profiles.values()} | {CPU}:
+        if family not in efficiency:
+            raise ConfigError(f"hardware family {family!r} has no 'efficiency' entry (the cost model's fractions)")
+    return Catalog(profiles, dict(raw.get("aliases", {})), {k: dict(v) for k, v in efficiency.items()})
+
+
+_HOST: Profile | None = None
+
+
+def measure_host() -> Profile:
+    """This host as a device: its matmul peak and copy bandwidth measured, one process per 'device'."""
+    global _HOST
+    if _HOST is None:
+        import time
+
+        import torch
+
+        from npu_inject.patches.metrics import measured_host_peak_flops
+
+        peak, how = measured_host_peak_flops()
+        tensor = torch.full((64 << 20) // 4, 1.0)
+        tensor.clone()
+        started = time.perf_counter()
+        tensor.clone()
+        bandwidth = 2 * tensor.numel() * 4 / (time.perf_counter() - started) / 1e9  # read + write, GB/s
+        total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
+        measured = f"measured on this host ({how})"
+        _HOST = Profile(
+            CPU, CPU, "this host (the CPU rehearsal): one rank per process, memory shared by them",
+            {"bf16": peak / 1e12, "fp32": peak / 1e12}, peak / 1e12, total, bandwidth, os.cpu_count() or 1,
+            Link(bandwidth / 4, 50.0), Link(bandwidth / 4, 50.0), 0, 0.0, 0.0,
+            {"peak_tflops.bf16": measured, "memory_bandwidth_gbps": "measured: a 64 MiB copy",
+             "memory_gib": "this host's physical memory", "scale_up": "estimate: gloo over shared memory"})
+    return _HOST

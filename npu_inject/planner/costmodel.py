@@ -1,0 +1,207 @@
+"""How long a recorded step takes on a given piece of hardware: each operator and collective timed,
+then played out over streams, links and pipeline stages as the dependencies between them allow.
+
+An operator's time is a roofline with the fraction of the peak its class reaches (the hardware
+profile's family efficiencies): matrix operators (matmul, grouped matmul, the fused attention) by
+their FLOPs against the dtype's cube peak, everything else by the bytes it reads and writes against
+the memory bandwidth; each launch costs at least ``kernel_us`` on the device and ``host_us`` on the host.
+A collective's time follows the ring algorithms HCCL and NCCL use, over the link its group spans
+(within a node, or across nodes through each device's NIC), plus a latency per step.
+
+The play-out is a dataflow simulation: an operator starts when the host has issued it, its stream is
+free and its inputs are written; a collective runs on its group's link and delays only what reads its
+result (so FSDP's prefetched all-gathers overlap compute, and TP's, whose results are needed at once,
+do not); a blocking collective holds its stream. Pipeline stages are played out together: a receive
+waits for the matching send of the stage before it, so the schedule's bubbles appear where they are.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import defaultdict
+from dataclasses import dataclass, field
+
+CUBE_OPS = {"aten.mm", "aten.addmm", "aten.bmm", "aten.baddbmm", "aten.matmul", "aten._grouped_mm",
+            "aten.convolution", "aten.convolution_backward", "npu_inject.npu_grouped_matmul",
+            "npu_inject.npu_grouped_matmul_backward"}
+ATTENTION_OPS = {"npu_inject.npu_fusion_attention", "npu_inject.npu_fusion_attention_v3",
+                 "npu_inject.npu_fusion_attention_backward", "npu_inject.npu_fusion_attention_v3_backward"}
+# Host syncs the planner marks (device-to-host reads a rank's step makes): the host waits for the device.
+HOST_SYNC_MARK = "host_sync"
+
+
+@dataclass
+class Layout:
+    world_size: int
+    pp: int
+    scale_up_devices: int
+
+    def role(self, rank: int) -> int:
+        """The pipeline rank (torchtitan's meshes put pp outermost): ranks of one stage share a trace."""
+        return rank // (self.world_size // self.pp)
+
+    def spans_nodes(self, ranks) -> bool:
+        """Whether a group's ranks reach each other only through the scale-out network."""
+        return len({rank // self.scale_up_devices for rank in ranks}) > 1
+
+
+@dataclass
+class Timing:
+    step_s: float = 0.0
+    compute_s: float = 0.0  # busy time of the compute stream
+    optimizer_s: float = 0.0
+    bubble_s: float = 0.0  # time the compute stream waited on a pipeline receive
+    exposed_comm_s: float = 0.0  # the rest of the step: waiting on collectives, the host, other streams
+    comm_s: dict[str, float] = field(default_factory=dict)  # collective time by kind
+    kernels: int = 0
+    host_bound: bool = False
+
+
+def op_seconds(op, profile, eff) -> float:
+    if op.kind == "view":
+        return 0.0
+    if op.kind == "collective":
+        raise ValueError("collectives are timed by collective_seconds")
+    kernel = eff["kernel_us"] * 1e-6
+    memory = op.bytes / (profile.memory_bandwidth_gbps * 1e9 * eff["memory"])
+    if op.name in CUBE_OPS or op.name in ATTENTION_OPS:
+        fraction = eff["attention"] if op.name in ATTENTION_OPS else eff["cube"]
+        flops = op.flops if op.flops else 0.0
+        if op.name.endswith("_backward") and op.name in ATTENTION_OPS:
+            flops = flops or 0.0
+        compute = flops / (profile.peak(op.dtype) * fraction)
+        return max(compute, memory, kernel)
+    vector = op.flops / (profile.vector_tflops * 1e12 * eff["memory"]) if op.flops else 0.0
+    return max(memory, vector, kernel)
+
+
+def collective_seconds(op, profile, eff, layout: Layout) -> float:
+    n = max(len(op.group), 1)
+    spans = layout.spans_nodes(op.group)
+    link = profile.scale_out if spans else profile.scale_up
+    bandwidth = link.bandwidth_gbps * 1e9 * eff["comm"]
+    latency = link.latency_us * 1e-6
+    size = op.comm_bytes
+    if op.collective == "all_to_all" and spans and n > 1:
+        # Each rank's rows for the peers in its own node go over the node's links, the others through
+        # its NIC, at once.
+        local = sum(1 for rank in op.group if rank // layout.scale_up_devices == op.group[0] // layout.scale_up_devices)
+        within = (local - 1) / n * size / (profile.scale_up.bandwidth_gbps * 1e9 * eff["comm"])
+        across = (n - local) / n * size / bandwidth
+        return max(within, across) + (n - 1) * latency
+    if op.collective in ("send", "recv"):
+        return size / bandwidth + latency
+    if n == 1:
+        return 0.0
+    if op.collective in ("all_gather", "reduce_scatter"):
+        return (n - 1) / n * size / bandwidth + (n - 1) * latency
+    if op.collective == "all_reduce":
+        return 2 * (n - 1) / n * size / bandwidth + 2 * (n - 1) * latency
+    if op.collective == "all_to_all":
+        return (n - 1) / n * size / bandwidth + (n - 1) * latency
+    if op.collective == "broadcast":
+        return size / bandwidth + math.ceil(math.log2(n)) * latency
+    return math.ceil(math.log2(n)) * latency  # barrier
+
+
+def _durations(trace, profile, eff, layout):
+    out = []
+    for op in trace.ops:
+        out.append(collective_seconds(op, profile, eff, layout) if op.kind == "collective"
+                   else op_seconds(op, profile, eff))
+    return out
+
+
+class _Role:
+    """One pipeline rank's trace being played out between two op indices."""
+
+    def __init__(self, trace, durations, start: int, stop: int, eff) -> None:
+        self.trace, self.durations, self.index, self.stop, self.eff = trace, durations, start, stop, eff
+        self.host = 0.0
+        self.stream: dict[int, float] = defaultdict(float)
+        self.lane: dict[tuple, float] = defaultdict(float)
+        self.ready: dict[int, float] = {}
+        self.compute_busy = self.optimizer = self.bubble = 0.0
+        self.comm: dict[str, float] = defaultdict(float)
+        self.kernels = 0
+        self.host_syncs = {index for index, event in trace.marks if event == HOST_SYNC_MARK}
+        self.end = 0.0
+
+    def done(self) -> bool:
+        return self.index >= self.stop
+
+
+def simulate(traces: dict[int, object], profile, eff, layout: Layout, windows: dict[int, tuple[int, int]]) -> Timing:
+    """Play out every role's window [start, stop) together; the step ends when the last stream does."""
+    durations = {role: _durations(trace, profile, eff, layout) for role, trace in traces.items()}
+    roles = {role: _Role(trace, durations[role], *windows[role], eff) for role, trace in traces.items()}
+    sends: dict[tuple[int, int], list[float]] = defaultdict(list)  # (from role, to role) -> arrival times
+    received: dict[tuple[int, int], int] = defaultdict(int)
+    host_us, view_us = eff["host_us"] * 1e-6, eff["host_view_us"] * 1e-6
+    progressing = True
+    while progressing:
+        progressing = False
+        for role_id, role in roles.items():
+            while not role.done():
+                op = role.trace.ops[role.index]
+                d = role.durations[role.index]
+                inputs_ready = max((role.ready.get(i, 0.0) for i in op.inputs), default=0.0)
+                issued = (view_us if op.kind == "view" else host_us) + op.views * view_us
+                role.host += issued
+                start = max(role.host, role.stream[op.stream], inputs_ready)
+                if op.collective == "recv":
+                    sender = layout.role(op.group[op.peer]) if op.peer is not None and op.group else role_id
+                    key = (sender, role_id)
+                    if sender != role_id and sender in roles and received[key] >= len(sends[key]):
+                        role.host -= issued
+                        break  # the sender has not sent yet: play another stage
+                    arrival = sends[key][received[key]] if sender != role_id and sender in roles else start
+                    received[key] += 1
+                    end = max(start, arrival) + d
+                    if op.stream == 0:
+                        role.bubble += max(0.0, arrival - start)
+                    for output in op.outputs:
+                        role.ready[output] = end
+                    role.comm[op.collective] += d
+                elif op.kind == "collective":
+                    lane = (op.group, op.collective in ("send", "recv"))
+                    begin = max(start, role.lane[lane])
+                    end = begin + d
+                    role.lane[lane] = end
+                    role.comm[op.collective] += d
+                    for output in op.outputs:
+                        role.ready[output] = end
+                    if op.collective == "send" and op.peer is not None and op.group:
+                        sends[(role_id, layout.role(op.group[op.peer]))].append(end)
+                    if op.blocking:
+                        role.stream[op.stream] = end
+                elif op.kind == "view":
+                    # Metadata on the host: neither waits for its input's data nor holds a stream.
+                    end = role.host
+                    for output in op.outputs:
+                        role.ready[output] = max(role.ready.get(output, 0.0), inputs_ready)
+                else:
+                    end = start + d
+                    role.stream[op.stream] = end
+                    for output in op.outputs:
+                        role.ready[output] = end
+                    if op.kind == "compute":
+                        role.kernels += 1
+                        if op.stream == 0:
+                            role.compute_busy += d
+                            if op.phase == "optimizer":
+                                role.optimizer += d
+                if role.index in role.host_syncs:
+                    role.host = max(role.host, end)
+                role.end = max(role.end, end, role.host)
+                role.index += 1
+                progressing = True
+    for role in roles.values():
+        role.index = role.stop  # a receive whose sender never sent (a trace cut short): nothing more to wait for
+    slowest = max(roles.values(), key=lambda r: r.end)
+    device_end = max((max(r.stream.values(), default=0.0) for r in roles.values()), default=0.0)
+    timing = Timing(step_s=slowest.end, compute_s=slowest.compute_busy, optimizer_s=slowest.optimizer,
+                    bubble_s=slowest.bubble, comm_s=dict(slowest.comm), kernels=slowest.kernels,
+                    host_bound=slowest.host >= device_end)
+    timing.exposed_comm_s = max(0.0, timing.step_s - timing.compute_s - timing.bubble_s)
+    return timing

@@ -1,0 +1,228 @@
+"""Plan one job layout: every distinct role recorded in a child process, then memory and time.
+
+A role is a pipeline rank: the ranks of one stage run the same code on equal shards (tensor, context,
+expert and data parallel shards are symmetric), so one rank stands for each. Every pipeline rank is
+recorded (their schedules differ: a 1F1B stage runs as many warm-up forwards as stages follow it),
+each by :mod:`npu_inject.planner.session` in a fork of a preloaded process (:mod:`workers`), as many
+at once as the host has cores; a role's memory is replayed through the allocator model, and all
+roles' steps are played out together by the cost model. Recording every stage costs about what one
+unpipelined rank does: each holds its share of the layers. With ``units``, the job is recorded shallow at two
+depths and extrapolated (:mod:`npu_inject.planner.depth`).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from npu_inject.planner import costmodel, depth, memory, workers
+
+GIB = 2**30
+
+
+@dataclass
+class RolePlan:
+    role: int  # the pipeline rank
+    rank: int  # the global rank recorded
+    peak_allocated: int
+    peak_reserved: int
+    comm_buffers: int  # HCCL/NCCL buffers of this rank's communicators (outside the allocator)
+    runtime: int  # the runtime and driver (outside the allocator)
+    at_peak: dict[str, int]  # live bytes by category when allocated memory peaked
+    timeline: list[tuple[int, int, int, dict[str, int]]]
+    communicators: int
+    retries: int = 0  # the allocator released its cache to make room (slow, not fatal)
+    failed: int = 0  # allocations that did not fit: out of memory
+
+    @property
+    def total(self) -> int:
+        """What the device must hold at the peak: reserved + communicator buffers + runtime."""
+        return self.peak_reserved + self.comm_buffers + self.runtime
+
+
+@dataclass
+class JobPlan:
+    argv: list[str]
+    hardware: str
+    world_size: int
+    parallel: dict[str, int]
+    roles: list[RolePlan]
+    timing: costmodel.Timing
+    tokens_per_step: int
+    capacity: int
+    info: dict[str, Any] = field(default_factory=dict)
+    seconds: float = 0.0  # how long planning took
+    expandable: bool = False
+    extrapolated: dict[str, Any] | None = None  # depth.describe() and the units recorded, when shallow
+
+    @property
+    def step_s(self) -> float:
+        return self.timing.step_s
+
+    @property
+    def tokens_per_s_per_npu(self) -> float:
+        return self.tokens_per_step / self.timing.step_s / self.world_size if self.timing.step_s else 0.0
+
+    @property
+    def mfu(self) -> float:
+        return self.info["flops_per_token"] * self.tokens_per_s_per_npu / self.info["peak_flops"]
+
+    @property
+    def fits(self) -> bool:
+        return all(role.total <= self.capacity and not role.failed for role in self.roles)
+
+    @property
+    def worst(self) -> RolePlan:
+        return max(self.roles, key=lambda role: role.total)
+
+
+def _communicators(trace) -> tuple[int, int]:
+    """(collective communicators, point-to-point peers) this rank used."""
+    groups, peers = set(), set()
+    for op in trace.ops:
+        if op.kind != "collective" or len(op.group) < 2:
+            continue
+        if op.collective in ("send", "recv"):
+            peers.add(op.group[op.peer] if op.peer is not None else op.group)
+        else:
+            groups.add(op.group)
+    return len(groups), len(peers)
+
+
+def _window(trace, step: int) -> tuple[int, int]:
+    start = next(index for index, event in trace.marks if event == f"step {step}")
+    stop = next((index for index, event in trace.marks if index > start and event == "reset_peaks"), len(trace.ops))
+    return start, stop
+
+
+def _group_window(trace, step: int, group: int) -> tuple[int, int]:
+    start, stop = _window(trace, step)
+    marks = [(index, event) for index, event in trace.marks if start <= index <= stop]
+    begin = next(index for index, event in marks if event == f"microbatch group {group}")
+    end = next((index for index, event in marks if index > begin and event.startswith(("microbatch group", "optimizer"))), stop)
+    return begin, end
+
+
+def _record(argv, world_size, units, pool, pp: int | None) -> dict[int, Any]:
+    """Each recorded pipeline rank's RoleResult. Without ``pp`` (a command not yet parsed), rank 0 goes
+    first: its configuration says how many pipeline ranks there are."""
+    results = {}
+    if pp is None:
+        results[0] = pool.submit(workers.record, argv, world_size, 0, units).result()
+        pp = results[0].info["parallel"]["pp"]
+    futures = {stage: pool.submit(workers.record, argv, world_size, stage * (world_size // pp), units)
+               for stage in range(pp) if stage not in results}
+    results.update((stage, future.result()) for stage, future in futures.items())
+    return dict(sorted(results.items()))
+
+
+def _evaluate(recorded: dict[int, Any], *, profile, efficiency, world_size, expandable, argv, started) -> JobPlan:
+    info = dict(recorded[0].info)
+    pp = info["parallel"]["pp"]
+    capacity = int(profile.memory_gib * GIB)
+    runtime = int(profile.runtime_reserved_gib * GIB)
+    roles = []
+    for stage, result in sorted(recorded.items()):
+        collectives, peers = _communicators(result.trace)
+        buffer = int(profile.comm_buffer_mib * 2**20)
+        buffers = collectives * buffer + peers * buffer // 10
+        replayed = memory.replay(result.trace, pad=profile.allocator_pad_bytes, expandable=expandable,
+                                 device_memory=capacity, limit=max(capacity - buffers - runtime, 0))
+        steady = replayed.steps[f"step {result.info['steps_recorded']}"]
+        roles.append(RolePlan(stage, result.rank,
+                              max(s.peak_allocated for s in replayed.steps.values()),
+                              max(s.peak_reserved for s in replayed.steps.values()), buffers, runtime,
+                              steady.at_peak, replayed.timeline, collectives + peers, replayed.retries, replayed.failed))
+    layout = costmodel.Layout(world_size, pp, profile.scale_up_devices)
+    traces = {stage: recorded[stage].trace for stage in range(pp)}
+    step = info["steps_recorded"]
+    timing = costmodel.simulate(traces, profile, efficiency, layout,
+                                {s: _window(t, step) for s, t in traces.items()})
+    extra_groups = info["gradient_accumulation_steps"] - info["groups_recorded"]
+    if extra_groups > 0:
+        # The recorded step ran at most two microbatch groups: the others take as long as the last.
+        last = info["groups_recorded"] - 1
+        group = costmodel.simulate(traces, profile, efficiency, layout,
+                                   {s: _group_window(t, step, last) for s, t in traces.items()})
+        timing.step_s += extra_groups * group.step_s
+        timing.compute_s += extra_groups * group.compute_s
+        timing.bubble_s += extra_groups * group.bubble_s
+        timing.kernels += extra_groups * group.kernels
+        for kind, seconds in group.comm_s.items():
+            timing.comm_s[kind] = timing.comm_s.get(kind, 0.0) + extra_groups * seconds
+        timing.exposed_comm_s = max(0.0, timing.step_s - timing.compute_s - timing.bubble_s)
+    batch_degree = world_size // (pp * info["parallel"]["cp"] * info["parallel"]["tp"])
+    global_batch = info["global_batch_size"] if info["global_batch_size"] > 0 else info["local_batch_size"] * batch_degree
+    info["peak_flops"] = profile.peak("bf16")
+    return JobPlan(list(argv), profile.name, world_size, info["parallel"], roles, timing,
+                   global_batch * info["seq_len"], capacity, info, time.monotonic() - started, expandable)
+
+
+def model_packages(argv: list[str]) -> list[str]:
+    """The torchtitan model package a command names (``--module llama3``), for the fork server to preload."""
+    for flag, value in zip(argv, argv[1:]):
+        if flag == "--module":
+            return [f"torchtitan.models.{value}"] if "." not in value else [value]
+    return []
+
+
+def plan_job(argv: list[str], *, profile, efficiency: dict[str, float], world_size: int, expandable: bool = False,
+             units: int | None = None, pool=None, pp: int | None = None, selection: str = "") -> JobPlan:
+    """Plan ``argv`` on ``world_size`` ranks of ``profile``: at full depth, or with ``units`` and twice as
+    many repeats of the layer block per stage, extrapolated to the full model. ``pool`` is a
+    :func:`workers.executor` (one is made for this plan when absent, with ``selection``); ``pp``, when
+    known, lets every role start at once."""
+    started = time.monotonic()
+    own_pool = pool is None
+    pool = pool or workers.executor(selection=selection, modules=model_packages(argv))
+    evaluate = dict(profile=profile, efficiency=efficiency, world_size=world_size, expandable=expandable, argv=argv)
+    try:
+        if units is None:
+            return _evaluate(_record(argv, world_size, None, pool, pp), started=started, **evaluate)
+        depths = (units, 2 * units)
+        shallow, deeper = (_evaluate(_record(argv, world_size, k, pool, pp), started=started, **evaluate)
+                           for k in depths)
+        return _extrapolate(shallow, deeper, depths, time.monotonic() - started)
+    finally:
+        if own_pool:
+            pool.shutdown()
+
+
+def _extrapolate(shallow: JobPlan, deeper: JobPlan, units: tuple[int, int], seconds: float) -> JobPlan:
+    shape: depth.Shape = deeper.info["shape"]
+    pp = deeper.parallel["pp"]
+
+    def line(a: float, b: float, target: float) -> float:
+        return depth.extrapolate(a, b, units, target)
+
+    def doubling(a: float, b: float, target: float) -> float:
+        # What the caching allocator holds beyond the allocated bytes grows by about the same amount
+        # each time the layers double (llama3_8b: 5.0, 6.5, 7.8, 9.4 GiB at 4, 8, 16, 32 layers).
+        return b + (b - a) * math.log2(max(target, 1e-9) / units[1]) / math.log2(units[1] / units[0])
+
+    roles = []
+    for a, b in zip(shallow.roles, deeper.roles):
+        target = shape.rank_units(b.role, pp)
+        allocated = line(a.peak_allocated, b.peak_allocated, target)
+        cached = doubling(a.peak_reserved - a.peak_allocated, b.peak_reserved - b.peak_allocated, target)
+        roles.append(replace(
+            b, peak_allocated=int(allocated), peak_reserved=int(allocated + max(cached, 0.0)),
+            at_peak={name: int(line(a.at_peak.get(name, 0), value, target)) for name, value in b.at_peak.items()}))
+    # The step lasts as long as the stage with the most repeats makes it.
+    target = max(shape.rank_units(stage, pp) for stage in range(pp))
+    ta, tb = shallow.timing, deeper.timing
+    timing = costmodel.Timing(
+        step_s=line(ta.step_s, tb.step_s, target), compute_s=line(ta.compute_s, tb.compute_s, target),
+        optimizer_s=line(ta.optimizer_s, tb.optimizer_s, target), bubble_s=line(ta.bubble_s, tb.bubble_s, target),
+        comm_s={kind: line(ta.comm_s.get(kind, 0.0), seconds_b, target) for kind, seconds_b in tb.comm_s.items()},
+        kernels=int(line(ta.kernels, tb.kernels, target)), host_bound=tb.host_bound)
+    timing.exposed_comm_s = max(0.0, timing.step_s - timing.compute_s - timing.bubble_s)
+    info = dict(deeper.info)
+    held = [stage for stage in range(len(shape.stages)) if any(n.startswith("layers.") for n in shape.stages[stage])]
+    total_units = sum(shape.units(stage) for stage in range(len(shape.stages)))
+    info["flops_per_token"] = depth.extrapolate(shallow.info["flops_per_token"], deeper.info["flops_per_token"],
+                                                (units[0] * len(held), units[1] * len(held)), total_units)
+    return replace(deeper, roles=roles, timing=timing, info=info, seconds=seconds,
+                   extrapolated={**depth.describe(shape), "units_recorded": list(units)})
