@@ -46,15 +46,19 @@ def kernels() -> ModuleType:
     runtime made (and validated) at activation.
     """
     target = selection.current_target()
-    if target != "npu" and _fake_tensor_mode():
-        # npu-inject plan: what the NPU's kernels allocate and keep, nothing computed.
-        from npu_inject.ops import planning
-
-        return planning
-    if target != "npu" and (torch.compiler.is_compiling() or _spmd_type_checking()):
+    if target == "npu":
+        return _kernels_for(target)
+    # is_compiling first: dynamo cannot trace the dispatch-mode query below, and the planner
+    # records a compiled job as eager.
+    if torch.compiler.is_compiling() or _spmd_type_checking():
         # Under torch.compile the reference kernels are custom ops with fakes, as torch_npu's are; so
         # under spmd_types type checking, which then types each kernel as one op, as it does torch_npu's.
         from npu_inject.ops import rehearsal
 
         return rehearsal
+    if _fake_tensor_mode():
+        # npu-inject plan: what the NPU's kernels allocate and keep, nothing computed.
+        from npu_inject.ops import planning
+
+        return planning
     return _kernels_for(target)
