@@ -1,14 +1,15 @@
-"""MFU against the peak of the device the run uses: cited Ascend BF16 peaks, the host's measured peak in the rehearsal.
+"""MFU against the peak of the device the run uses: its hardware profile's BF16 peak, the host's measured peak in the rehearsal.
 
 torchtitan's ``get_peak_flops(device_name)`` (``torchtitan.tools.utils``, read
 through the module by ``MetricsProcessor`` and ``Trainer``) knows no Ascend part and
 falls back to A100's 312 TFLOPS, so MFU on an NPU is off by the ratio of the peaks.
 
-* NPU target: the device name ``torch.npu.get_device_name()`` reports is looked up in
-  ``ASCEND_BF16_PEAK_FLOPS`` (dense BF16 Cube peaks; the source is cited per entry).
-  Option ``peak_tflops`` (> 0) overrides the table, e.g. for a part it does not list.
-  A name the table does not know and no override: MFU becomes NaN (``mfu: nan%``) and
-  the fallback is logged once and reported -- never another device's peak.
+* NPU target: the device name ``torch.npu.get_device_name()`` reports is looked up in the
+  hardware profiles (``npu_inject/hardware.json``, the planner's: dense BF16 cube peaks, each
+  with its source; a variant name carrying a listed one, such as ``Ascend910B2C``, takes it).
+  Option ``peak_tflops`` (> 0) overrides them, e.g. for a part they do not list. A name they do
+  not know and no override: MFU becomes NaN (``mfu: nan%``) and the fallback is logged once and
+  reported -- never another device's peak.
 * CPU rehearsal: no datasheet figure describes what this process's threads can do, so the
   peak is measured once per process: the best of five 512x512x512 matmuls in float32, and in
   bfloat16 too where the CPU computes it natively (AVX-512 BF16, AMX), the faster of the two,
@@ -23,37 +24,22 @@ import functools
 import math
 import time
 
+from npu_inject import hardware
+from npu_inject.errors import ConfigError
 from npu_inject.patching import PatchContext
 
 TARGETS = (
     "torchtitan.tools.utils:get_peak_flops",
 )
 
-# Dense BF16 Cube-unit peak FLOP/s per Ascend device name (what torch.npu.get_device_name()
-# returns). Every figure is cited from Huawei's torchtitan plugin, torchtitan-npu
-# (github.com/torchtitan-npu/torchtitan-npu, torchtitan_npu/patches/tools/metrics.py at
-# commit 8f04da75, "MFU uses the BF16 Cube peak rather than the larger total-throughput
-# figure"); its comments give the total/Cube pair quoted below. No per-SKU Huawei
-# datasheet figure was found to cross-check them.
-ASCEND_BF16_PEAK_FLOPS = {
-    "Ascend910B1": 373.88e12,  # torchtitan-npu: total 400T, Cube 373T (Atlas A2)
-    "Ascend910B2": 353.8944e12,  # torchtitan-npu: total 376T, Cube 353T (Atlas A2)
-    "Ascend910B3": 294.912e12,  # torchtitan-npu: total 313T, Cube 294T (Atlas A2)
-    "Ascend910B4": 245.76e12,  # torchtitan-npu: total 280T, Cube 245T (Atlas A2)
-    "Ascend910_9392": 353.8944e12,  # torchtitan-npu: total 376T, Cube 353T (Atlas A3 die)
-    "Ascend910_9362": 353.8944e12,  # torchtitan-npu: total 376T, Cube 353T (Atlas A3 die)
-}
-# Not listed (no cited figure): the other A3 dies (Ascend910_9391, _9381, _9382, _9372).
-# Variant names carrying a listed name (e.g. "Ascend910B2C") take that entry, as
-# torchtitan-npu matches them.
 
-
-def ascend_peak_flops(device_name: str) -> float | None:
-    """The cited peak for ``device_name`` (longest listed name it contains), or None."""
-    matches = [name for name in ASCEND_BF16_PEAK_FLOPS if name in device_name]
-    if not matches:
+def ascend_peak_flops(device_name: str) -> tuple[float, str] | None:
+    """(BF16 peak FLOP/s, its source) of the profile for ``device_name``, or None when none fits."""
+    try:
+        profile = hardware.load().find(device_name)
+    except ConfigError:
         return None
-    return ASCEND_BF16_PEAK_FLOPS[max(matches, key=len)]
+    return profile.peak("bfloat16"), profile.sources["peak_tflops.bf16"]
 
 
 HOST_PROBE_SIZE = 512  # n of the n x n x n probe matmul: large enough to run at the host's matmul speed
@@ -95,15 +81,16 @@ def apply(ctx: PatchContext) -> None:
             rate, how = measured_host_peak_flops()
             ctx.note(f"MFU in the CPU rehearsal is against the {how}")
             return rate
-        peak = ascend_peak_flops(device_name)
-        if peak is None:
+        found = ascend_peak_flops(device_name)
+        if found is None:
             ctx.fallback(
-                f"no cited BF16 peak for device {device_name!r} (known: "
-                f"{', '.join(ASCEND_BF16_PEAK_FLOPS)}): MFU is NaN; set the metrics option "
-                "peak_tflops in a user registry (TORCHTITAN_NPU_REGISTRY) to give one"
+                f"no hardware profile for device {device_name!r} (known: {', '.join(hardware.load().names())}): "
+                "MFU is NaN; set the metrics option peak_tflops in a user registry (TORCHTITAN_NPU_REGISTRY), "
+                f"or add a profile ({hardware.ENV_FILE})"
             )
             return math.nan
-        ctx.note(f"peak FLOPs for {device_name!r}: {peak / 1e12:.2f} TFLOPS (BF16 Cube, cited table)")
+        peak, source = found
+        ctx.note(f"peak FLOPs for {device_name!r}: {peak / 1e12:.2f} TFLOPS (BF16 cube; {source})")
         return peak
 
     ctx.wrap("get_peak_flops", get_peak_flops)

@@ -48,33 +48,36 @@ def applied():
 
 # -- metrics ------------------------------------------------------------------------------------
 
-# torchtitan-npu's torchtitan_npu/patches/tools/metrics.py (the cited source), in TFLOPS.
-CITED_TFLOPS = {"Ascend910B1": 373.88, "Ascend910B2": 353.8944, "Ascend910B3": 294.912,
-                "Ascend910B4": 245.76, "Ascend910_9392": 353.8944, "Ascend910_9362": 353.8944}
+# CANN's platform configurations (hicann/runtime src/platform/platform_config/cann/<SoC>.ini):
+# cube_core_cnt and cube_freq (MHz); a Da Vinci cube does 16x16x16 BF16 multiply-adds a cycle.
+CANN_INI_CUBE = {"Ascend910B1": (24, 1850), "Ascend910B2": (24, 1800), "Ascend910B3": (20, 1800),
+                 "Ascend910B4": (20, 1500), "Ascend910_9392": (24, 1850), "Ascend910_9382": (24, 1800),
+                 "Ascend910_9372": (20, 1800), "Ascend910_9362": (20, 1500)}
 
 
-@pytest.mark.parametrize("device_name", sorted(CITED_TFLOPS))
-def test_ascend_peaks_are_the_cited_figures(applied, device_name):
+@pytest.mark.parametrize("device_name", sorted(CANN_INI_CUBE))
+def test_ascend_peaks_are_the_cube_figures_of_cann_configuration(applied, device_name):
     applied("metrics", "npu")
     from torchtitan.tools import utils
 
-    assert utils.get_peak_flops(device_name) == pytest.approx(CITED_TFLOPS[device_name] * 1e12, rel=1e-12)
+    cores, mhz = CANN_INI_CUBE[device_name]
+    assert utils.get_peak_flops(device_name) == pytest.approx(cores * mhz * 1e6 * 16 * 16 * 16 * 2, rel=1e-4)
 
 
 def test_variant_names_take_their_part_and_unknown_parts_get_no_mfu(applied):
     _, ctx = applied("metrics", "npu")
     from torchtitan.tools import utils
 
-    assert utils.get_peak_flops("Ascend910B2C") == pytest.approx(353.8944e12)
-    assert math.isnan(utils.get_peak_flops("Ascend910_9391")), "no cited figure: NaN, not A100's 312T"
-    assert ctx.fallbacks and "Ascend910_9391" in ctx.fallbacks[0] and "peak_tflops" in ctx.fallbacks[0]
+    assert utils.get_peak_flops("Ascend910B2C") == pytest.approx(24 * 1800e6 * 8192, rel=1e-4)
+    assert math.isnan(utils.get_peak_flops("Ascend310P3")), "no profile: NaN, not A100's 312T"
+    assert ctx.fallbacks and "Ascend310P3" in ctx.fallbacks[0] and "peak_tflops" in ctx.fallbacks[0]
 
 
 def test_option_overrides_the_table(applied):
     applied("metrics", "npu", peak_tflops=400.0)
     from torchtitan.tools import utils
 
-    assert utils.get_peak_flops("Ascend910_9391") == pytest.approx(400e12)
+    assert utils.get_peak_flops("Ascend310P3") == pytest.approx(400e12)
 
 
 def test_rehearsal_mfu_is_against_the_hosts_measured_matmul_peak(applied):
