@@ -380,13 +380,19 @@ def _search(args, argv, profile, ranks, pool, plan_kwargs) -> int:
     print(f"searching the layouts of {facts['model']} on {ranks} x {profile.name} (global batch "
           f"{facts['global_batch_size']} x seq {facts['seq_len']}) ...", file=sys.stderr, flush=True)
 
-    def shallow(variant, candidate):
-        return job.plan_job(variant, units=SEARCH_UNITS, pp=candidate.layout.pp, **plan_kwargs)
+    class Shallow:
+        def __init__(self, variant, candidate):
+            self.pending = job.submit(variant, world_size=ranks, pool=pool, units=SEARCH_UNITS, pp=candidate.layout.pp)
+
+        def result(self):
+            recording, self.pending = self.pending.result(), None  # the recording's traces go once evaluated
+            return job.evaluate(recording, profile=profile, efficiency=plan_kwargs["efficiency"],
+                                expandable=plan_kwargs["expandable"])
 
     def full(variant, candidate):
         return job.plan_job(variant, pp=candidate.layout.pp, **plan_kwargs)
 
-    result = search.search(argv, facts, ranks, profile.scale_up_devices, shallow,
+    result = search.search(argv, facts, ranks, profile.scale_up_devices, Shallow,
                            progress=lambda line: print(f"  {line}", file=sys.stderr, flush=True), full=full)
     fitting = result.fitting()
     planned = [o for o in result.outcomes if o.plan is not None]

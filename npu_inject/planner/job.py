@@ -105,17 +105,34 @@ def _group_window(trace, step: int, group: int) -> tuple[int, int]:
     return begin, end
 
 
-def _record(argv, world_size, units, pool, pp: int | None) -> dict[int, Any]:
-    """Each recorded pipeline rank's RoleResult. Without ``pp`` (a command not yet parsed), rank 0 goes
-    first: its configuration says how many pipeline ranks there are."""
-    results = {}
-    if pp is None:
-        results[0] = pool.submit(workers.record, argv, world_size, 0, units).result()
-        pp = results[0].info["parallel"]["pp"]
-    futures = {stage: pool.submit(workers.record, argv, world_size, stage * (world_size // pp), units)
-               for stage in range(pp) if stage not in results}
-    results.update((stage, future.result()) for stage, future in futures.items())
-    return dict(sorted(results.items()))
+class Pending:
+    """A recording under way: its roles' futures at each depth."""
+
+    def __init__(self, argv, world_size, depths, pool, pp: int | None) -> None:
+        self.argv, self.world_size, self.depths, self.pool = list(argv), world_size, depths, pool
+        self.started = time.monotonic()
+        self.first = None
+        if pp is None:
+            # A command not yet parsed: rank 0 goes first, its configuration says how many pipeline ranks.
+            self.first = pool.submit(workers.record, argv, world_size, 0, depths[0]).result()
+            pp = self.first.info["parallel"]["pp"]
+        self.futures = {(index, stage): pool.submit(workers.record, argv, world_size, stage * (world_size // pp), units)
+                        for index, units in enumerate(depths) for stage in range(pp)
+                        if not (self.first is not None and index == 0 and stage == 0)}
+
+    def result(self) -> "Recording":
+        roles: list[dict[int, Any]] = [{} for _ in self.depths]
+        if self.first is not None:
+            roles[0][0] = self.first
+        try:
+            for (index, stage), future in self.futures.items():
+                roles[index][stage] = future.result()
+        except BaseException:
+            for future in self.futures.values():
+                future.cancel()
+            raise
+        return Recording(self.argv, self.world_size, self.depths, [dict(sorted(r.items())) for r in roles],
+                         time.monotonic() - self.started)
 
 
 def _evaluate(recorded: dict[int, Any], *, profile, efficiency, world_size, expandable, argv, started) -> JobPlan:
@@ -168,26 +185,50 @@ def model_packages(argv: list[str]) -> list[str]:
     return []
 
 
-def plan_job(argv: list[str], *, profile, efficiency: dict[str, float], world_size: int, expandable: bool = False,
-             units: int | None = None, pool=None, pp: int | None = None, selection: str = "") -> JobPlan:
-    """Plan ``argv`` on ``world_size`` ranks of ``profile``: at full depth, or with ``units`` and twice as
-    many repeats of the layer block per stage, extrapolated to the full model. ``pool`` is a
-    :func:`workers.executor` (one is made for this plan when absent, with ``selection``); ``pp``, when
-    known, lets every role start at once."""
-    started = time.monotonic()
+@dataclass
+class Recording:
+    """A job's recorded roles: one dict (pipeline rank -> RoleResult) per depth recorded."""
+    argv: list[str]
+    world_size: int
+    depths: tuple[int | None, ...]  # (None,): the full model; (k, 2k): shallow, to extrapolate
+    roles: list[dict[int, Any]]
+    seconds: float
+
+
+def submit(argv: list[str], *, world_size: int, pool, units: int | None = None, pp: int | None = None) -> Pending:
+    """Start recording ``argv``'s roles for ``world_size`` ranks in ``pool`` (a :func:`workers.executor`): at
+    full depth, or with ``units`` and twice as many repeats of the layer block per stage. With ``pp``
+    known, every role starts at once."""
+    return Pending(argv, world_size, (None,) if units is None else (units, 2 * units), pool, pp)
+
+
+def record(argv: list[str], *, world_size: int, units: int | None = None, pool=None, pp: int | None = None,
+           selection: str = "") -> Recording:
+    """:func:`submit` and wait; without ``pool``, one is made for this recording (with ``selection``)."""
     own_pool = pool is None
     pool = pool or workers.executor(selection=selection, modules=model_packages(argv))
-    evaluate = dict(profile=profile, efficiency=efficiency, world_size=world_size, expandable=expandable, argv=argv)
     try:
-        if units is None:
-            return _evaluate(_record(argv, world_size, None, pool, pp), started=started, **evaluate)
-        depths = (units, 2 * units)
-        shallow, deeper = (_evaluate(_record(argv, world_size, k, pool, pp), started=started, **evaluate)
-                           for k in depths)
-        return _extrapolate(shallow, deeper, depths, time.monotonic() - started)
+        return submit(argv, world_size=world_size, pool=pool, units=units, pp=pp).result()
     finally:
         if own_pool:
             pool.shutdown()
+
+
+def evaluate(recording: Recording, *, profile, efficiency: dict[str, float], expandable: bool = False) -> JobPlan:
+    """Memory and time of a recording on ``profile`` (cheap: recordings can be evaluated again and again)."""
+    started = time.monotonic() - recording.seconds
+    plans = [_evaluate(roles, profile=profile, efficiency=efficiency, world_size=recording.world_size,
+                       expandable=expandable, argv=recording.argv, started=started) for roles in recording.roles]
+    if recording.depths == (None,):
+        return plans[0]
+    return _extrapolate(*plans, recording.depths, time.monotonic() - started)
+
+
+def plan_job(argv: list[str], *, profile, efficiency: dict[str, float], world_size: int, expandable: bool = False,
+             units: int | None = None, pool=None, pp: int | None = None, selection: str = "") -> JobPlan:
+    """:func:`record` then :func:`evaluate`."""
+    recording = record(argv, world_size=world_size, units=units, pool=pool, pp=pp, selection=selection)
+    return evaluate(recording, profile=profile, efficiency=efficiency, expandable=expandable)
 
 
 def _extrapolate(shallow: JobPlan, deeper: JobPlan, units: tuple[int, int], seconds: float) -> JobPlan:

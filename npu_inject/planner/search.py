@@ -1,27 +1,27 @@
 """``npu-inject plan --search``: the layouts a job could run with on N devices, planned, fastest first.
 
-The space: every split of the world into data-parallel replicas and shards, context, tensor, pipeline
-and expert parallel degrees that torchtitan accepts for the model, with the global batch of the
-command held fixed (the local batch and gradient accumulation make it up), and activation
+The space: the splits of the world into data-parallel replicas and shards, context, tensor, pipeline
+and expert parallel degrees that torchtitan accepts for the model, with the command's global batch
+held fixed (the local batch and gradient accumulation make it up), each with activation
 checkpointing none, selective or full. Where the space is cut, and why:
 
 * tensor parallel stays within the fast links (at most ``scale_up_devices``, and 8) and divides the
   attention heads (and key/value heads);
 * context parallel keeps at least :data:`MIN_CP_POSITIONS` positions per rank (below that its
   exchanges cost more than the activations it saves) and an even split for the load balancer;
-* pipeline parallel gives each stage at least two layers, and each rank at least as many
-  microbatches as stages;
+* pipeline parallel up to :data:`MAX_PP` stages, each with at least two layers, and each rank with at
+  least as many microbatches as stages; pipelines deeper than :data:`SHALLOW_PP` stages are planned
+  only when no shallower layout fits (a pipeline's stages save memory and cost bubbles, and every
+  stage is a recording of its own);
 * data-parallel replicas (HSDP) only across whole scale-up domains;
-* expert parallel divides the experts and the ranks experts borrow (dp_shard x cp x tp), and keeps
-  at least 1/8 of them, as torchtitan's own configurations do;
-* activation checkpointing and the local batch are chosen per layout: the largest local batch first
-  and, for it, the least recomputation that fits; a smaller batch (more accumulation) only when no
-  mode fits the larger one or recomputation was needed;
-* a pipelined layout is planned only while its lower bound (the least compute per token any planned
-  layout showed, stretched by the schedule's bubble) beats the fastest layout found.
+* expert parallel takes the largest degree that divides both the experts and the ranks experts borrow
+  (dp_shard x cp x tp): the fewest experts per rank, as torchtitan's own MoE configurations choose;
+* the local batch is the largest the global batch allows on the layout (no accumulation) or the
+  smallest (the most accumulation).
 
-Every layout is planned shallow (:mod:`npu_inject.planner.depth`: one and two repeats of the layer
-block per stage); the fastest that fits is planned again at full depth and the difference printed.
+Two passes (:func:`search`): every layout once, in its most frugal variant, then the other variants of
+the fastest few. Every plan is shallow (:mod:`npu_inject.planner.depth`: one and two repeats of the
+layer block per stage); the fastest that fits is planned again at full depth and the difference printed.
 """
 
 from __future__ import annotations
@@ -33,6 +33,7 @@ from typing import Any, Callable
 from npu_inject.planner.session import PlanError
 
 MIN_CP_POSITIONS = 4096
+SHALLOW_PP, MAX_PP = 2, 8
 AC_MODES = ("none", "selective", "full")
 DEGREE_FLAGS = {
     "dp_replicate": "--parallelism.data_parallel_replicate_degree",
@@ -135,7 +136,7 @@ def layouts(facts: dict[str, Any], world_size: int, scale_up: int) -> list[Layou
             if cp > 1 and (seq // cp < MIN_CP_POSITIONS or seq % (2 * cp)):
                 continue
             for pp in _divisors(world_size // (tp * cp)):
-                if pp > 1 and layers < 2 * pp:
+                if pp > MAX_PP or pp > 1 and layers < 2 * pp:
                     continue
                 rest = world_size // (tp * cp * pp)
                 replicas = [1] + [r for r in _divisors(rest) if r > 1 and world_size // r >= scale_up
@@ -143,78 +144,93 @@ def layouts(facts: dict[str, Any], world_size: int, scale_up: int) -> list[Layou
                 for dp_replicate in replicas:
                     dp_shard = rest // dp_replicate
                     borrowed = dp_shard * cp * tp
-                    eps = [1] if not experts else [e for e in _divisors(borrowed)
-                                                   if experts % e == 0 and e * 8 >= min(borrowed, experts)]
+                    eps = [1] if not experts else [max(e for e in _divisors(borrowed) if experts % e == 0)]
                     for ep in eps:
                         found.append(Layout(dp_replicate, dp_shard, cp, tp, pp, ep))
     return found
 
 
 def local_batches(layout: Layout, global_batch: int, microbatch: int) -> list[int]:
-    """Local batches that make up the global batch on this layout, largest first (at most three)."""
+    """The largest and the smallest local batch that make up the global batch on this layout."""
     if global_batch % layout.dp:
         return []
     per_rank = global_batch // layout.dp
     sizes = [b for b in _divisors(per_rank) if b % microbatch == 0 and (layout.pp == 1 or b // microbatch >= layout.pp)]
-    return sorted(sizes, reverse=True)[:3]
+    return sorted({max(sizes), min(sizes)}, reverse=True) if sizes else []
+
+
+REFINED = 3  # the fastest layouts of the first pass whose other batches and modes are planned
 
 
 def search(argv: list[str], facts: dict[str, Any], world_size: int, scale_up: int,
-           plan: Callable[[list[str], Candidate], Any], progress: Callable[[str], None] = lambda line: None,
+           start: Callable[[list[str], Candidate], Any], progress: Callable[[str], None] = lambda line: None,
            full: Callable[[list[str], Candidate], Any] | None = None) -> SearchResult:
-    """Plan the space; ``plan(argv, candidate)`` gives a shallow JobPlan or raises PlanError; ``full`` plans
-    the winner at full depth."""
-    started = time.monotonic()
+    """Plan the space in two passes. ``start(argv, candidate)`` begins a shallow plan and returns an object
+    whose ``result()`` is the JobPlan (or raises PlanError); all of a pass's plans are started at once,
+    so the workers never wait. First pass: every layout with its smallest local batch and full
+    recomputation, the most frugal variant (does not fit: no variant will). Second pass: for the
+    :data:`REFINED` fastest layouts that fit, the largest batch and the other modes. ``full(argv,
+    candidate)`` plans the fastest fitting candidate at full depth (the next, if it does not fit)."""
+    began = time.monotonic()
     result = SearchResult()
     global_batch = facts["global_batch_size"]
-    space = layouts(facts, world_size, scale_up)
-    # Unpipelined layouts first: they give the compute per token the pipelined ones are bounded by.
-    space.sort(key=lambda layout: (layout.pp, layout.tp, layout.cp, -layout.ep, layout.dp_replicate))
-    least_compute = None  # NPU-seconds of compute per token, the least any plan showed
-    fastest = None
-    for layout in space:
+
+    def run(candidates: list[Candidate]) -> list[Outcome]:
+        started = [(candidate, start(candidate.argv(argv), candidate)) for candidate in candidates]
+        outcomes = []
+        for candidate, pending in started:
+            try:
+                job_plan = pending.result()
+            except PlanError as exc:
+                outcome = Outcome(candidate, refused=str(exc).splitlines()[0])
+            else:
+                outcome = Outcome(candidate, job_plan)
+            progress(f"[{time.monotonic() - began:4.0f} s] {candidate.describe()}: " + (
+                f"refused: {outcome.refused}" if outcome.refused else
+                f"{'fits' if outcome.plan.fits else 'does not fit'}, {outcome.plan.worst.total / 2**30:.1f} GiB, "
+                f"{outcome.plan.tokens_per_s_per_npu:,.0f} tokens/s/NPU"))
+            outcomes.append(outcome)
+        result.outcomes.extend(outcomes)
+        return outcomes
+
+    batches_of: dict[Layout, list[int]] = {}
+    space = []
+    for layout in layouts(facts, world_size, scale_up):
         batches = local_batches(layout, global_batch, facts["microbatch_size"])
         if not batches:
             result.outcomes.append(Outcome(Candidate(layout, 0, "-", global_batch),
                                            pruned=f"the global batch {global_batch} does not split over dp {layout.dp}"))
             continue
-        if layout.pp > 1 and least_compute is not None and fastest is not None:
-            microbatches = batches[0] // facts["microbatch_size"]
-            bound = least_compute * global_batch * facts["seq_len"] / world_size * (microbatches + layout.pp - 1) / microbatches
-            if bound >= fastest:
-                result.outcomes.append(Outcome(Candidate(layout, batches[0], "-", global_batch), pruned=(
-                    f"its compute alone with the bubble ({bound:.2f} s) is no faster than {fastest:.2f} s")))
-                continue
-        for local_batch in batches:
-            fitted = None
-            for ac in AC_MODES:
-                candidate = Candidate(layout, local_batch, ac, global_batch)
-                progress(f"planning {candidate.describe()}")
-                try:
-                    job_plan = plan(candidate.argv(argv), candidate)
-                except PlanError as exc:
-                    result.outcomes.append(Outcome(candidate, refused=str(exc).splitlines()[0]))
-                    break  # torchtitan refuses the layout itself, whatever the mode
-                result.outcomes.append(Outcome(candidate, job_plan))
-                per_token = job_plan.timing.compute_s * world_size / job_plan.tokens_per_step
-                least_compute = per_token if least_compute is None else min(least_compute, per_token)
-                if job_plan.fits:
-                    fitted = ac
-                    fastest = job_plan.step_s if fastest is None else min(fastest, job_plan.step_s)
-                    break
-            else:
-                continue  # nothing fits this batch: try a smaller one
-            if fitted is None or fitted == "none":
-                break  # refused, or fits without recomputation: a smaller batch is only slower
+        batches_of[layout] = batches
+        space.append(layout)
+    fitted: list[Outcome] = []
+    for shallowest, deepest in ((1, SHALLOW_PP), (SHALLOW_PP + 1, MAX_PP)):
+        first = [Candidate(layout, batches_of[layout][-1], "full", global_batch) for layout in space
+                 if shallowest <= layout.pp <= deepest]
+        if fitted:
+            result.outcomes.extend(Outcome(c, pruned=f"a layout of at most {SHALLOW_PP} pipeline stages fits")
+                                   for c in first)
+            continue
+        progress(f"first pass, pipelines of {shallowest} to {deepest} stages: {len(first)} layouts, each with its "
+                 "smallest local batch and full recomputation")
+        fitted = sorted((o for o in run(first) if o.plan is not None and o.plan.fits), key=lambda o: o.plan.step_s)
+    second = []
+    for outcome in fitted[:REFINED]:
+        layout, batches = outcome.candidate.layout, batches_of[outcome.candidate.layout]
+        second += [Candidate(layout, batch, ac, global_batch) for batch in batches for ac in AC_MODES
+                   if (batch, ac) != (batches[-1], "full")]
+    if second:
+        progress(f"second pass: the other batches and modes of the {min(len(fitted), REFINED)} fastest layouts")
+        run(second)
     fitting = result.fitting()
     if full is not None:
         for outcome in fitting[:3]:
-            progress(f"planning {outcome.candidate.describe()} at full depth")
+            progress(f"[{time.monotonic() - began:4.0f} s] planning {outcome.candidate.describe()} at full depth")
             confirmed = full(outcome.candidate.argv(argv), outcome.candidate)
             if confirmed.fits:
                 result.best, result.best_shallow = confirmed, outcome.plan
                 break
-    result.seconds = time.monotonic() - started
+    result.seconds = time.monotonic() - began
     return result
 
 

@@ -21,6 +21,8 @@ What the session changes, and why (recorded and undone like a patch's changes):
   configured shape itself.
 * context parallel's sequence positions (read back and all-gathered to plan each rank's attention):
   computed from torch's head-tail balancer (PTRR's order depends on the mask; head-tail stands for it).
+* FSDP's ``_chunk_with_empty``: the chunks of a parameter are cut when FSDP reads one (it reads this
+  rank's and the first), not all at once.
 * expert parallel's token counts, which each rank reads back to size its all-to-all: routing is
   assumed balanced (every rank sends and receives tokens x top_k / ep rows), the device-to-host
   copies of the counts still made as upstream makes them.
@@ -39,6 +41,7 @@ presence (no data is read). ``compile`` is planned as eager (noted in the result
 from __future__ import annotations
 
 import os
+import tempfile
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -208,6 +211,30 @@ def _stage_metadata(config, model_config, stages, args, kwargs) -> None:
                                       input_grads=metas[0] if not stage.is_first else None, output_grads=metas[1])
 
 
+class _Chunks:
+    """FSDP's ``_chunk_with_empty(tensor, num_chunks, dim)``, made on demand: FSDP reads this rank's
+    chunk and the first, but the list holds ``num_chunks`` fake views (a thousand per parameter at a
+    thousand ranks, a third of a recording's time). Chunks as ``torch.chunk`` cuts them, empty past the end."""
+
+    def __init__(self, tensor, num_chunks: int, dim: int) -> None:
+        self.tensor, self.count, self.dim = tensor, num_chunks, dim
+        self.step = -(-tensor.size(dim) // num_chunks) if tensor.size(dim) else 0
+
+    def __len__(self) -> int:
+        return self.count
+
+    def __getitem__(self, index: int):
+        if not -self.count <= index < self.count:
+            raise IndexError(index)
+        index %= self.count
+        start, size = index * self.step, self.tensor.size(self.dim)
+        if not size:
+            return self.tensor.narrow(self.dim, 0, 0)  # torch.chunk of an empty tensor: empty views of it
+        if start >= size:
+            return self.tensor.new_empty(0)
+        return self.tensor.narrow(self.dim, start, min(self.step, size - start))
+
+
 def _planner_changes(recorder, fake_mode, config):
     """The session's own changes to torchtitan and the runtime (see the module docstring)."""
     import torch
@@ -235,6 +262,7 @@ def _planner_changes(recorder, fake_mode, config):
         "torchtitan.models.common.token_dispatcher:AllToAllTokenDispatcher.dispatch",
         "torchtitan.models.common.token_dispatcher:AllToAllTokenDispatcher._sync_token_count_exchange",
         "npu_inject.patches.context_parallel:exchange_positions",
+        "torch.distributed.fsdp._fully_shard._fsdp_param:_chunk_with_empty",
     ))
 
     def init_distributed(original, trainer, *args, **kwargs):
@@ -265,6 +293,10 @@ def _planner_changes(recorder, fake_mode, config):
         finally:
             recorder.paused -= 1
 
+    def chunk_with_empty(tensor, num_chunks: int, dim: int):
+        return _Chunks(tensor, num_chunks, dim)
+
+    context.replace("_chunk_with_empty", chunk_with_empty)
     context.wrap("Trainer.init_distributed", init_distributed)
     context.replace("BaseModel.init_weights", lambda model, *args, **kwargs: None)
     context.replace("document_ends_from_positions", document_ends)
@@ -452,7 +484,10 @@ def run(argv: list[str], *, world_size: int, rank: int, steps: int = 2, selectio
     import npu_inject.patches.attention  # noqa: F401 (the session changes one of its names)
     from npu_inject.planner.trace import Recorder
 
-    argv = with_flags(argv, [*FORCED_FLAGS, *([] if "--debug.seed" in argv else ["--debug.seed", "0"])])
+    # Recordings run side by side: each writes the runtime's report into a folder of its own, removed after.
+    dump_folder = tempfile.TemporaryDirectory(prefix="npu_inject_plan_")
+    argv = with_flags(argv, [*FORCED_FLAGS, "--dump_folder", dump_folder.name,
+                             *([] if "--debug.seed" in argv else ["--debug.seed", "0"])])
     config = _guard(argv, world_size)
     shape = None
     if units is not None:
@@ -477,6 +512,8 @@ def run(argv: list[str], *, world_size: int, rank: int, steps: int = 2, selectio
         _categorize(trainer, recorder)
     finally:
         context.restore()
+        runtime.current().dump_dir = None
+        dump_folder.cleanup()
     info.update(gradient_accumulation_steps=trainer.gradient_accumulation_steps, groups_recorded=groups,
                 steps_recorded=steps, units=units, shape=shape)
     return RoleResult(rank, world_size, recorder.trace, info)

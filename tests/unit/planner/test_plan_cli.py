@@ -1,0 +1,170 @@
+"""``npu-inject plan``'s inputs: the command line split, the world size, the hardware, bad input in one line.
+
+Nothing here records a step (tests/e2e/test_plan.py does): these are the parts that must answer at once.
+"""
+
+from __future__ import annotations
+
+import json
+import types
+
+import pytest
+
+from npu_inject import hardware
+from npu_inject.commands import cli
+from npu_inject.commands import plan as plan_cmd
+from npu_inject.errors import ConfigError
+from npu_inject.planner import search, session
+
+TORCHTITAN = ["--module", "llama3", "--config", "llama3_8b", "activation-checkpoint:full"]
+
+
+def _plan_parser():
+    return cli.build_parser()._subparsers._group_actions[0].choices["plan"]
+
+
+def test_the_planners_flags_come_first_and_the_rest_is_torchtitans():
+    ours, theirs = plan_cmd.split_argv(_plan_parser(), ["--hardware", "A2", "--ngpu=8", "--search", *TORCHTITAN])
+    assert ours == ["--hardware", "A2", "--ngpu=8", "--search"]
+    assert theirs == TORCHTITAN
+
+
+def test_a_planner_flag_among_torchtitans_is_named_with_where_it_belongs():
+    with pytest.raises(ConfigError, match=r"--json is npu-inject plan's flag: put it before torchtitan's \(which start at --module\)"):
+        plan_cmd.split_argv(_plan_parser(), ["--ngpu", "8", *TORCHTITAN[:4], "--json", "out.json"])
+
+
+@pytest.mark.parametrize("flags, ranks", [(["--ngpu", "16"], 16), (["--nnodes", "4", "--nproc-per-node", "8"], 32)])
+def test_world_size_from_ngpu_or_nodes(flags, ranks):
+    args = _plan_parser().parse_args(flags)
+    assert plan_cmd.world_size(args) == ranks
+
+
+@pytest.mark.parametrize("flags, message", [
+    ([], "how many ranks"),
+    (["--nnodes", "4"], "--nnodes N and --nproc-per-node M go together"),
+    (["--ngpu", "0"], "at least one rank"),
+])
+def test_world_size_errors_say_what_is_valid(flags, message):
+    with pytest.raises(ConfigError, match=message):
+        plan_cmd.world_size(_plan_parser().parse_args(flags))
+
+
+@pytest.mark.parametrize("env, expected", [
+    ({}, False),
+    ({"PYTORCH_NPU_ALLOC_CONF": "expandable_segments:True"}, True),
+    ({"PYTORCH_ALLOC_CONF": "max_split_size_mb:64,expandable_segments:True"}, True),
+    ({"PYTORCH_NPU_ALLOC_CONF": "expandable_segments:False"}, False),
+])
+def test_expandable_segments_follow_the_allocator_configuration(monkeypatch, env, expected):
+    for name in plan_cmd.ALLOC_CONF_ENV:
+        monkeypatch.delenv(name, raising=False)
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    assert plan_cmd.expandable_segments(types.SimpleNamespace(expandable_segments=None)) is expected
+    assert plan_cmd.expandable_segments(types.SimpleNamespace(expandable_segments=True)) is True
+
+
+def test_unknown_hardware_lists_the_known_names_and_exits_2(capsys):
+    assert cli.main(["plan", "--hardware", "Ascend9000", "--ngpu", "8", *TORCHTITAN]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1, err
+    assert "unknown hardware 'Ascend9000'" in err and "A2" in err and "Ascend910B2" in err and "H100" in err
+
+
+def test_without_hardware_and_without_an_npu_the_error_lists_the_names(capsys, monkeypatch):
+    monkeypatch.setattr(plan_cmd, "visible_device", lambda: None)
+    assert cli.main(["plan", "--ngpu", "8", *TORCHTITAN]) == 2
+    assert "no NPU visible here: give --hardware NAME (known: " in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("name, profile", [
+    ("A2", "Ascend910B2"), ("A3", "Ascend910_9382"), ("950", "Ascend950DT"), ("H100", "H100-SXM"),
+    ("Ascend910B2C", "Ascend910B2"), ("Ascend910_9391", "Ascend910_9392"), ("Ascend910B4-1", "Ascend910B4"),
+])
+def test_hardware_by_soc_name_variant_or_alias(name, profile):
+    assert hardware.load().find(name).name == profile
+
+
+def test_every_hardware_number_has_a_source():
+    catalog = hardware.load()
+    for profile in catalog.profiles.values():
+        for key in (*hardware.NUMBERS, *(f"peak_tflops.{d}" for d in profile.peak_tflops),
+                    *(f"{link}.{part}" for link in hardware.LINKS for part in ("bandwidth_gbps", "latency_us"))):
+            assert profile.sources.get(key), f"{profile.name}: {key} has no source"
+
+
+def test_a_user_hardware_file_adds_a_profile(tmp_path):
+    raw = json.load(open(hardware.PACKAGED))
+    mine = dict(raw["profiles"]["Ascend910B2"], description="our 910B2 cluster, 100GE per NPU")
+    mine["scale_out"] = {"bandwidth_gbps": {"value": 12.5, "source": "our switch"},
+                         "latency_us": {"value": 40, "source": "measured"}}
+    path = tmp_path / "ours.json"
+    path.write_text(json.dumps({"profiles": {"OurA2": mine}}))
+    profile = hardware.load(str(path)).find("OurA2")
+    assert profile.scale_out.bandwidth_gbps == 12.5 and profile.peak("bfloat16") == pytest.approx(353.89e12)
+
+
+def test_a_hardware_number_without_a_source_is_refused(tmp_path):
+    raw = json.load(open(hardware.PACKAGED))
+    mine = dict(raw["profiles"]["Ascend910B2"], memory_gib=64)
+    path = tmp_path / "bad.json"
+    path.write_text(json.dumps({"profiles": {"Bad": mine}}))
+    with pytest.raises(ConfigError, match=r"hardware profile 'Bad'.memory_gib must be \{\"value\": <number>, \"source\""):
+        hardware.load(str(path))
+
+
+@pytest.mark.parametrize("degrees, world, message", [
+    (dict(tp=3), 8, r"the layout's degrees \(dp_replicate 1 x cp 1 x tp 3 x pp 1 = 3\) do not divide the 8 ranks"),
+    (dict(dp_shard=2, tp=2), 8, r"dp_shard 2 = 4\) are not the 8 ranks planned"),
+    (dict(ep=3), 8, r"--parallelism.expert_parallel_degree 3 does not divide dp_shard 8"),
+])
+def test_a_layout_torchtitan_would_refuse_is_one_line(degrees, world, message):
+    parallelism = types.SimpleNamespace(
+        data_parallel_replicate_degree=1, data_parallel_shard_degree=degrees.get("dp_shard", -1),
+        context_parallel_degree=1, tensor_parallel_degree=degrees.get("tp", 1), pipeline_parallel_degree=1,
+        expert_parallel_degree=degrees.get("ep", 1))
+    problem = session.layout_problem(parallelism, world)
+    assert problem is not None and "\n" not in problem
+    assert __import__("re").search(message, problem), problem
+
+
+FACTS = {"layers": 32, "heads": 32, "kv_heads": 8, "experts": None, "seq_len": 8192, "global_batch_size": 8,
+         "microbatch_size": 1}
+
+
+def test_the_search_space_for_a_dense_model_on_one_node():
+    layouts = search.layouts(FACTS, 8, scale_up=8)
+    assert all(l.dp_replicate * l.dp_shard * l.cp * l.tp * l.pp == 8 for l in layouts)
+    assert {l.tp for l in layouts} == {1, 2, 4, 8} and {l.cp for l in layouts} == {1, 2}
+    assert {l.ep for l in layouts} == {1} and {l.dp_replicate for l in layouts} == {1}
+    assert len(set(layouts)) == len(layouts)
+
+
+def test_the_search_space_respects_heads_experts_and_scale_up():
+    facts = dict(FACTS, heads=128, kv_heads=128, experts=256, seq_len=4096, layers=61)
+    layouts = search.layouts(facts, 1024, scale_up=16)
+    assert max(l.tp for l in layouts) == 8 and {l.cp for l in layouts} == {1}
+    assert all(256 % l.ep == 0 and (l.dp_shard * l.cp * l.tp) % l.ep == 0 for l in layouts)
+    assert {l.dp_replicate for l in layouts} >= {1, 64}  # HSDP across whole scale-up domains only
+    assert all((1024 // l.dp_replicate) % 16 == 0 for l in layouts)
+
+
+def test_local_batches_hold_the_global_batch():
+    layout = search.Layout(1, 4, 1, 2, 1, 1)
+    assert search.local_batches(layout, 8, 1) == [2, 1]
+    assert search.local_batches(search.Layout(1, 3, 1, 1, 1, 1), 8, 1) == []
+    pipelined = search.Layout(1, 2, 1, 1, 4, 1)
+    assert search.local_batches(pipelined, 16, 1) == [8, 4]  # at least as many microbatches as stages
+
+
+def test_a_candidate_replaces_the_commands_layout_and_checkpointing():
+    argv = ["--module", "llama3", "--parallelism.tensor_parallel_degree", "4", "--training.local_batch_size=2",
+            "--config", "llama3_8b", "activation-checkpoint:full", "--activation-checkpoint.early-stop"]
+    candidate = search.Candidate(search.Layout(1, 4, 1, 2, 1, 1), 1, "none", 8)
+    out = candidate.argv(argv)
+    assert out[-1] == "activation-checkpoint:none"
+    assert out.count("--parallelism.tensor_parallel_degree") == 1
+    assert out[out.index("--parallelism.tensor_parallel_degree") + 1] == "2"
+    assert "--training.local_batch_size=2" not in out and out[out.index("--training.local_batch_size") + 1] == "1"
+    assert out[:2] == ["--module", "llama3"] and "--config" in out
