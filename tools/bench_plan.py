@@ -1,0 +1,379 @@
+"""How good are npu-inject plan's predictions? Figures, predicted beside measured or published.
+
+    python tools/bench_plan.py memory [--only NAME,...] [--expandable off|on|both]
+    python tools/bench_plan.py published [--calibrate]
+    python tools/bench_plan.py depth
+    python tools/bench_plan.py search [--which llama3_8b,deepseek_v3_671b]
+
+``memory``: each configuration of :data:`MEMORY_CONFIGS` (debug models; FSDP, HSDP, TP, PP, CP, EP,
+activation checkpointing none/selective/full; llama3, qwen3, deepseek_v3) runs 3 steps of the
+unmodified torchtitan command through the real torch_npu 2.14.0 wheel on the CANN emulation, whose
+caching allocator reports each step's peaks (the memory_probe plugin reads ``torch.npu.memory_stats()``
+where torchtitan resets them); the planner plans the same command. Printed per configuration and
+rank: predicted and measured peak allocated and reserved bytes (the larger of steps 1 and 2) and the
+relative error. Needs ``.venv-cann`` (``bash verification/cann_emu/setup.sh``).
+
+``published``: every published training row of :data:`PUBLISHED` with a full configuration, planned on
+its hardware profile; predicted tokens/s per device (and memory where the row states it) beside the
+published figure. ``--calibrate`` fits each calibration row's family's matrix efficiency (the fraction
+of the cube / tensor-core peak that matmuls and fused attention reach; attention keeps its ratio to
+it) so that its prediction equals the published figure, and prints the fitted value for
+``npu_inject/hardware.json``.
+
+``depth``: shallow plans (1 and 2 repeats of the layer block, extrapolated) against full-depth plans.
+
+``search``: ``npu-inject plan --search`` for llama3_8b on 8 Atlas A2 and deepseek_v3_671b on 1024
+Atlas A3 dies: its wall time and the largest resident memory of the planner's processes together.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from dataclasses import dataclass, field
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, REPO)
+
+GIB = 2**30
+EMULATION_PROFILE = "Ascend910B2"  # what the CANN emulation presents (verification/cann_emu DEFAULTS)
+SEQ = ["--training.seq_len", "256"]
+LLAMA = ["--module", "llama3", "--config", "llama3_debugmodel", *SEQ]
+# name -> (ranks, torchtitan flags, the ranks to compare)
+MEMORY_CONFIGS: dict[str, tuple[int, list[str], tuple[int, ...]]] = {
+    "llama3 FSDP2 AC selective": (2, LLAMA, (0,)),
+    "llama3 FSDP2 AC none": (2, [*LLAMA, "activation-checkpoint:none"], (0,)),
+    "llama3 FSDP2 AC full": (2, [*LLAMA, "activation-checkpoint:full"], (0,)),
+    "llama3 TP2": (2, [*LLAMA, "--parallelism.tensor_parallel_degree", "2"], (0,)),
+    "llama3 HSDP 2x2": (4, [*LLAMA, "--parallelism.data_parallel_replicate_degree", "2"], (0,)),
+    "llama3 CP2": (2, [*LLAMA, "--parallelism.context_parallel_degree", "2"], (0,)),
+    "llama3 PP2": (2, [*LLAMA, "--parallelism.pipeline_parallel_degree", "2"], (0, 1)),
+    "qwen3 TP2": (2, ["--module", "qwen3", "--config", "qwen3_debugmodel", *SEQ,
+                      "--parallelism.tensor_parallel_degree", "2"], (0,)),
+    "deepseek_v3 EP2": (2, ["--module", "deepseek_v3", "--config", "deepseek_v3_debugmodel", *SEQ,
+                            "--parallelism.expert_parallel_degree", "2"], (0,)),
+}
+
+
+@dataclass
+class PublishedRow:
+    name: str
+    source: str
+    hardware: str
+    world_size: int
+    argv: list[str]
+    tokens_per_s: float  # per device
+    memory_gib: float | None = None  # the row's peak memory per device (torchtitan's memory line: reserved)
+    calibrates: bool = False  # one of the (at most two) rows the efficiencies are fitted to
+    not_planned: str = ""  # why the planner cannot plan this row as published
+    notes: list[str] = field(default_factory=list)
+
+
+TT_BENCH = "torchtitan benchmarks/llama3_h100_202412_torchtitan.md (Dec 2024; H100 96 GB HBM2e, 500 W, 8 per host)"
+TTN_README = "torchtitan-npu README, performance table (2026.04), config deepseek_v3_671b_61layers_4k_128die.toml"
+MINDSPEED = "MindSpeed-LLM v1.0.RC2.0 examples/llama3/README.md (Atlas 900 A2 PoDc)"
+LLAMA8B_TT = ["--module", "llama3", "--config", "llama3_8b", "--training.seq_len", "8192"]
+PUBLISHED = [
+    PublishedRow(
+        "DeepSeek-V3 671B, 64 Atlas 800T A3 chips = 128 dies, FSDP 32 x TP 4, EP 128, full AC", TTN_README,
+        "Ascend910_9382", 128,
+        ["--module", "deepseek_v3", "--config", "deepseek_v3_671b", "--training.seq_len", "4096",
+         "--training.local_batch_size", "1", "--training.global_batch_size", "1024",
+         "--parallelism.data_parallel_shard_degree", "32", "--parallelism.tensor_parallel_degree", "4",
+         "--parallelism.expert_parallel_degree", "128", "--parallelism.pipeline_parallel_degree", "1",
+         "--compile.no-enable", "activation-checkpoint:full"],
+        546, calibrates=True,
+        notes=["read as per die (torchtitan-npu logs tps per rank); per chip it would be 273 per die",
+               "its swap optimizer keeps AdamW's states on the host: planned on the device here"]),
+    PublishedRow(
+        "DeepSeek-V3 671B, the same with torch.compile", TTN_README, "Ascend910_9382", 128,
+        ["--module", "deepseek_v3", "--config", "deepseek_v3_671b", "--training.seq_len", "4096",
+         "--training.local_batch_size", "1", "--training.global_batch_size", "1024",
+         "--parallelism.data_parallel_shard_degree", "32", "--parallelism.tensor_parallel_degree", "4",
+         "--parallelism.expert_parallel_degree", "128", "--parallelism.pipeline_parallel_degree", "1",
+         "activation-checkpoint:full"],
+        576, notes=["compile is planned as eager"]),
+    PublishedRow(
+        "Llama 3 8B, 8 H100, FSDP 8, local batch 2, selective AC", TT_BENCH, "H100-96GB", 8,
+        [*LLAMA8B_TT, "--training.local_batch_size", "2", "--compile.no-enable", "activation-checkpoint:selective"],
+        5762, memory_gib=82.4, calibrates=True),
+    PublishedRow(
+        "Llama 3 8B, 8 H100, the same with torch.compile", TT_BENCH, "H100-96GB", 8,
+        [*LLAMA8B_TT, "--training.local_batch_size", "2", "activation-checkpoint:selective"],
+        6667, memory_gib=77.0, notes=["compile is planned as eager"]),
+    PublishedRow(
+        "Llama 3 8B, 128 H100, FSDP 128, local batch 2, selective AC", TT_BENCH, "H100-96GB", 128,
+        [*LLAMA8B_TT, "--training.local_batch_size", "2", "--compile.no-enable", "activation-checkpoint:selective"],
+        5605, memory_gib=67.0),
+    PublishedRow(
+        "Llama 3 8B, 128 H100, the same with torch.compile", TT_BENCH, "H100-96GB", 128,
+        [*LLAMA8B_TT, "--training.local_batch_size", "2", "activation-checkpoint:selective"],
+        6514, memory_gib=62.0, notes=["compile is planned as eager"]),
+    PublishedRow(
+        "Llama 3 8B, 8 Atlas A2 (MindSpeed-LLM), TP 8, seq 8192, micro batch 2, global 64", MINDSPEED, "Ascend910B2", 8,
+        [*LLAMA8B_TT, "--parallelism.tensor_parallel_degree", "8", "--training.local_batch_size", "2",
+         "--training.global_batch_size", "64", "activation-checkpoint:none"],
+        2483, notes=["Megatron-based, not torchtitan: a different program on the same hardware",
+                     "the 910B SKU is not stated: planned on 910B2"]),
+    PublishedRow("Llama 3 8B, 8 H100, Float8, compile (torchtitan)", TT_BENCH, "H100-96GB", 8, [], 8532, 76.8,
+                 not_planned="Float8 training: the planner times matmuls at the BF16 peak"),
+    PublishedRow("Llama 3 70B, 256 H100, FSDP 32 x TP 8, Float8, compile", TT_BENCH, "H100-96GB", 256, [], 829, 71.9,
+                 not_planned="Float8 training: the planner times matmuls at the BF16 peak"),
+    PublishedRow("Llama 3 405B, 512 H100, FSDP 8 x TP 8 x PP 8, Float8, async TP", TT_BENCH, "H100-96GB", 512, [], 128,
+                 72.7, not_planned="Float8 and async TP"),
+    PublishedRow("Llama 3 8B, 8 H100, long context (32k-256k), Float8", TT_BENCH, "H100-96GB", 8, [], 3890, 83.9,
+                 not_planned="Float8 training"),
+    PublishedRow("DeepSeek-V3.2 / V4-Flash on 64 A3 chips (torchtitan-npu)", TTN_README, "Ascend910_9382", 128, [],
+                 1056, not_planned="models torchtitan 0.3.0 does not have"),
+    PublishedRow("Llama 3 70B, A2 (MindSpeed-LLM)", MINDSPEED, "Ascend910B2", 64, [], 283,
+                 not_planned="its layout is not stated beside the figure"),
+    PublishedRow("Megatron/NeMo DGX-H100 rows (Llama 3 8B-405B, DeepSeek-V3)", "NVIDIA Megatron-Bridge performance summary",
+                 "H100-SXM", 8, [], 0, not_planned="FP8 training"),
+]
+
+
+# -- helpers ---------------------------------------------------------------------
+
+def _pool(argv):
+    from npu_inject.planner import job, workers
+
+    return workers.executor(selection=os.environ.get("TORCHTITAN_NPU_PATCHES", ""), modules=job.model_packages(argv))
+
+
+def predict_memory(ranks: int, argv: list[str], expandable: bool, pool=None) -> dict[int, tuple[int, int]]:
+    """pipeline rank -> (peak allocated, peak reserved) the planner predicts for the emulation's device."""
+    from npu_inject import hardware
+    from npu_inject.planner import job
+
+    catalog = hardware.load()
+    profile = catalog.find(EMULATION_PROFILE)
+    plan = job.plan_job(argv, profile=profile, efficiency=catalog.efficiency[profile.family], world_size=ranks,
+                        expandable=expandable, pool=pool or _pool(argv))
+    per_stage = ranks // plan.parallel["pp"]
+    return {role.role * per_stage: (role.peak_allocated, role.peak_reserved) for role in plan.roles}
+
+
+def measure_memory(ranks: int, argv: list[str], expandable: bool, folder: str) -> dict[int, tuple[int, int]]:
+    """rank -> (peak allocated, peak reserved) torch_npu's allocator reported on the emulation, the larger
+    of steps 1 and 2, as the planner's."""
+    from verification.cann_emu import cann_env
+
+    flags = [arg for arg in argv if not arg.startswith("activation-checkpoint:")]
+    subcommand = [arg for arg in argv if arg.startswith("activation-checkpoint:")]
+    env = cann_env({k: v for k, v in os.environ.items() if not k.startswith(("CANN_EMU_", "TORCHTITAN_NPU"))})
+    env.update(TORCHTITAN_NPU="1", HF_HUB_OFFLINE="1", OMP_NUM_THREADS="1",
+               TORCHTITAN_NPU_REGISTRY=os.path.join(REPO, "tests/support/plugins/memory_probe_registry.json"),
+               PYTHONPATH=os.pathsep.join([os.path.join(REPO, "tests/support/plugins"), env.get("PYTHONPATH", "")]),
+               NPU_INJECT_MEMORY_PROBE=folder)
+    if expandable:
+        env["PYTORCH_NPU_ALLOC_CONF"] = "expandable_segments:True"
+    command = [os.path.join(REPO, ".venv-cann/bin/python"), "-m", "torch.distributed.run", "--standalone",
+               "--nproc_per_node", str(ranks), "-m", "torchtitan.train", *flags, "--training.steps", "3",
+               "--checkpoint.no-enable", "--validator.no-enable", "--metrics.log_freq", "1", "--debug.seed", "0",
+               "--dump_folder", os.path.join(folder, "dump"), *subcommand]
+    run = subprocess.run(command, env=env, cwd=REPO, text=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                         timeout=1800)
+    if run.returncode:
+        raise RuntimeError(f"the emulation's run failed ({run.returncode}):\n{run.stdout[-3000:]}")
+    measured = {}
+    for rank in range(ranks):
+        with open(os.path.join(folder, f"memory_rank{rank}.json"), encoding="utf-8") as handle:
+            readings = json.load(handle)  # [at start, after step 1, after step 2, ...]
+        measured[rank] = (max(r["peak_allocated"] for r in readings[1:3]), max(r["peak_reserved"] for r in readings[1:3]))
+    return measured
+
+
+def _error(predicted: float, measured: float) -> str:
+    return f"{(predicted - measured) / measured:+.1%}" if measured else "n/a"
+
+
+# -- commands --------------------------------------------------------------------
+
+def cmd_memory(args) -> int:
+    names = [n.strip() for n in args.only.split(",")] if args.only else list(MEMORY_CONFIGS)
+    modes = {"off": (False,), "on": (True,), "both": (False, True)}[args.expandable]
+    print(f"{'configuration':28} {'rank':>4} {'segments':>10}  {'allocated: predicted':>21} {'measured':>9} {'error':>7}"
+          f"  {'reserved: predicted':>20} {'measured':>9} {'error':>7}")
+    worst = 0.0
+    for name in names:
+        ranks, argv, compared = MEMORY_CONFIGS[name]
+        for expandable in modes:
+            with tempfile.TemporaryDirectory(prefix="bench_plan_") as folder:
+                measured = measure_memory(ranks, argv, expandable, folder)
+            predicted = predict_memory(ranks, argv, expandable)
+            for rank in compared:
+                (pa, pr), (ma, mr) = predicted[rank], measured[rank]
+                worst = max(worst, abs(pa - ma) / ma, abs(pr - mr) / mr)
+                print(f"{name:28} {rank:>4} {'expandable' if expandable else 'default':>10}  {pa / 2**20:18.1f} MiB"
+                      f" {ma / 2**20:9.1f} {_error(pa, ma):>7}  {pr / 2**20:17.1f} MiB {mr / 2**20:9.1f} {_error(pr, mr):>7}",
+                      flush=True)
+    print(f"largest error: {worst:.1%}")
+    return 0
+
+
+def _calibrate(recording, profile, efficiency, target: float) -> tuple[float, object]:
+    """The matrix efficiency (attention scaled with it) at which the recording predicts ``target`` tokens/s."""
+    from npu_inject.planner import job
+
+    ratio = efficiency["attention"] / efficiency["cube"]
+
+    def predicted(cube: float):
+        plan = job.evaluate(recording, profile=profile, efficiency={**efficiency, "cube": cube, "attention": cube * ratio})
+        return plan.tokens_per_s_per_npu, plan
+
+    low, high = 0.05, 1.0
+    if predicted(high)[0] < target:
+        return float("inf"), predicted(high)[1]  # even the whole peak is too slow: the model misses something
+    for _ in range(30):
+        middle = (low + high) / 2
+        low, high = (middle, high) if predicted(middle)[0] < target else (low, middle)
+    return high, predicted(high)[1]
+
+
+def cmd_published(args) -> int:
+    from npu_inject import hardware
+    from npu_inject.planner import job
+
+    catalog = hardware.load()
+    print(f"{'row':78} {'published':>9} {'predicted':>9} {'error':>7}  {'memory GiB: published':>21} {'predicted':>9}")
+    for row in PUBLISHED:
+        if row.not_planned:
+            shown = f"{row.tokens_per_s:9,.0f}" if row.tokens_per_s else f"{'-':>9}"
+            print(f"{row.name[:78]:78} {shown} {'-':>9} {'':>7}  not planned: {row.not_planned}")
+            continue
+        profile = catalog.find(row.hardware)
+        efficiency = catalog.efficiency[profile.family]
+        pool = _pool(row.argv)
+        try:
+            recording = job.record(row.argv, world_size=row.world_size, pool=pool)
+        finally:
+            pool.shutdown()
+        plan = job.evaluate(recording, profile=profile, efficiency=efficiency)
+        memory = f"{row.memory_gib:21.1f} {plan.worst.peak_reserved / GIB:9.1f}" if row.memory_gib else f"{'-':>21} {plan.worst.peak_reserved / GIB:9.1f}"
+        tag = " (calibration)" if row.calibrates else ""
+        print(f"{(row.name + tag)[:78]:78} {row.tokens_per_s:9,.0f} {plan.tokens_per_s_per_npu:9,.0f} "
+              f"{_error(plan.tokens_per_s_per_npu, row.tokens_per_s):>7}  {memory}", flush=True)
+        if args.calibrate and row.calibrates:
+            fitted, fitted_plan = _calibrate(recording, profile, efficiency, row.tokens_per_s)
+            print(f"    fitted {profile.family} matrix efficiency: {fitted:.3f} (now {efficiency['cube']:.3f}); "
+                  f"then step {fitted_plan.step_s:.2f} s = compute {fitted_plan.timing.compute_s:.2f} + exposed "
+                  f"{fitted_plan.timing.exposed_comm_s:.2f}")
+        for note in row.notes:
+            print(f"    note: {note}")
+    return 0
+
+
+DEPTH_CASES = {
+    "llama3_8b FSDP 8 (A2)": ("A2", 8, LLAMA8B_TT),
+    "llama3_8b PP 4 (A2)": ("A2", 8, [*LLAMA8B_TT, "--parallelism.pipeline_parallel_degree", "4",
+                                      "--training.local_batch_size", "8"]),
+    "deepseek_v3_671b FSDP 32 x TP 4 x EP 128 (A3)": ("A3", 128, PUBLISHED[0].argv),
+}
+
+
+def cmd_depth(args) -> int:
+    from npu_inject import hardware
+    from npu_inject.planner import job
+
+    catalog = hardware.load()
+    print(f"{'case':48} {'':>8} {'planned in s':>12} {'step s':>8} {'allocated GiB':>13} {'reserved GiB':>12}")
+    for name, (hardware_name, ranks, argv) in DEPTH_CASES.items():
+        profile = catalog.find(hardware_name)
+        pool = _pool(argv)
+        try:
+            plans = {depth: job.plan_job(argv, profile=profile, efficiency=catalog.efficiency[profile.family],
+                                         world_size=ranks, units=units, pool=pool)
+                     for depth, units in (("full", None), ("shallow", 1))}
+        finally:
+            pool.shutdown()
+        full = plans["full"]
+        for depth, plan in plans.items():
+            worst = max(plan.roles, key=lambda r: r.peak_reserved)
+            full_worst = max(full.roles, key=lambda r: r.peak_reserved)
+            errors = "" if depth == "full" else (
+                f"  errors: step {_error(plan.step_s, full.step_s)}, allocated "
+                f"{_error(worst.peak_allocated, full_worst.peak_allocated)}, reserved {_error(worst.peak_reserved, full_worst.peak_reserved)}")
+            print(f"{name:48} {depth:>8} {plan.seconds:12.1f} {plan.step_s:8.3f} {worst.peak_allocated / GIB:13.2f} "
+                  f"{worst.peak_reserved / GIB:12.2f}{errors}", flush=True)
+    return 0
+
+
+SEARCHES = {
+    "llama3_8b": ["--hardware", "A2", "--ngpu", "8", "--search", "--module", "llama3", "--config", "llama3_8b"],
+    "deepseek_v3_671b": ["--hardware", "A3", "--ngpu", "1024", "--search", "--module", "deepseek_v3",
+                         "--config", "deepseek_v3_671b"],
+}
+
+
+def _tree_rss(root: int) -> int:
+    """Resident bytes of a process and all its descendants, from /proc."""
+    children: dict[int, list[int]] = {}
+    rss: dict[int, int] = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as handle:
+                fields = handle.read().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        children.setdefault(int(fields[1]), []).append(int(entry))
+        rss[int(entry)] = int(fields[21]) * os.sysconf("SC_PAGE_SIZE")
+    total, stack = 0, [root]
+    while stack:
+        pid = stack.pop()
+        total += rss.get(pid, 0)
+        stack.extend(children.get(pid, ()))
+    return total
+
+
+def cmd_search(args) -> int:
+    for name in args.which.split(","):
+        command = [sys.executable, "-m", "npu_inject", "plan", *SEARCHES[name][:4], "--search",
+                   "--json", os.path.join(tempfile.gettempdir(), f"bench_plan_search_{name}.json"), *SEARCHES[name][5:]]
+        started = time.monotonic()
+        process = subprocess.Popen(command, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+        peak = 0
+
+        def sample():
+            nonlocal peak
+            while process.poll() is None:
+                peak = max(peak, _tree_rss(process.pid))
+                time.sleep(0.5)
+
+        sampler = threading.Thread(target=sample, daemon=True)
+        sampler.start()
+        out, _ = process.communicate()
+        sampler.join()
+        print(out.rstrip())
+        print(f"== {name}: exit {process.returncode}, {time.monotonic() - started:.0f} s, "
+              f"largest resident memory of the planner's processes together {peak / GIB:.2f} GiB", flush=True)
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    commands = parser.add_subparsers(dest="command", required=True)
+    memory = commands.add_parser("memory")
+    memory.add_argument("--only", help="comma-separated configuration names")
+    memory.add_argument("--expandable", choices=("off", "on", "both"), default="both")
+    memory.set_defaults(run=cmd_memory)
+    published = commands.add_parser("published")
+    published.add_argument("--calibrate", action="store_true")
+    published.set_defaults(run=cmd_published)
+    commands.add_parser("depth").set_defaults(run=cmd_depth)
+    search = commands.add_parser("search")
+    search.add_argument("--which", default=",".join(SEARCHES))
+    search.set_defaults(run=cmd_search)
+    args = parser.parse_args(argv)
+    return args.run(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
