@@ -5,8 +5,9 @@ An operator's time is a roofline with the fraction of the peak its class reaches
 profile's family efficiencies): matrix operators (matmul, grouped matmul, the fused attention) by
 their FLOPs against the dtype's cube peak, everything else by the bytes it reads and writes against
 the memory bandwidth; each launch costs at least ``kernel_us`` on the device and ``host_us`` on the host.
-A collective's time follows the ring algorithms HCCL and NCCL use, over the link its group spans
-(within a node, or across nodes through each device's NIC), plus a latency per step.
+A collective's time is its bytes over the link its group spans (within a scale-up domain, or across
+domains through each device's NIC) plus a latency per algorithm step: HCCL's Mesh algorithms (one
+step) within the domain, Ring and PairWise (n - 1 steps) across it; NCCL's rings are planned alike.
 
 The play-out is a dataflow simulation: an operator starts when the host has issued it, its stream is
 free and its inputs are written; a collective runs on its group's link and delays only what reads its
@@ -93,12 +94,14 @@ def collective_seconds(op, profile, eff, layout: Layout) -> float:
         return size / bandwidth + latency
     if n == 1:
         return 0.0
-    if op.collective in ("all_gather", "reduce_scatter"):
-        return (n - 1) / n * size / bandwidth + (n - 1) * latency
+    # Latency steps: within a scale-up domain HCCL's Mesh algorithms send to every peer at once (one
+    # step); across it the Ring and PairWise ones take n - 1 (CANN hccl docs/Mesh.md, Ring.md). The
+    # bandwidth term is the same: (n - 1)/n of the data through the device's links.
+    steps = 1 if not spans else n - 1
+    if op.collective in ("all_gather", "reduce_scatter", "all_to_all"):
+        return (n - 1) / n * size / bandwidth + steps * latency
     if op.collective == "all_reduce":
-        return 2 * (n - 1) / n * size / bandwidth + 2 * (n - 1) * latency
-    if op.collective == "all_to_all":
-        return (n - 1) / n * size / bandwidth + (n - 1) * latency
+        return 2 * (n - 1) / n * size / bandwidth + 2 * steps * latency
     if op.collective == "broadcast":
         return size / bandwidth + math.ceil(math.log2(n)) * latency
     return math.ceil(math.log2(n)) * latency  # barrier
