@@ -25,6 +25,8 @@ CPU = "cpu"
 NUMBERS = ("vector_tflops", "memory_gib", "memory_bandwidth_gbps", "scale_up_devices", "allocator_pad_bytes",
            "comm_buffer_mib", "runtime_reserved_gib")
 LINKS = ("scale_up", "scale_out")
+# The cost model's numbers per family (npu_inject.planner.costmodel): fractions of the peaks, overheads in us.
+EFFICIENCY_KEYS = ("cube", "attention", "memory", "comm", "kernel_us", "host_us", "host_view_us")
 
 
 @dataclass(frozen=True)
@@ -149,11 +151,26 @@ def load(user_file: str | None = None) -> Catalog:
     for alias, target in raw.get("aliases", {}).items():
         if target not in profiles:
             raise ConfigError(f"hardware alias {alias!r} names {target!r}, which is not a profile")
-    efficiency = {family: values for family, values in raw.get("efficiency", {}).items() if family != "about"}
+    efficiency = {family: _efficiency(family, values) for family, values in raw.get("efficiency", {}).items()
+                  if family != "about"}
     for family in {profile.family for profile in profiles.values()} | {CPU}:
         if family not in efficiency:
             raise ConfigError(f"hardware family {family!r} has no 'efficiency' entry (the cost model's fractions)")
-    return Catalog(profiles, dict(raw.get("aliases", {})), {k: dict(v) for k, v in efficiency.items()})
+    return Catalog(profiles, dict(raw.get("aliases", {})), efficiency)
+
+
+def _efficiency(family: str, values: Any) -> dict[str, float]:
+    """A family's efficiencies: numbers by name, their ``sources`` (name -> text) left to the file's readers."""
+    if not isinstance(values, dict):
+        raise ConfigError(f"efficiency {family!r}: an object of fractions and overheads by name")
+    numbers = {name: value for name, value in values.items() if name != "sources"}
+    missing = [name for name in EFFICIENCY_KEYS if name not in numbers]
+    wrong = [name for name, value in numbers.items() if isinstance(value, bool) or not isinstance(value, (int, float))]
+    if missing or wrong:
+        raise ConfigError(f"efficiency {family!r}: " + "; ".join(
+            ([f"missing {', '.join(missing)}"] if missing else []) + ([f"not a number: {', '.join(wrong)}"] if wrong else []))
+            + f" (it needs numbers for {', '.join(EFFICIENCY_KEYS)})")
+    return {name: float(value) for name, value in numbers.items()}
 
 
 _HOST: Profile | None = None

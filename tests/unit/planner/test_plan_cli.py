@@ -105,6 +105,20 @@ def test_a_user_hardware_file_adds_a_profile(tmp_path):
     assert profile.scale_out.bandwidth_gbps == 12.5 and profile.peak("bfloat16") == pytest.approx(353.89e12)
 
 
+def test_a_family_without_every_efficiency_is_refused_naming_what_is_missing(tmp_path):
+    path = tmp_path / "family.json"
+    path.write_text(json.dumps({"profiles": {}, "efficiency": {"mine": {"cube": 0.5, "memory": "fast"}}}))
+    with pytest.raises(ConfigError, match=r"efficiency 'mine': missing attention, comm.*not a number: memory"):
+        hardware.load(str(path))
+
+
+def test_every_packaged_efficiency_says_where_it_comes_from():
+    raw = json.load(open(hardware.PACKAGED))
+    for family, values in raw["efficiency"].items():
+        if family != "about":
+            assert set(values["sources"]) == set(hardware.EFFICIENCY_KEYS), family
+
+
 def test_a_hardware_number_without_a_source_is_refused(tmp_path):
     raw = json.load(open(hardware.PACKAGED))
     mine = dict(raw["profiles"]["Ascend910B2"], memory_gib=64)
