@@ -1,0 +1,71 @@
+"""``npu-inject plan`` end to end: the command a user runs, on torchtitan's debug models.
+
+What it checks: the table, the JSON a scheduler reads and the PNG are written for a plan that fits; the
+search lists layouts with the flags that select them, fastest first; bad input is one line and exit 2.
+The predictions' accuracy is checked elsewhere: against torch_npu's allocator on the CANN emulation
+(tests/cann_emu/test_planner_memory.py) and against published figures (tools/bench_plan.py).
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from testkit import REPO, clean_env
+
+pytestmark = pytest.mark.e2e
+
+DEBUG = ["--module", "llama3", "--config", "llama3_debugmodel", "--training.seq_len", "256"]
+PLAN_KEYS = {"fits", "peak_bytes_per_rank", "step_s", "tokens_per_s_per_npu", "mfu", "breakdown"}
+
+
+def _plan(*args: str, timeout: int = 600) -> subprocess.CompletedProcess:
+    env = clean_env()
+    env.pop("TORCHTITAN_NPU", None)
+    return subprocess.run([sys.executable, "-m", "npu_inject", "plan", *args], cwd=REPO, env=env,
+                          capture_output=True, text=True, timeout=timeout)
+
+
+def test_a_plan_that_fits_prints_the_table_and_writes_json_and_plot(tmp_path):
+    json_path, png_path = tmp_path / "plan.json", tmp_path / "plan.png"
+    run = _plan("--hardware", "A2", "--ngpu", "2", "--json", str(json_path), "--plot", str(png_path),
+                *DEBUG, "--parallelism.pipeline_parallel_degree", "2", "--training.local_batch_size", "4")
+    assert run.returncode == 0, run.stdout + run.stderr
+    assert "FITS" in run.stdout and "tokens/s per NPU" in run.stdout, run.stdout
+    plan = json.loads(json_path.read_text())
+    assert PLAN_KEYS <= plan.keys()
+    assert plan["fits"] is True and plan["parallel"]["pp"] == 2
+    assert set(plan["peak_bytes_per_rank"]) == {"0", "1"}  # one role per pipeline rank
+    assert all(0 < peak < plan["capacity_bytes"] for peak in plan["peak_bytes_per_rank"].values())
+    assert plan["step_s"] > 0 and plan["tokens_per_s_per_npu"] > 0 and 0 < plan["mfu"] < 1
+    assert {"compute_s", "exposed_comm_s", "bubble_s", "optimizer_s"} <= plan["breakdown"].keys()
+    assert plan["breakdown"]["bubble_s"] > 0  # two stages: the schedule's bubble is there
+    assert png_path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_search_lists_fitting_layouts_fastest_first_with_their_flags(tmp_path):
+    json_path = tmp_path / "search.json"
+    run = _plan("--hardware", "A2", "--ngpu", "2", "--search", "--json", str(json_path), *DEBUG)
+    assert run.returncode == 0, run.stdout + run.stderr
+    result = json.loads(json_path.read_text())
+    fitting = [layout for layout in result["layouts"] if layout["fits"]]
+    assert len(fitting) >= 3 and result["best"] is not None
+    speeds = [layout["tokens_per_s_per_npu"] for layout in fitting]
+    assert speeds == sorted(speeds, reverse=True)
+    for layout in fitting:
+        assert PLAN_KEYS <= layout.keys()
+        assert "--parallelism.data_parallel_shard_degree" in layout["flags"]
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--hardware", "B200", "--ngpu", "2", *DEBUG], "unknown hardware 'B200'"),
+    (["--hardware", "A2", "--ngpu", "3", *DEBUG, "--parallelism.tensor_parallel_degree", "2"], "3"),
+])
+def test_bad_input_is_one_line_and_exit_2(args, message):
+    run = _plan(*args)
+    assert run.returncode == 2, run.stdout + run.stderr
+    lines = [line for line in run.stderr.strip().splitlines() if not line.startswith("planning on")]
+    assert len(lines) == 1 and message in lines[0], run.stderr
