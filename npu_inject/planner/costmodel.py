@@ -7,7 +7,9 @@ their FLOPs against the dtype's cube peak, everything else by the bytes it reads
 the memory bandwidth; each launch costs at least ``kernel_us`` on the device and ``host_us`` on the host.
 A collective's time is its bytes over the link its group spans (within a scale-up domain, or across
 domains through each device's NIC) plus a latency per algorithm step: HCCL's Mesh algorithms (one
-step) within the domain, Ring and PairWise (n - 1 steps) across it; NCCL's rings are planned alike.
+step) within the domain, Ring and PairWise (n - 1 steps) across it. An Ascend group spanning domains
+runs HCCL's hierarchical algorithms (only 1/ranks-per-domain of the data crosses the NICs); NVIDIA's
+runs NCCL's rings, bound by each GPU's NIC.
 
 The play-out is a dataflow simulation: an operator starts when the host has issued it, its stream is
 free and its inputs are written; a collective runs on its group's link and delays only what reads its
@@ -94,6 +96,8 @@ def collective_seconds(op, profile, eff, layout: Layout) -> float:
         return size / bandwidth + latency
     if n == 1:
         return 0.0
+    if spans and profile.family == "ascend" and op.collective in ("all_gather", "reduce_scatter", "all_reduce"):
+        return _hierarchical_seconds(op, profile, eff, layout)
     # Latency steps: within a scale-up domain HCCL's Mesh algorithms send to every peer at once (one
     # step); across it the Ring and PairWise ones take n - 1 (CANN hccl docs/Mesh.md, Ring.md). The
     # bandwidth term is the same: (n - 1)/n of the data through the device's links.
@@ -105,6 +109,21 @@ def collective_seconds(op, profile, eff, layout: Layout) -> float:
     if op.collective == "broadcast":
         return size / bandwidth + math.ceil(math.log2(n)) * latency
     return math.ceil(math.log2(n)) * latency  # barrier
+
+
+def _hierarchical_seconds(op, profile, eff, layout: Layout) -> float:
+    """HCCL across scale-up domains: level 0 (Mesh) within each domain, level 1 (Ring) between the
+    ranks of equal local index in each, so only 1/local of the data crosses the NICs. NCCL's rings
+    (the nvidia family) cross them with all of it, as the ring formula above charges."""
+    n, size = len(op.group), op.comm_bytes
+    local = sum(1 for rank in op.group if rank // layout.scale_up_devices == op.group[0] // layout.scale_up_devices)
+    domains = max(n // local, 1)
+    up = profile.scale_up.bandwidth_gbps * 1e9 * eff["comm"]
+    out = profile.scale_out.bandwidth_gbps * 1e9 * eff["comm"]
+    up_latency, out_latency = profile.scale_up.latency_us * 1e-6, profile.scale_out.latency_us * 1e-6
+    within = (local - 1) / local * size / up + (up_latency if local > 1 else 0.0)
+    across = (domains - 1) / domains * size / local / out + (domains - 1) * out_latency
+    return 2 * (within + across) if op.collective == "all_reduce" else within + across
 
 
 def _durations(trace, profile, eff, layout):
