@@ -321,29 +321,9 @@ SEARCHES = {
 }
 
 
-def _tree_rss(root: int) -> int:
-    """Resident bytes of a process and all its descendants, from /proc."""
-    children: dict[int, list[int]] = {}
-    rss: dict[int, int] = {}
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/stat") as handle:
-                fields = handle.read().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        children.setdefault(int(fields[1]), []).append(int(entry))
-        rss[int(entry)] = int(fields[21]) * os.sysconf("SC_PAGE_SIZE")
-    total, stack = 0, [root]
-    while stack:
-        pid = stack.pop()
-        total += rss.get(pid, 0)
-        stack.extend(children.get(pid, ()))
-    return total
-
-
 def cmd_search(args) -> int:
+    from npu_inject.commands.suite import _descendants_rss_kib  # the suite samples its runs the same way
+
     for name in args.which.split(","):
         command = [sys.executable, "-m", "npu_inject", "plan", *SEARCHES[name][:4], "--search",
                    "--json", os.path.join(tempfile.gettempdir(), f"bench_plan_search_{name}.json"), *SEARCHES[name][5:]]
@@ -354,7 +334,7 @@ def cmd_search(args) -> int:
         def sample():
             nonlocal peak
             while process.poll() is None:
-                peak = max(peak, _tree_rss(process.pid))
+                peak = max(peak, _descendants_rss_kib(process.pid) * 1024)
                 time.sleep(0.5)
 
         sampler = threading.Thread(target=sample, daemon=True)

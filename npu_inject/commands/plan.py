@@ -414,7 +414,7 @@ def _search(args, argv, profile, ranks, pool, plan_kwargs) -> int:
         best_candidate = next(o.candidate for o in fitting if o.plan is shallow_best)
         print("  its flags: " + search.flags_text(best_candidate))
     elif fitting:
-        print("none of the three fastest fits when planned at full depth: see docs/planner.md#depth")
+        print("none of the three fastest fits when planned at full depth: see docs/planner.md#how-it-works (4.)")
     else:
         print("no layout fits: more ranks, or a smaller global batch or sequence")
     if args.json:

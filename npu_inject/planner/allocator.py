@@ -11,8 +11,8 @@ serve a larger request (fragmentation). With ``expandable_segments`` one virtual
 large ones) and the tail is reused.
 
 The rules and constants are torch_npu's NPUCachingAllocator (Ascend/pytorch, the source that
-builds 2.14.0), which the CANN emulation's measurements confirm (docs/planner.md, "The
-allocator"): the same as CUDA's caching allocator except the padding.
+builds 2.14.0), which the CANN emulation's measurements confirm (docs/planner.md, "Checked
+against the real allocator"): the same as CUDA's caching allocator except the padding.
 Pure Python; what it cannot know: memory outside the allocator (HCCL's buffers, the CANN
 runtime: the caller gives the ``limit`` they leave). Release-and-retry when the device is full is
 modelled as torch_npu's last resort (every cached segment released), not its first (the cached
