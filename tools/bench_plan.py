@@ -88,8 +88,8 @@ PUBLISHED = [
     PublishedRow(
         "DeepSeek-V3 671B, 64 Atlas 800T A3 chips = 128 dies, FSDP 32 x TP 4, EP 128, full AC, read per die",
         TTN_README, "Ascend910_9382", 128, TTN_DSV3, 546,
-        notes=["546 per die is what its logged tps (per rank) suggests; the model cannot reach it even at 100% of "
-               "every peak, so the calibration reads the row per chip (the next row)",
+        notes=["546 per die is what its logged tps (per rank) suggests; the model cannot reach it even with matmuls "
+               "and HBM at 100% of their peaks (465), so the calibration reads the row per chip (the next row)",
                "its swap optimizer keeps AdamW's states on the host: planned on the device here"]),
     PublishedRow(
         "DeepSeek-V3 671B, the same read per chip (546 per chip = 273 per die)", TTN_README, "Ascend910_9382", 128,
