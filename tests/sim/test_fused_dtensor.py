@@ -87,6 +87,9 @@ def _worker(rank: int, world_size: int, init_file: str) -> None:
         _check(f"npu_swiglu dim=-2 Shard({dim})", [shard(gate_up, Shard(dim))], [gate_up],
                lambda t: npu.npu_swiglu(t, -2), lambda t: F.silu(t[..., 0:1, :]) * t[..., 1:2, :],
                torch.randn(3, 4, 1, 10, dtype=torch.float32), Shard(dim))
+    # Both ranks past their last collective before either tears gloo down: a rank that destroyed its
+    # group while the other still sent aborted once in CI ("terminate called without an active exception").
+    torch.distributed.barrier()
     torch.distributed.destroy_process_group()
 
 
