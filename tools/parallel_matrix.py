@@ -52,6 +52,9 @@ MODELS = {
                ["--training.seq_len", "256", "--training.local_batch_size", "2"]),
     "llama3_varlen": ("llama3", "llama3_debugmodel_varlen_attn",
                       ["--training.seq_len", "256", "--training.local_batch_size", "2"]),
+    # torchtitan's dist_gemm: TP collectives folded into the projections (stock parameter layouts)
+    "llama3_dist_gemm": ("llama3", "llama3_debugmodel_dist_gemm",
+                         ["--training.seq_len", "256", "--training.local_batch_size", "2"]),
     "deepseek_v3": ("deepseek_v3", "deepseek_v3_debugmodel",
                     ["--training.seq_len", "128", "--training.local_batch_size", "2",
                      "--training.disable_cuda_graphs"]),
@@ -59,7 +62,7 @@ MODELS = {
               ["--training.seq_len", "256", "--training.local_batch_size", "2"]),
 }
 # The 1-rank run each model is compared with (varlen computes the same attention as flex).
-BASELINE_OF = {"llama3": "llama3", "llama3_varlen": "llama3", "deepseek_v3": "deepseek_v3", "qwen3": "qwen3"}
+BASELINE_OF = {"llama3": "llama3", "llama3_varlen": "llama3", "llama3_dist_gemm": "llama3", "deepseek_v3": "deepseek_v3", "qwen3": "qwen3"}
 TAIL = ["activation-checkpoint:none"]  # a subcommand: must come last
 
 
@@ -110,6 +113,7 @@ CASES = [
     Case("cp_ulysses_varlen", "llama3_varlen", 2, _p(cp=2), options=ULYSSES),
     Case("cp_allgather_varlen", "llama3_varlen", 2, _p(cp=2), options=ALLGATHER, ci=True),
     Case("fsdp_x_tp", "llama3", 4, _p(dp_shard=2, tp=2)),
+    Case("tp_dist_gemm", "llama3_dist_gemm", 2, _p(tp=2), ci=True),
     Case("pp_x_fsdp", "llama3", 4, _p(pp=2, dp_shard=2) + PP_1F1B),
     Case("cp_x_tp", "llama3", 4, _p(cp=2, tp=2)),
     Case("qwen3_cp_ulysses", "qwen3", 2, _p(cp=2), options=ULYSSES),
@@ -125,10 +129,12 @@ CASES = [
     Case("sim_pp_1f1b", "llama3", 2, _p(pp=2) + PP_1F1B, target="sim", ci=True),
     Case("sim_cp_allgather_flex", "llama3", 2, _p(cp=2), target="sim", options=ALLGATHER, ci=True),
     Case("sim_cp_ulysses_varlen", "llama3_varlen", 2, _p(cp=2), target="sim", options=ULYSSES, ci=True),
+    Case("sim_tp_dist_gemm", "llama3_dist_gemm", 2, _p(tp=2), target="sim", ci=True),
     # The same four through the real torch_npu wheel on the CANN emulation: its ProcessGroupHCCL
     # (sub-groups, batched send/recv, all-to-all) over the emulated HCCL, DCP loading the seed
     # checkpoint onto npu tensors, and the real op-plugin's attention kernels.
     Case("cann_fsdp_x_tp", "llama3", 4, _p(dp_shard=2, tp=2), target="cann"),
+    Case("cann_tp_dist_gemm", "llama3_dist_gemm", 2, _p(tp=2), target="cann", ci=True),
     Case("cann_pp_1f1b", "llama3", 2, _p(pp=2) + PP_1F1B, target="cann", ci=True),
     Case("cann_cp_allgather_flex", "llama3", 2, _p(cp=2), target="cann", options=ALLGATHER),
     Case("cann_cp_ulysses_varlen", "llama3_varlen", 2, _p(cp=2), target="cann", options=ULYSSES),

@@ -83,6 +83,11 @@ class Result:
                 f"{loss(self.first_loss)} | {loss(self.last_loss)} | {cause.replace('|', '/')} |")
 
 
+# --suite name -> the builder function of upstream's tests/integration_tests/<name>.py
+SUITES = {"features": "build_features_test_list", "models": "build_model_tests_list",
+          "h100": "build_h100_tests_list"}
+
+
 def load_cases(torchtitan_src: str, suites: Sequence[str]) -> list[Case]:
     """Upstream's enabled cases, read from its own case lists (``tests/integration_tests``)."""
     package = os.path.join(torchtitan_src, "tests", "integration_tests")
@@ -94,7 +99,7 @@ def load_cases(torchtitan_src: str, suites: Sequence[str]) -> list[Case]:
     try:
         cases = []
         for suite in suites:
-            builder = {"features": "build_features_test_list", "models": "build_model_tests_list"}[suite]
+            builder = SUITES[suite]
             module = importlib.import_module(f"tests.integration_tests.{suite}")
             for definition in getattr(module, builder)():
                 if definition.disabled:
@@ -376,7 +381,13 @@ def cmd_suite(args: argparse.Namespace) -> int:
     # Upstream's CI sets RUNNER_TEMP, which its case lists read to make the HF checkpoint path
     # absolute (torchtitan 0.3.0 refuses a relative initial_load_path): the same, in --output.
     os.environ["RUNNER_TEMP"] = workdir
-    cases = load_cases(args.torchtitan_src, args.suite.split(","))
+    suites = args.suite.split(",")
+    unknown_suites = sorted(set(suites) - set(SUITES))
+    if unknown_suites:
+        print(f"npu-inject suite: --suite {', '.join(unknown_suites)} is not one of {', '.join(SUITES)}",
+              file=sys.stderr)
+        return 2
+    cases = load_cases(args.torchtitan_src, suites)
     if args.cases:
         wanted = args.cases.split(",")
         unknown = sorted(set(wanted) - {case.name for case in cases})
@@ -442,7 +453,8 @@ def add_parser(commands) -> None:
         description=__doc__.splitlines()[0] + " Exit 0 when every case is green or stops clearly.")
     parser.add_argument("--torchtitan-src", required=True,
                         help="a torchtitan 0.3 source tree holding tests/integration_tests and run_train.sh")
-    parser.add_argument("--suite", default="features,models", help="comma list of features, models (default both)")
+    parser.add_argument("--suite", default="features,models", help="comma list of features, models, h100 (the advanced cases: async TP, dist_gemm, "
+                             "MoE comm backends, float8, symmetric-memory FSDP) (default features,models)")
     parser.add_argument("--cases", default="", help="comma list of case names (default: every enabled case)")
     parser.add_argument("--steps", type=int, default=0,
                         help="train N steps instead of upstream's 10 (a resume case's second run scales alike)")

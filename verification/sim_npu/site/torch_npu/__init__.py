@@ -32,7 +32,7 @@ _backend.install()
 
 npu = torch.npu  # the device module, as in the real package (torch_npu.npu)
 
-from torch_npu import _audit, _reference_ops, distributed, optim  # noqa: E402,F401
+from torch_npu import _audit, _aten_extras, _reference_ops, distributed, optim  # noqa: E402,F401
 
 
 def _fused(name: str):
