@@ -20,6 +20,8 @@ static aclnnStatus check_cube_math(const char* op, const aclTensor* self, int8_t
 }
 
 // out = self @ mat2: aclnnMm (2-D), aclnnBatchMatMul (3-D), aclnnMatmul (torch.matmul's broadcasting).
+// An out of FLOAT with FLOAT16/BFLOAT16 inputs (torch_npu's mm.dtype: torchtitan dist_gemm's fp32 wgrad) is the
+// cube's FP32 accumulator written out unrounded.
 #define CANN_EMU_MATMUL(name, rank_ok, fn)                                                                  \
     CANN_API aclnnStatus name##GetWorkspaceSize(const aclTensor* self, const aclTensor* mat2, aclTensor* out, \
                                                 int8_t cube_math_type, uint64_t* ws, aclOpExecutor** ex) { \
@@ -28,7 +30,12 @@ static aclnnStatus check_cube_math(const char* op, const aclTensor* self, int8_t
         if (int rc = check_cube_math(#name, self, cube_math_type)) return rc;                              \
         return aten_executor(#name, [s = hold(self), m = hold(mat2), o = hold(out)] {                      \
             at::Tensor r = view(o);                                                                        \
-            fn(r, view(s), view(m));                                                                       \
+            at::Tensor a = view(s), b = view(m);                                                           \
+            if (r.scalar_type() != a.scalar_type()) { /* FP16/BF16 in, FLOAT out: FP32 accumulate kept */  \
+                a = a.to(r.scalar_type());                                                                 \
+                b = b.to(r.scalar_type());                                                                 \
+            }                                                                                              \
+            fn(r, a, b);                                                                                   \
         }, ws, ex);                                                                                        \
     }                                                                                                      \
     CANN_EMU_LAUNCH(name)

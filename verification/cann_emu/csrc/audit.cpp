@@ -129,10 +129,16 @@ void count_sync(const char* kind) {
     ++a.steps[a.step].syncs[kind];
 }
 
+namespace {
+thread_local const char* t_mc2_op = nullptr;  // the MC2 operator this thread is inside, if any
+}
+Mc2Scope::Mc2Scope(const char* op) { t_mc2_op = op; }
+Mc2Scope::~Mc2Scope() { t_mc2_op = nullptr; }
+
 void count_hccl(const char* api) {
     Audit& a = audit();
     std::lock_guard<std::mutex> lock(a.mutex);
-    ++a.steps[a.step].hccl[api];
+    ++a.steps[a.step].hccl[t_mc2_op ? std::string(t_mc2_op) + ":" + api : std::string(api)];
 }
 
 void count_aclop(const char* op_type) {

@@ -113,6 +113,14 @@ const char* op_engine(const char* op);
 void count_call(const char* op);      // an aclnn operator launched (and whether on AI CPU)
 void count_sync(const char* kind);    // a host synchronisation, e.g. "aclrtSynchronizeStream"
 void count_aclop(const char* op_type);  // an operator sent down the legacy aclop path
-void count_hccl(const char* api);     // an HCCL call by name
+void count_hccl(const char* api);     // an HCCL call by name ("<op>:<api>" inside an MC2 operator)
+// While alive, this thread's HCCL calls are an MC2 operator's own communication: counted as "<op>:<api>",
+// not as standalone collectives.
+struct Mc2Scope {
+    explicit Mc2Scope(const char* op);
+    ~Mc2Scope();
+};
+// hccl.cpp: the live communicator HcclGetCommName calls name (an MC2 operator's group), or nullptr.
+void* hccl_comm_named(const char* name);
 
 }  // namespace cann_emu

@@ -175,6 +175,17 @@ Comm* live(HcclComm handle) {
     return it == g_comms.end() ? nullptr : *it;
 }
 
+}  // namespace
+
+void* cann_emu::hccl_comm_named(const char* name) {
+    std::lock_guard<std::mutex> lock(g_mutex);
+    for (Comm* c : g_comms)
+        if (name && c->name == name) return c;
+    return nullptr;
+}
+
+namespace {
+
 // Runs one call on a communicator: argument failures leave it usable; every other failure sticks.
 template <typename F>
 HcclResult on_comm(const char* api, HcclComm handle, F&& body) {

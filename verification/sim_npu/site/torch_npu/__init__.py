@@ -51,6 +51,8 @@ def _fused(name: str):
     return run
 
 
+npu_all_gather_base_mm = _fused("npu_all_gather_base_mm")
+npu_mm_reduce_scatter_base = _fused("npu_mm_reduce_scatter_base")
 npu_fusion_attention = _fused("npu_fusion_attention")
 npu_fusion_attention_v3 = _fused("npu_fusion_attention_v3")
 npu_grouped_matmul = _fused("npu_grouped_matmul")
@@ -65,6 +67,8 @@ __all__ = [
     "npu",
     "optim",
     "distributed",
+    "npu_all_gather_base_mm",
+    "npu_mm_reduce_scatter_base",
     "npu_fusion_attention",
     "npu_fusion_attention_v3",
     "npu_grouped_matmul",

@@ -137,6 +137,10 @@ class HcclSimBackend(_C10dBackend):
     def getBackendName(self) -> str:  # noqa: N802 - name fixed by c10d
         return BACKEND_NAME
 
+    def get_hccl_comm_name(self, rankid: int, init_comm: bool = True) -> str:
+        """The communicator's name, as ProcessGroupHCCL's (the MC2 kernels' ``hcom``); unique in the process."""
+        return f"hccl_sim_{id(self):x}"
+
     @property
     def supports_splitting(self) -> bool:
         return False

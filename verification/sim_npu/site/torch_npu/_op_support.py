@@ -53,6 +53,8 @@ KERNELS: dict[str, tuple[str | Callable[[dict], str], dict[str, str]]] = {
     "npu_moe_token_permute": ("aclnnMoeTokenPermute", {"tokens": "tokens", "indices": "indices"}),
     "npu_moe_token_unpermute": ("aclnnMoeTokenUnpermute", {"permuted_tokens": "permutedTokens",
                                                             "sorted_indices": "sortedIndices", "probs": "probsOptional"}),
+    "npu_all_gather_base_mm": ("aclnnAllGatherMatmul", {"self": "x1", "x2": "x2", "bias": "bias"}),
+    "npu_mm_reduce_scatter_base": ("aclnnMatmulReduceScatter", {"self": "x1", "x2": "x2", "bias": "bias"}),
     "npu_fusion_attention": (_attention_operator(""), _ATTENTION_ARGS),
     "npu_fusion_attention_v3": (_attention_operator("V4"), _ATTENTION_ARGS),
 }

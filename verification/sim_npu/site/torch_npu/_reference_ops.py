@@ -90,3 +90,11 @@ def _register_described_kernels() -> dict[str, Any]:
 
 
 globals().update(_register_described_kernels())
+
+
+def npu_all_gather_base_mm(*args: Any, **kwargs: Any) -> Any:
+    return _reference("npu_all_gather_base_mm")(*args, **kwargs)
+
+
+def npu_mm_reduce_scatter_base(*args: Any, **kwargs: Any) -> Any:
+    return _reference("npu_mm_reduce_scatter_base")(*args, **kwargs)

@@ -1,0 +1,99 @@
+"""torch's symm_mem fused TP ops through npu_inject.ops.tp_mc2 on 2 gloo ranks vs. the collective and the matmul
+done separately (all_gather_into_tensor / reduce_scatter_tensor and torch.matmul), and the MC2 decision.
+
+bf16 inputs take the MC2 kernels (the reference npu_all_gather_base_mm / npu_mm_reduce_scatter_base);
+float32 and k < 256 take the plain path, with the reason reported.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+WORLD = 2
+
+
+def _worker(rank: int, init_file: str, results: dict) -> None:
+    from npu_inject import selection
+
+    selection.establish({"TORCHTITAN_NPU": "cpu"})
+    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=WORLD)
+    import torch.distributed._symmetric_memory  # noqa: F401 - defines the ops
+
+    from npu_inject.ops import tp_mc2
+
+    library = torch.library.Library("symm_mem", "IMPL")
+    for name, kernel in tp_mc2.KERNELS.items():
+        library.impl(name, kernel, "CPU")
+    reasons: list[str] = []
+    tp_mc2.on_fallback = reasons.append
+    group_name = dist.group.WORLD.group_name
+    failures = []
+    generator = torch.Generator().manual_seed(3)
+    for dtype, k, gather_dim in ((torch.bfloat16, 256, 0), (torch.bfloat16, 256, 1), (torch.float32, 256, 0),
+                                 (torch.bfloat16, 128, 0)):
+        # all-gather + matmul: A (2, 4, k) per rank gathered along gather_dim, two Bs
+        a_full = torch.randn(2, 8, k, generator=generator).to(dtype) if gather_dim == 1 else \
+            torch.randn(8, 4, k, generator=generator).to(dtype)
+        bs = [torch.randn(k, n, generator=generator).to(dtype) for n in (48, 16)]
+        shard = a_full.chunk(WORLD, dim=gather_dim)[rank].contiguous()
+        gathered, outputs = torch.ops.symm_mem.fused_all_gather_matmul(shard, bs, gather_dim, group_name)
+        expected = [(a_full.float() @ b.float()).to(dtype) for b in bs]
+        if not torch.equal(gathered, a_full):
+            failures.append(f"{dtype} k={k} gather_dim={gather_dim}: gathered A differs")
+        for got, want in zip(outputs, expected):
+            if got.shape != want.shape or not torch.allclose(got.float(), want.float(), rtol=1e-2, atol=1e-2):
+                failures.append(f"{dtype} k={k} gather_dim={gather_dim}: A @ B differs")
+        # matmul + reduce-scatter along dim 0: each rank's partial product, summed, rows scattered
+        x_parts = [torch.randn(8, k, generator=generator).to(dtype) for _ in range(WORLD)]
+        w = torch.randn(k, 24, generator=generator).to(dtype)
+        out = torch.ops.symm_mem.fused_matmul_reduce_scatter(x_parts[rank], w, "sum", 0, group_name)
+        total = sum((x.float() @ w.float()).to(dtype).float() for x in x_parts)
+        want = total.chunk(WORLD, dim=0)[rank]
+        if out.shape != want.shape or not torch.allclose(out.float(), want, rtol=1e-2, atol=0.5):
+            failures.append(f"{dtype} k={k}: reduce-scattered product differs by "
+                            f"{(out.float() - want).abs().max().item():.3g}")
+    results[rank] = (failures, reasons)
+    dist.destroy_process_group()
+
+
+def test_fused_ops_match_the_collective_and_the_matmul_done_separately():
+    with tempfile.TemporaryDirectory() as directory:
+        manager = mp.Manager()
+        results = manager.dict()
+        mp.spawn(_worker, args=(os.path.join(directory, "init"), results), nprocs=WORLD, join=True)
+        failures = [f for rank in range(WORLD) for f in results[rank][0]]
+        reasons = results[0][1]
+    assert not failures, "\n".join(failures)
+    # bf16 with k=256 ran on the MC2 kernels; float32 and k=128 each said why they did not.
+    assert sorted(set(reasons)) == [
+        "fused_all_gather_matmul: dtype torch.float32/torch.float32 (MC2 takes float16 or bfloat16): "
+        "all-gather + matmul",
+        "fused_all_gather_matmul: k=128 (MC2 takes k in [256, 65535)): all-gather + matmul",
+        "fused_matmul_reduce_scatter: dtype torch.float32/torch.float32 (MC2 takes float16 or bfloat16): "
+        "matmul + reduce-scatter",
+        "fused_matmul_reduce_scatter: k=128 (MC2 takes k in [256, 65535)): matmul + reduce-scatter",
+    ], reasons
+
+
+@pytest.mark.parametrize("shape,dtype,world,scatter,expected", [
+    ((8, 256), torch.bfloat16, 2, False, None),
+    ((8, 256), torch.float16, 8, True, None),
+    ((8, 256), torch.float32, 2, False, "dtype"),
+    ((8, 255), torch.bfloat16, 2, False, "k=255"),
+    ((8, 65535), torch.bfloat16, 2, False, "k=65535"),
+    ((8, 256), torch.bfloat16, 3, False, "3 ranks"),
+    ((6, 256), torch.bfloat16, 4, True, "m=6"),
+])
+def test_mc2_refusal_follows_the_documented_constraints(shape, dtype, world, scatter, expected):
+    from npu_inject.ops.tp_mc2 import mc2_refusal
+
+    a = torch.empty(shape, dtype=dtype, device="meta")
+    b = torch.empty(shape[1], 16, dtype=dtype, device="meta")
+    refusal = mc2_refusal(a, b, world, scatter=scatter)
+    assert refusal is None if expected is None else expected in refusal
