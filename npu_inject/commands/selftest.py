@@ -19,6 +19,9 @@ compared (integer outputs must match exactly). Inputs come from a generator seed
 case, so every run sees the same numbers. A case that cannot run on a target SKIPs; only the
 skips ``EXPECTED_SKIPS`` lists for that target, with their reason, pass.
 
+The MC2 kernels (collective + GEMM) need a process group: their cases live in
+:mod:`npu_inject.commands.selftest_mc2` and run on ``--ranks`` devices (default 2; 0 leaves them out).
+
 Nothing here imports torch at import time (the CLI lists commands without torch).
 """
 
@@ -403,7 +406,11 @@ def cmd_selftest(args) -> int:
               file=sys.stderr)
         return EXIT_MISMATCH
     cases = [case for case in CASES if not args.case or args.case.lower() in case.name.lower()]
-    if not cases:
+    if args.ranks < 0 or args.ranks == 1:
+        print(f"npu-inject selftest: --ranks must be 0 (no collective cases) or 2 or more, got {args.ranks}",
+              file=sys.stderr)
+        return EXIT_MISMATCH
+    if not cases and not (args.ranks and _collective_case_matches(args.case)):
         print(f"npu-inject selftest: no case matches {args.case!r}", file=sys.stderr)
         return EXIT_MISMATCH
     if args.tolerance_scale <= 0:
@@ -411,6 +418,15 @@ def cmd_selftest(args) -> int:
         return EXIT_MISMATCH
     rows = [run_case(case, dtype, device, torch_npu, reference, simulated, args.tolerance_scale)
             for case in cases for dtype in dtypes if dtype in case.dtypes]
+    if args.ranks:
+        from npu_inject.commands import selftest_mc2
+
+        collective = [case for case in selftest_mc2.CASES if not args.case or args.case.lower() in case.name.lower()]
+        if collective:
+            rows += selftest_mc2.run_all(args.ranks, dtypes, args.tolerance_scale, collective)
+    if not rows:
+        print(f"npu-inject selftest: no case runs in --dtype {','.join(dtypes)}", file=sys.stderr)
+        return EXIT_MISMATCH
     target = "simulated" if simulated else "npu"
     rows = fail_unexpected_skips(rows, target)
     _print_table(rows)
@@ -429,6 +445,12 @@ def cmd_selftest(args) -> int:
     return EXIT_MISMATCH if failed else EXIT_OK
 
 
+def _collective_case_matches(text: str | None) -> bool:
+    from npu_inject.commands import selftest_mc2
+
+    return any(not text or text.lower() in case.name.lower() for case in selftest_mc2.CASES)
+
+
 def fail_unexpected_skips(rows: list[Row], target: str) -> list[Row]:
     """The rows, a SKIP that ``EXPECTED_SKIPS[target]`` does not list turned into a FAIL saying so."""
     expected = EXPECTED_SKIPS[target]
@@ -445,7 +467,8 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
         help="run every torch_npu kernel npu_inject calls on the NPU against the host reference",
         description=(
             "Calls each torch_npu op the patches use (fusion attention in every mode, grouped matmul "
-            "incl. group_type 2, MoE permute/unpermute, rms_norm, rotary_mul, swiglu) "
+            "incl. group_type 2, MoE permute/unpermute, rms_norm, rotary_mul, swiglu; the MC2 "
+            "collective+GEMM kernels on --ranks devices) "
             "on the device and npu_inject's reference on the host, forward and backward, and compares "
             "them with per-dtype tolerances. Prints a table and the counts (N PASS, M SKIP, K FAIL); "
             "exit 0 when all agree, 2 on a mismatch, an error, or a SKIP that the target's list of "
@@ -457,6 +480,9 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     parser.add_argument("--dtype", default=None,
                         help=f"comma-separated dtypes (default all: {','.join(ALL_DTYPES)})")
     parser.add_argument("--case", default=None, help="only cases whose name contains this text")
+    parser.add_argument("--ranks", type=int, default=2,
+                        help="devices (one process each, hccl) for the MC2 collective cases (default 2; 0: leave "
+                             "them out; they run in bfloat16 and float16 only)")
     parser.add_argument("--tolerance-scale", type=float, default=1.0,
                         help="multiply every tolerance (default 1); the worst/tol column shows how far off a row is")
     parser.set_defaults(run=cmd_selftest)

@@ -15,8 +15,9 @@ import types
 import pytest
 import torch
 
-from npu_inject.commands import selftest
+from npu_inject.commands import selftest, selftest_mc2
 from npu_inject.ops import reference
+from gloo import run_on_gloo_ranks
 from testkit import REPO, clean_env, sim_env
 
 CPU = torch.device("cpu")
@@ -122,7 +123,7 @@ def test_cli_lists_selftest_without_importing_torch():
 
 def test_selftest_runs_on_the_simulated_npu_and_says_what_it_proves():
     env = sim_env(clean_env(PYTHONPATH=os.pathsep.join(filter(None, [REPO, os.environ.get("PYTHONPATH")]))),
-                  devices=1)
+                  devices=2)
     result = subprocess.run([sys.executable, "-m", "npu_inject", "selftest", "--dtype", "float32,bfloat16"],
                             env=env, cwd=REPO, capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
@@ -136,11 +137,15 @@ def test_selftest_runs_on_the_simulated_npu_and_says_what_it_proves():
             if line.startswith(case.name + " ") and fields[0] in ("float32", "bfloat16"):
                 results[case.name, fields[0]] = fields[1]
     assert len(results) == 2 * len(selftest.CASES), result.stdout
+    # The MC2 cases run on two simulated devices, in bfloat16 only of the two dtypes asked for.
+    collective = {(case.name, *line[len(case.name):].split()[:2]) for case in selftest_mc2.CASES
+                  for line in result.stdout.splitlines() if line.startswith(case.name + " ")}
+    assert collective == {(case.name, "bfloat16", "PASS") for case in selftest_mc2.CASES}, result.stdout
     skipped = sorted(key for key, status in results.items() if status == "SKIP")
     assert skipped == sorted((case, dtype) for case in selftest.EXPECTED_SKIPS["simulated"]
                              for dtype in ("float32", "bfloat16")), result.stdout
     assert set(results.values()) == {"PASS", "SKIP"}, result.stdout
-    passed = sum(status == "PASS" for status in results.values())
+    passed = sum(status == "PASS" for status in results.values()) + len(selftest_mc2.CASES)
     assert f"{passed} PASS, {len(skipped)} SKIP, 0 FAIL " in result.stdout, result.stdout
     for case, reason in selftest.EXPECTED_SKIPS["simulated"].items():
         assert f"expected SKIP on target simulated: {case}: {reason}" in result.stdout
@@ -205,3 +210,33 @@ def test_every_case_calls_torch_npu_with_its_real_parameter_names():
         assert case.op in schemas, f"{case.name}: torch_npu has no {case.op}"
         assert any(set(kwargs) <= set(names) and len(args) <= len(names) for names in schemas[case.op]), (
             f"{case.name}: {case.op}({len(args)} positional, {sorted(kwargs)}) fits none of {schemas[case.op]}")
+
+
+
+def _collective_case_ratios(rank: int, summing_twice: bool) -> dict[str, float]:
+    """Each collective case on a gloo rank, the reference kernels standing in for torch_npu (hcom: the c10d
+    group name, which they accept), or with a reduce-scatter that sums twice: its worst error over the tolerance."""
+    import torch.distributed as dist
+
+    torch_npu = reference
+    if summing_twice:
+        torch_npu = types.SimpleNamespace(npu_all_gather_base_mm=reference.npu_all_gather_base_mm,
+                                          npu_mm_reduce_scatter_base=_reduce_scatter_summing_twice)
+    ratios = {}
+    for number, case in enumerate(selftest_mc2.CASES):
+        pairs = case.run(rank, 2, torch.bfloat16, CPU, torch_npu, dist.group.WORLD.group_name, selftest.SEED + number)
+        ratios[case.name] = max(selftest._compare(name, got, want, "bfloat16", 1.0)[0] for name, got, want in pairs)
+    return ratios
+
+
+def _reduce_scatter_summing_twice(*args, **kwargs):
+    return 2 * reference.npu_mm_reduce_scatter_base(*args, **kwargs)
+
+
+def test_collective_cases_pass_the_reference_and_catch_a_wrong_reduce_scatter():
+    """The column- and row-parallel cases' independent math (cat / sum of per-rank products, autograd) agrees
+    with the MC2 reference kernels, and a reduce-scatter that sums twice fails both (forward or backward)."""
+    honest = run_on_gloo_ranks(_collective_case_ratios, 2, (False,))
+    assert all(ratio <= 1.0 for ratios in honest.values() for ratio in ratios.values()), honest
+    broken = run_on_gloo_ranks(_collective_case_ratios, 2, (True,))
+    assert all(ratio > 1.0 for ratios in broken.values() for ratio in ratios.values()), broken

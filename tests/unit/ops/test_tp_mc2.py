@@ -7,22 +7,19 @@ float32 and k < 256 take the plain path, with the reason reported.
 
 from __future__ import annotations
 
-import os
-import tempfile
-
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
+
+from gloo import run_on_gloo_ranks
 
 WORLD = 2
 
 
-def _worker(rank: int, init_file: str, results: dict) -> None:
+def _worker(rank: int) -> tuple[list[str], list[str]]:
     from npu_inject import selection
 
     selection.establish({"TORCHTITAN_NPU": "cpu"})
-    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=WORLD)
     import torch.distributed._symmetric_memory  # noqa: F401 - defines the ops
 
     from npu_inject.ops import tp_mc2
@@ -58,17 +55,13 @@ def _worker(rank: int, init_file: str, results: dict) -> None:
         if out.shape != want.shape or not torch.allclose(out.float(), want, rtol=1e-2, atol=0.5):
             failures.append(f"{dtype} k={k}: reduce-scattered product differs by "
                             f"{(out.float() - want).abs().max().item():.3g}")
-    results[rank] = (failures, reasons)
-    dist.destroy_process_group()
+    return failures, reasons
 
 
 def test_fused_ops_match_the_collective_and_the_matmul_done_separately():
-    with tempfile.TemporaryDirectory() as directory:
-        manager = mp.Manager()
-        results = manager.dict()
-        mp.spawn(_worker, args=(os.path.join(directory, "init"), results), nprocs=WORLD, join=True)
-        failures = [f for rank in range(WORLD) for f in results[rank][0]]
-        reasons = results[0][1]
+    results = run_on_gloo_ranks(_worker, WORLD)
+    failures = [f for rank in range(WORLD) for f in results[rank][0]]
+    reasons = results[0][1]
     assert not failures, "\n".join(failures)
     # bf16 with k=256 ran on the MC2 kernels; float32 and k=128 each said why they did not.
     assert sorted(set(reasons)) == [
