@@ -103,6 +103,11 @@ class PatchContext:
     def rehearsal(self) -> bool:
         return self.device_kind == "cpu"
 
+    @property
+    def dispatch_key(self) -> str:
+        """The dispatch key the run's tensors dispatch to (for torch.library kernels)."""
+        return {"cpu": "CPU", "npu": "PrivateUse1"}[self.device_kind]
+
     def replace(self, target: str, value: Any) -> Any:
         """Set ``target`` to ``value``; returns the previous (raw) value.
 

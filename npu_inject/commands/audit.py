@@ -7,7 +7,8 @@ Two sources, one file per rank next to the runtime's report (``<dump>/npu_inject
   findings.
 * ``cann_emu_rank<N>.json``, the CANN emulation's (verification/cann_emu, ``CANN_EMU_COUNTS``): what
   the real torch_npu asked of CANN per training step: aclnn operators, those CANN runs on AI CPU,
-  operators sent down the legacy aclop path, host synchronisations by call, HCCL calls.
+  operators sent down the legacy aclop path, host synchronisations by call, HCCL calls; the collectives
+  apart: standalone, and those MC2 operators (collective + GEMM in one) made themselves, with the bytes.
 
 PATH is such a file or a directory holding them. AI CPU and aclop operators, host-fallback ops and
 stream-order findings are findings (exit 1). Standard library only: this runs where torch is not
@@ -63,6 +64,29 @@ def _counted(counter: dict) -> str:
     return ", ".join(f"{name} {n}" for name, n in sorted(counter.items())) or "0"
 
 
+# HCCL's collective and point-to-point calls (the rest: configuration, communicators, queries).
+COLLECTIVES = ("HcclAllReduce", "HcclReduce", "HcclBroadcast", "HcclScatter", "HcclAllGather", "HcclAllGatherV",
+               "HcclReduceScatter", "HcclReduceScatterV", "HcclAlltoAll", "HcclAlltoAllV", "HcclBarrier", "HcclSend",
+               "HcclRecv", "HcclBatchSendRecv")
+
+
+def collectives(step_counts: dict) -> tuple[dict[str, tuple[int, int]], dict[str, tuple[int, int]]]:
+    """(standalone, inside MC2 operators): ``{call: (calls, bytes)}`` of one step's HCCL counts. A call an MC2
+    operator made itself is counted as ``<operator>:<call>``; bytes are the calling rank's input."""
+    standalone, fused = {}, {}
+    moved = step_counts.get("hccl_bytes", {})
+    for key, calls in step_counts.get("hccl", {}).items():
+        operator, _, call = key.rpartition(":")
+        if call in COLLECTIVES:
+            (fused if operator else standalone)[key] = (calls, moved.get(key, 0))
+    return standalone, fused
+
+
+def _mib(count_and_bytes: dict[str, tuple[int, int]]) -> str:
+    return ", ".join(f"{name} {calls} ({moved / 2**20:.2f} MiB)" for name, (calls, moved) in
+                     sorted(count_and_bytes.items())) or "0"
+
+
 def render_cann_emu(document: dict, source: str) -> str:
     """The real torch_npu's calls into the CANN emulation, one row per training step."""
     out = [f"{source} (rank {document.get('rank')}, {document.get('soc')}; the real torch_npu's calls into "
@@ -74,6 +98,12 @@ def render_cann_emu(document: dict, source: str) -> str:
                      _counted(counts["aicpu"]), _counted(counts["aclop"]), _counted(counts["syncs"]),
                      _counted(counts["hccl"])])
     out.append(_table(["step", "aclnn calls (operators)", "AI CPU", "legacy aclop", "host syncs", "HCCL"], rows))
+    out.append("")
+    rows = [[step, _mib(standalone), _mib(fused)] for step in sorted(document.get("steps", {}), key=_step_key)
+            for standalone, fused in [collectives(document["steps"][step])]]
+    out.append("Collectives per step, calls (MiB this rank put in): standalone, and inside MC2 operators "
+               "(collective + GEMM in one operator)")
+    out.append(_table(["step", "standalone collectives", "inside MC2 operators"], rows))
     for key, title in (("aicpu", "Operators CANN runs on AI CPU"), ("aclop", "Operators sent down the legacy aclop path")):
         out.append(f"{title}: {_counted(document.get(key, {}))}")
     return "\n".join(out)

@@ -52,7 +52,7 @@ TARGETS = (
 SAFE_BACKEND = "aot_eager"
 
 
-def _inductor_problem(target: str) -> str:
+def inductor_problem(target: str) -> str:
     """Why torch's inductor cannot generate code for the target ("" when it can)."""
     if target == "cpu":
         from torch._inductor import cpp_builder
@@ -90,7 +90,7 @@ def _dynamo_backend_problem(name: str) -> str:
 def resolve_backend(requested: str, option: str, target: str) -> tuple[str, str, str]:
     """(backend, why, problem): the backend to use, the reason, and why the wanted one cannot run."""
     wanted, source = (requested, "--compile.backend") if option == "auto" else (option, "registry option backend")
-    problem = _inductor_problem(target) if wanted == "inductor" else _dynamo_backend_problem(wanted)
+    problem = inductor_problem(target) if wanted == "inductor" else _dynamo_backend_problem(wanted)
     if problem:
         return SAFE_BACKEND, f"{wanted!r} ({source}) cannot run on target {target}: {problem}", problem
     if wanted == "inductor":

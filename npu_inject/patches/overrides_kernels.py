@@ -41,9 +41,6 @@ TARGETS = (
      "when triton is importable (else triton_guard serves the module without ops)"),
 )
 
-# The run's target -> the dispatch key its tensors dispatch to.
-DISPATCH_KEYS = {"cpu": "CPU", "npu": "PrivateUse1"}
-
 
 def apply(ctx: PatchContext) -> None:
     if importlib.util.find_spec("triton") is None:
@@ -79,7 +76,7 @@ def apply(ctx: PatchContext) -> None:
     if undefined:
         raise LookupError(f"torchtitan.overrides.fused_swiglu was imported but defines no torchtitan::{undefined}; "
                           f"this patch knows torchtitan's ops {sorted(kernels)}")
-    key = DISPATCH_KEYS[ctx.device_kind]
+    key = ctx.dispatch_key
     library = torch.library.Library("torchtitan", "IMPL")
     ctx.add_cleanup(library._destroy)
     for name, kernel in kernels.items():

@@ -37,9 +37,6 @@ TARGETS = (
      "in the rehearsal: the aten::mm.dtype it calls gets a CPU kernel"),
 )
 
-# The run's target -> the dispatch key its tensors dispatch to.
-DISPATCH_KEYS = {"cpu": "CPU", "npu": "PrivateUse1"}
-
 
 def apply(ctx: PatchContext) -> None:
     import torch
@@ -50,7 +47,7 @@ def apply(ctx: PatchContext) -> None:
     library = torch.library.Library("symm_mem", "IMPL")
     ctx.add_cleanup(library._destroy)
     for name, kernel in tp_mc2.KERNELS.items():
-        library.impl(name, kernel, DISPATCH_KEYS[ctx.device_kind])
+        library.impl(name, kernel, ctx.dispatch_key)
     ctx.changed("torch.distributed._symmetric_memory:lib")
     if ctx.rehearsal:
         # dist_gemm's row-parallel wgrad is torch.mm(..., out_dtype=torch.float32): aten::mm.dtype, which
@@ -68,12 +65,29 @@ def apply(ctx: PatchContext) -> None:
     def maybe_enable_async_tp(original, compile_config, tp_mesh):
         result = original(compile_config, tp_mesh)
         if compile_config.enable_async_tensor_parallel and tp_mesh is not None:
-            ctx.note("async TP: inductor's micro-pipeline TP pass emits symm_mem fused ops, run as MC2 kernels")
+            problem = _async_tp_problem(compile_config.backend, ctx.device_kind)
+            if problem:
+                ctx.fallback(f"async TP: {problem}: the micro-pipeline TP pass (inductor's) does not run, the TP "
+                             "collectives stay separate from their GEMMs; dist_gemm (tp_gemm_backend) fuses them "
+                             "without inductor")
+            else:
+                ctx.note("async TP: inductor's micro-pipeline TP pass emits symm_mem fused ops, run as MC2 kernels")
         return result
 
     ctx.wrap("_maybe_enable_async_tp", maybe_enable_async_tp)
     if not ctx.rehearsal:
         _let_micro_pipeline_tp_run(ctx)
+
+
+def _async_tp_problem(backend: str, target: str) -> str:
+    """Why inductor's async-TP pass will not run for ``backend`` on ``target`` ('' when it will): it is an
+    inductor pass, and the compile patch runs aot_eager where inductor cannot generate code."""
+    if backend != "inductor":
+        return f"--compile.backend {backend!r} is not inductor"
+    from npu_inject.patches.compile import inductor_problem
+
+    problem = inductor_problem(target)
+    return f"the blocks compile with aot_eager ({problem})" if problem else ""
 
 
 def _mm_with_output_dtype(self, mat2, output_dtype):

@@ -4,6 +4,7 @@ tables (npu_inject/commands/audit.py, stdlib only)."""
 from __future__ import annotations
 
 import json
+import re
 
 from npu_inject.commands.cli import main
 
@@ -74,11 +75,29 @@ def test_cann_emulation_counts_print_per_step_in_step_order(tmp_path, capsys):
     assert main(["audit", str(tmp_path)]) == 0
     out = capsys.readouterr().out
     assert "(rank 0, Ascend910B2; the real torch_npu's calls into the CANN emulation)" in out
-    steps = [line.split()[0] for line in out.splitlines() if line.split()[:1] in (["2"], ["10"], ["outside"])]
+    operators = out[:out.index("Collectives per step")]
+    steps = [line.split()[0] for line in operators.splitlines() if line.split()[:1] in (["2"], ["10"], ["outside"])]
     assert steps == ["2", "10", "outside"]
     row = next(line for line in out.splitlines() if line.startswith("10 "))
     assert "3 (2)" in row and "aclrtSynchronizeStream 3" in row and "HcclAllGather 4" in row
     assert "Operators CANN runs on AI CPU: 0" in out
+
+
+def test_cann_emulation_collectives_split_into_standalone_and_inside_mc2_with_bytes(tmp_path, capsys):
+    step = _steps({"aclnnAllGatherMatmul": 2, "aclnnMatmulReduceScatter": 1},
+                  hccl={"HcclAllGather": 3, "aclnnAllGatherMatmul:HcclAllGather": 2,
+                        "aclnnMatmulReduceScatter:HcclReduceScatter": 1, "HcclSetConfig": 9})
+    step["hccl_bytes"] = {"HcclAllGather": 3 * 2**20, "aclnnAllGatherMatmul:HcclAllGather": 2**20,
+                          "aclnnMatmulReduceScatter:HcclReduceScatter": 2**19}
+    path = tmp_path / "cann_emu_rank0.json"
+    path.write_text(json.dumps(dict(CANN_EMU, steps={"1": step})))
+    assert main(["audit", str(path)]) == 0
+    out = capsys.readouterr().out
+    row = next(line for line in out[out.index("Collectives per step"):].splitlines() if line.startswith("1 "))
+    _, standalone, fused = re.split(r"\s{2,}", row.strip())
+    assert standalone == "HcclAllGather 3 (3.00 MiB)"  # HcclSetConfig is no collective
+    assert fused == ("aclnnAllGatherMatmul:HcclAllGather 2 (1.00 MiB), "
+                     "aclnnMatmulReduceScatter:HcclReduceScatter 1 (0.50 MiB)")
 
 
 def test_cann_emulation_aicpu_or_aclop_operators_are_findings(tmp_path, capsys):

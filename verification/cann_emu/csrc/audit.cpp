@@ -1,7 +1,8 @@
 // What torch_npu asked of CANN, counted per training step: aclnn operators by name, those CANN runs on
 // AI CPU (op_table.json's engine), operators sent down the legacy aclop path (by op type), host
 // synchronisations (stream/device/event synchronisation and synchronous copies, by call and direction)
-// and HCCL calls by name.
+// and HCCL calls by name, with the bytes each moved (hccl_bytes: the calling rank's input buffer: a
+// gather's shard, a reduce-scatter's whole input, an all-to-all's or a send's data).
 // A step is what the driver last marked with cann_emu_mark_step (verification/cann_emu/audit/ wraps
 // torchtitan's Trainer.train_step to do so; -1, before any mark and after each step, is "outside steps").
 // torch_npu launches from its task-queue thread, so an operator is counted in the step current when it
@@ -26,7 +27,7 @@ namespace {
 
 using Counter = std::map<std::string, uint64_t>;
 struct StepCounts {
-    Counter aclnn, aicpu, aclop, syncs, hccl;
+    Counter aclnn, aicpu, aclop, syncs, hccl, hccl_bytes;
 };
 struct Audit {
     std::mutex mutex;
@@ -76,6 +77,7 @@ void write_counts() {
         for (const auto& [k, n] : c.aclop) total.aclop[k] += n;
         for (const auto& [k, n] : c.syncs) total.syncs[k] += n;
         for (const auto& [k, n] : c.hccl) total.hccl[k] += n;
+        for (const auto& [k, n] : c.hccl_bytes) total.hccl_bytes[k] += n;
     }
     std::fprintf(f, "{\n  \"schema\": 2,\n  \"soc\": \"%s\",\n  \"pid\": %d,\n  \"rank\": %s,\n",
                  config().soc.c_str(), (int)getpid(),
@@ -85,6 +87,7 @@ void write_counts() {
     dump_counter(f, "aclop", total.aclop, "  ", ",");
     dump_counter(f, "syncs", total.syncs, "  ", ",");
     dump_counter(f, "hccl", total.hccl, "  ", ",");
+    dump_counter(f, "hccl_bytes", total.hccl_bytes, "  ", ",");
     std::fprintf(f, "  \"steps\": {\n");
     size_t i = 0;
     for (const auto& [step, c] : a.steps) {
@@ -94,7 +97,8 @@ void write_counts() {
         dump_counter(f, "aicpu", c.aicpu, "      ", ",");
         dump_counter(f, "aclop", c.aclop, "      ", ",");
         dump_counter(f, "syncs", c.syncs, "      ", ",");
-        dump_counter(f, "hccl", c.hccl, "      ", "");
+        dump_counter(f, "hccl", c.hccl, "      ", ",");
+        dump_counter(f, "hccl_bytes", c.hccl_bytes, "      ", "");
         std::fprintf(f, "    }%s\n", ++i < a.steps.size() ? "," : "");
     }
     std::fprintf(f, "  }\n}\n");
@@ -139,6 +143,12 @@ void count_hccl(const char* api) {
     Audit& a = audit();
     std::lock_guard<std::mutex> lock(a.mutex);
     ++a.steps[a.step].hccl[t_mc2_op ? std::string(t_mc2_op) + ":" + api : std::string(api)];
+}
+
+void count_hccl_bytes(const char* api, uint64_t bytes) {
+    Audit& a = audit();
+    std::lock_guard<std::mutex> lock(a.mutex);
+    a.steps[a.step].hccl_bytes[t_mc2_op ? std::string(t_mc2_op) + ":" + api : std::string(api)] += bytes;
 }
 
 void count_aclop(const char* op_type) {

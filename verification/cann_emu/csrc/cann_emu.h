@@ -114,6 +114,7 @@ void count_call(const char* op);      // an aclnn operator launched (and whether
 void count_sync(const char* kind);    // a host synchronisation, e.g. "aclrtSynchronizeStream"
 void count_aclop(const char* op_type);  // an operator sent down the legacy aclop path
 void count_hccl(const char* api);     // an HCCL call by name ("<op>:<api>" inside an MC2 operator)
+void count_hccl_bytes(const char* api, uint64_t bytes);  // the bytes that call moved (this rank's input)
 // While alive, this thread's HCCL calls are an MC2 operator's own communication: counted as "<op>:<api>",
 // not as standalone collectives.
 struct Mc2Scope {

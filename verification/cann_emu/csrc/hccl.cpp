@@ -376,6 +376,7 @@ void check_p2p(Comm& c, const void* buf, uint64_t count, int dtype, uint32_t pee
 HcclResult p2p(const char* api, HcclComm handle, bool send, void* buf, uint64_t count, int dtype, uint32_t peer) {
     return on_comm(api, handle, [&](Comm& c) {
         check_p2p(c, buf, count, dtype, peer, send ? "destRank" : "srcRank");
+        count_hccl_bytes(api, count * dtype_bytes(dtype));
         P2P op{&c, send, static_cast<char*>(buf), count, dtype, peer};
         if (t_group_depth > 0) t_group_ops.push_back(op);
         else run_p2p({op}, api);
@@ -649,6 +650,7 @@ CANN_API HcclResult HcclAllReduce(void* send, void* recv, uint64_t count, int dt
         size_t bytes = count * dtype_bytes(dtype);
         check_ptr(send, bytes, "sendBuf");
         check_ptr(recv, bytes, "recvBuf");
+        count_hccl_bytes("HcclAllReduce", bytes);
         collective(c, frame(K_ALLREDUCE, count, dtype, op), true, (const char*)send, bytes,
                    [&](std::vector<Bytes>& in) {
                        Bytes out(bytes, '\0');
@@ -686,6 +688,7 @@ CANN_API HcclResult HcclBroadcast(void* buf, uint64_t count, int dtype, uint32_t
         check_rank(c, root, "root");
         size_t bytes = count * dtype_bytes(dtype);
         check_ptr(buf, bytes, "buf");
+        count_hccl_bytes("HcclBroadcast", c.rank == root ? bytes : 0);
         collective(c, frame(K_BROADCAST, count, dtype, -1, root), true, (const char*)buf, c.rank == root ? bytes : 0,
                    [&](std::vector<Bytes>& in) {
                        std::vector<Bytes> out = same_for_all(c.size, in[root]);
@@ -723,6 +726,7 @@ CANN_API HcclResult HcclAllGather(void* send, void* recv, uint64_t send_count, i
         size_t chunk = send_count * dtype_bytes(dtype);
         check_ptr(send, chunk, "sendBuf");
         check_ptr(recv, chunk * c.size, "recvBuf");
+        count_hccl_bytes("HcclAllGather", chunk);
         collective(c, frame(K_ALLGATHER, send_count, dtype), true, (const char*)send, chunk,
                    [&](std::vector<Bytes>& in) {
                        Bytes all;
@@ -750,6 +754,7 @@ CANN_API HcclResult HcclAllGatherV(void* send, uint64_t send_count, void* recv, 
         uint64_t total = 0;
         for (uint32_t r = 0; r < c.size; ++r) total += counts[r];
         check_ptr(recv, total * es, "recvBuf");
+        count_hccl_bytes("HcclAllGatherV", send_count * es);
         collective(c, frame(K_ALLGATHER_V, send_count, dtype), false, (const char*)send, send_count * es,
                    [&](std::vector<Bytes>& in) {
                        Bytes all;  // [rankSize x uint64 element counts][data in rank order]
@@ -784,6 +789,7 @@ CANN_API HcclResult HcclReduceScatter(void* send, void* recv, uint64_t recv_coun
         size_t chunk = recv_count * dtype_bytes(dtype);
         check_ptr(send, chunk * c.size, "sendBuf");
         check_ptr(recv, chunk, "recvBuf");
+        count_hccl_bytes("HcclReduceScatter", chunk * c.size);
         collective(c, frame(K_REDUCE_SCATTER, recv_count, dtype, op), true, (const char*)send, chunk * c.size,
                    [&](std::vector<Bytes>& in) {
                        Bytes sum(chunk * c.size, '\0');
@@ -815,6 +821,7 @@ CANN_API HcclResult HcclReduceScatterV(void* send, const void* send_counts, cons
             packed.append(static_cast<const char*>(send) + displs[r] * es, counts[r] * es);
         }
         std::vector<uint64_t> hub_counts(counts, counts + c.size);
+        count_hccl_bytes("HcclReduceScatterV", packed.size());
         collective(c, frame(K_REDUCE_SCATTER_V, packed.size() / es, dtype, op), true, packed.data(), packed.size(),
                    [&](std::vector<Bytes>& in) {
                        Bytes sum(packed.size(), '\0');
@@ -838,6 +845,9 @@ void alltoall(Comm& c, uint32_t kind, const char* api, const char* send, const u
               const uint64_t* sdispls, char* recv, const uint64_t* rcounts, const uint64_t* rdispls, int dtype) {
     size_t es = dtype_bytes(dtype);
     Bytes mine;
+    uint64_t sent = 0;
+    for (uint32_t r = 0; r < c.size; ++r) sent += scounts[r] * es;
+    count_hccl_bytes(api, sent);
     for (uint32_t r = 0; r < c.size; ++r) mine.append((const char*)&scounts[r], 8);
     for (uint32_t r = 0; r < c.size; ++r) {
         check_ptr(send, scounts[r] * es, "sendBuf");
@@ -948,6 +958,7 @@ CANN_API HcclResult HcclBatchSendRecv(HcclSendRecvItem* items, uint32_t n, HcclC
             bool send = it.sendRecvType == 0;
             check_p2p(c, it.buf, it.count, it.dataType, it.remoteRank, send ? "remoteRank (send)" : "remoteRank (recv)");
             ops.push_back({&c, send, static_cast<char*>(it.buf), it.count, it.dataType, it.remoteRank});
+            if (send) count_hccl_bytes("HcclBatchSendRecv", it.count * dtype_bytes(it.dataType));
         }
         if (t_group_depth > 0) t_group_ops.insert(t_group_ops.end(), ops.begin(), ops.end());
         else run_p2p(ops, "HcclBatchSendRecv");
