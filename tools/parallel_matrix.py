@@ -97,6 +97,9 @@ class Case:
 PP_1F1B = ["--parallelism.pipeline_parallel_schedule", "1F1B"]
 PP_INTERLEAVED = ["--parallelism.pipeline_parallel_schedule", "Interleaved1F1B",
                   "--parallelism.pipeline_parallel_layers_per_stage", "2"]
+# Inductor's micro-pipeline TP pass rewrites the compiled blocks' all-gather + matmul into symm_mem's fused op
+# (tp_mc2's kernel); on targets compiling with aot_eager (no NPU inductor) the pass does not run.
+ASYNC_TP = ["--compile.enable", "--compile.enable_async_tensor_parallel"]
 ULYSSES, ALLGATHER = {"context_parallel": {"scheme": "ulysses"}}, {"context_parallel": {"scheme": "allgather"}}
 
 CASES = [
@@ -114,6 +117,7 @@ CASES = [
     Case("cp_allgather_varlen", "llama3_varlen", 2, _p(cp=2), options=ALLGATHER, ci=True),
     Case("fsdp_x_tp", "llama3", 4, _p(dp_shard=2, tp=2)),
     Case("tp_dist_gemm", "llama3_dist_gemm", 2, _p(tp=2), ci=True),
+    Case("tp_async_compile", "llama3", 2, _p(tp=2) + ASYNC_TP),
     Case("pp_x_fsdp", "llama3", 4, _p(pp=2, dp_shard=2) + PP_1F1B),
     Case("cp_x_tp", "llama3", 4, _p(cp=2, tp=2)),
     Case("qwen3_cp_ulysses", "qwen3", 2, _p(cp=2), options=ULYSSES),
@@ -130,11 +134,13 @@ CASES = [
     Case("sim_cp_allgather_flex", "llama3", 2, _p(cp=2), target="sim", options=ALLGATHER, ci=True),
     Case("sim_cp_ulysses_varlen", "llama3_varlen", 2, _p(cp=2), target="sim", options=ULYSSES, ci=True),
     Case("sim_tp_dist_gemm", "llama3_dist_gemm", 2, _p(tp=2), target="sim", ci=True),
+    Case("sim_tp_async_compile", "llama3", 2, _p(tp=2) + ASYNC_TP, target="sim"),
     # The same four through the real torch_npu wheel on the CANN emulation: its ProcessGroupHCCL
     # (sub-groups, batched send/recv, all-to-all) over the emulated HCCL, DCP loading the seed
     # checkpoint onto npu tensors, and the real op-plugin's attention kernels.
     Case("cann_fsdp_x_tp", "llama3", 4, _p(dp_shard=2, tp=2), target="cann"),
     Case("cann_tp_dist_gemm", "llama3_dist_gemm", 2, _p(tp=2), target="cann", ci=True),
+    Case("cann_tp_async_compile", "llama3", 2, _p(tp=2) + ASYNC_TP, target="cann"),
     Case("cann_pp_1f1b", "llama3", 2, _p(pp=2) + PP_1F1B, target="cann", ci=True),
     Case("cann_cp_allgather_flex", "llama3", 2, _p(cp=2), target="cann", options=ALLGATHER),
     Case("cann_cp_ulysses_varlen", "llama3_varlen", 2, _p(cp=2), target="cann", options=ULYSSES),

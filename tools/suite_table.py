@@ -9,6 +9,7 @@ exactly what ``render()`` and ``render_counts()`` give and that every enabled up
 Usage: python tools/suite_table.py                        # print the blocks
        python tools/suite_table.py --check | --write      # compare with / rewrite the documents' blocks
        python tools/suite_table.py --record TARGET DIR    # copy DIR/matrix.json to docs/suite/TARGET.json
+                                                          # (TARGET h100/<target>: the advanced suite's block)
        python tools/suite_table.py --rerun TARGET DIR     # replace the rows DIR/matrix.json re-ran
 A re-run (cases run again after a fix) replaces those rows and is listed under the target with
 its own date, commit and command, so every row says which run it comes from.
@@ -31,6 +32,11 @@ BEGIN, END = doc_blocks.markers("suite-matrix", "tools/suite_table.py")
 COUNTS_BEGIN, COUNTS_END = doc_blocks.markers("suite-counts", "tools/suite_table.py")
 # Column order and headings; a target's file is docs/suite/<key>.json.
 TARGETS = {"rehearsal": "CPU rehearsal", "sim_npu": "simulated NPUs"}
+# Upstream's advanced suite (tests/integration_tests/h100.py, `npu-inject suite --suite h100`), its own
+# block: docs/suite/h100/<target>.json, with the real torch_npu wheel on the CANN emulation as a third column.
+H100_TARGETS = {"h100/rehearsal": "CPU rehearsal", "h100/sim_npu": "simulated NPUs",
+                "h100/cann_emu": "real torch_npu on the CANN emulation"}
+H100_BEGIN, H100_END = doc_blocks.markers("suite-h100", "tools/suite_table.py")
 STATUSES = ("green", "stopped", "red", "timeout", "memory")
 
 
@@ -73,15 +79,15 @@ def render_counts() -> str:
     return "\n".join([*lines, COUNTS_END])
 
 
-def render() -> str:
-    matrices = {target: load(target) for target in TARGETS}
+def render(targets: dict[str, str] = TARGETS, begin: str = BEGIN, end: str = END) -> str:
+    matrices = {target: load(target) for target in targets}
     names: list[str] = []
     for matrix in matrices.values():
         names += [f"{c['suite']}/{c['name']}" for c in matrix["cases"] if f"{c['suite']}/{c['name']}" not in names]
     by_name = {target: {f"{c['suite']}/{c['name']}": c for c in matrix["cases"]}
                for target, matrix in matrices.items()}
-    lines = [BEGIN, ""]
-    for target, heading in TARGETS.items():
+    lines = [begin, ""]
+    for target, heading in targets.items():
         meta, cases = matrices[target]["meta"], matrices[target]["cases"]
         lines.append(f"- **{heading}**: {_counts(cases)}. {meta['date']}, npu_inject "
                      f"{meta.get('npu_inject_commit', 'unknown')}, {meta['machine']}; {_shape(meta)}; "
@@ -89,23 +95,27 @@ def render() -> str:
         for rerun in meta.get("reruns", ()):
             lines.append(f"  - re-run: {', '.join(rerun['cases'])}; {rerun['date']}, npu_inject "
                          f"{rerun.get('npu_inject_commit', 'unknown')}, {rerun['machine']}; `{rerun['command']}`")
-    lines += ["", "| case | ranks | " + " | ".join(TARGETS.values()) + " |",
-              "|---|---|" + "---|" * len(TARGETS)]
+    lines += ["", "| case | ranks | " + " | ".join(targets.values()) + " |",
+              "|---|---|" + "---|" * len(targets)]
     for name in names:
-        ranks = next(by_name[t][name]["ngpu"] for t in TARGETS if name in by_name[t])
-        lines.append(f"| {name} | {ranks} | " + " | ".join(_cell(by_name[t].get(name)) for t in TARGETS) + " |")
+        ranks = next(by_name[t][name]["ngpu"] for t in targets if name in by_name[t])
+        lines.append(f"| {name} | {ranks} | " + " | ".join(_cell(by_name[t].get(name)) for t in targets) + " |")
     lines += ["", "Rows that are not green, with the root cause in one line (attributed to):", ""]
     for name in names:
         causes: dict[str, list[str]] = {}
-        for target, heading in TARGETS.items():
+        for target, heading in targets.items():
             case = by_name[target].get(name)
             if case is not None and case["status"] != "green":
                 text = f"{case['status']}: {case['cause']} ({case['attributed_to']})"
                 causes.setdefault(text, []).append(heading)
         for text, where in causes.items():
             lines.append(f"- {name} ({' and '.join(where)}) {text}")
-    lines += ["", END]
+    lines += ["", end]
     return "\n".join(lines)
+
+
+def render_h100() -> str:
+    return render(H100_TARGETS, H100_BEGIN, H100_END)
 
 
 def portable(matrix: dict) -> dict:
@@ -131,12 +141,12 @@ def _write(target: str, matrix: dict) -> str:
 
 def record(target: str, output_dir: str) -> str:
     """Copy a whole-suite run's matrix.json as the target's data file."""
-    if target not in TARGETS:
-        raise SystemExit(f"--record: target {target!r} is not one of {', '.join(TARGETS)}")
+    if target not in TARGETS and target not in H100_TARGETS:
+        raise SystemExit(f"--record: target {target!r} is not one of {', '.join([*TARGETS, *H100_TARGETS])}")
     source = os.path.join(output_dir, "matrix.json")
     if not os.path.isfile(source):
         raise SystemExit(f"--record: no matrix.json in {output_dir} (npu-inject suite's --output)")
-    os.makedirs(DATA, exist_ok=True)
+    os.makedirs(os.path.dirname(os.path.join(DATA, target)), exist_ok=True)
     with open(source, encoding="utf-8") as handle:
         return _write(target, json.load(handle))
 
@@ -168,5 +178,6 @@ if __name__ == "__main__":
     if len(sys.argv) == 4 and sys.argv[1] in ("--record", "--rerun"):
         print((record if sys.argv[1] == "--record" else rerun)(sys.argv[2], sys.argv[3]))
         sys.exit(0)
-    sys.exit(doc_blocks.main_blocks([(render, DOC, BEGIN, END), (render_counts, README, COUNTS_BEGIN, COUNTS_END)],
+    sys.exit(doc_blocks.main_blocks([(render, DOC, BEGIN, END), (render_h100, DOC, H100_BEGIN, H100_END),
+                                     (render_counts, README, COUNTS_BEGIN, COUNTS_END)],
                                     __doc__.splitlines()[0]))
