@@ -37,6 +37,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import importlib
+import importlib.metadata
 import importlib.util
 import logging
 import pathlib
@@ -52,7 +53,7 @@ TARGETS = (
 SAFE_BACKEND = "aot_eager"
 
 
-def inductor_problem(target: str) -> str:
+def _inductor_problem(target: str) -> str:
     """Why torch's inductor cannot generate code for the target ("" when it can)."""
     if target == "cpu":
         from torch._inductor import cpp_builder
@@ -74,6 +75,20 @@ def inductor_problem(target: str) -> str:
 
     if get_scheduling_for_device("npu") is None:
         return "torch_npu._inductor registered no code generation for the 'npu' device"
+    return _triton_driver_problem()
+
+
+def _triton_driver_problem() -> str:
+    """Why triton cannot launch kernels here ('' when it can). CUDA's triton (torch's own dependency) imports
+    fine beside torch_npu but drives no NPU: inductor would fail at its first kernel ("0 active drivers")."""
+    from triton.runtime import driver
+
+    try:
+        driver.active.get_current_target()
+    except RuntimeError as exc:  # triton found no backend whose driver is active on this machine
+        version = importlib.metadata.version("triton") if importlib.util.find_spec("triton") else "?"
+        return (f"triton {version} has no active driver here ({exc}); torch_npu's NPU inductor needs "
+                "triton-ascend's NPU driver")
     return ""
 
 
@@ -90,7 +105,7 @@ def _dynamo_backend_problem(name: str) -> str:
 def resolve_backend(requested: str, option: str, target: str) -> tuple[str, str, str]:
     """(backend, why, problem): the backend to use, the reason, and why the wanted one cannot run."""
     wanted, source = (requested, "--compile.backend") if option == "auto" else (option, "registry option backend")
-    problem = inductor_problem(target) if wanted == "inductor" else _dynamo_backend_problem(wanted)
+    problem = _inductor_problem(target) if wanted == "inductor" else _dynamo_backend_problem(wanted)
     if problem:
         return SAFE_BACKEND, f"{wanted!r} ({source}) cannot run on target {target}: {problem}", problem
     if wanted == "inductor":

@@ -102,6 +102,14 @@ def session(tmp_path_factory) -> dict:
         out["rsubs_expected"] = [(7 - index).tolist(), torch.rsub(a, 1.5, alpha=2).tolist()]
         out["rsub"] = torch.rsub(a.npu(), b.npu(), alpha=3).cpu().tolist()
         out["rsub_expected"] = torch.rsub(a, b, alpha=3).tolist()
+        # torch.randint / Tensor.random_ (aclnnInplaceRandom): [low, high - 1], the CPU generator's numbers for
+        # the same seed (the emulation's documented stand-in for Ascend's Philox stream)
+        torch.manual_seed(7)
+        out["randint"] = [torch.randint(3, 10, (64,), device="npu").cpu().tolist(),
+                          torch.empty(16, dtype=torch.bfloat16, device="npu").random_(0, 4).float().cpu().tolist()]
+        torch.manual_seed(7)
+        out["randint_expected"] = [torch.randint(3, 10, (64,)).tolist(),
+                                   torch.empty(16, dtype=torch.bfloat16).random_(0, 4).float().tolist()]
         try:
             a.npu().erfinv()
             out["erfinv"] = "no error"
@@ -187,6 +195,8 @@ def test_aten_backed_operators_through_torch_npu(session):
     assert session["mul"] == session["mul_expected"]
     assert session["rsubs"] == session["rsubs_expected"]
     assert session["rsub"] == session["rsub_expected"]
+    assert session["randint"] == session["randint_expected"]
+    assert min(session["randint"][0]) >= 3 and max(session["randint"][0]) <= 9
 
 
 def test_unimplemented_operator_fails_loudly_by_name(session):

@@ -1,10 +1,12 @@
-"""torchtitan's own integration cases through ``npu-inject suite`` on the CPU rehearsal and simulated NPUs.
+"""torchtitan's own integration cases through ``npu-inject suite`` on the CPU rehearsal, simulated NPUs and the
+real torch_npu wheel on the CANN emulation.
 
 CI runs one case per parallelism dimension, one checkpoint save-and-resume, one compile and one
 model-suite case on the rehearsal (``CI_CASES``; the dry-run modes are tests/e2e/test_dry_runs.py),
-and ``SIM_CI_CASES`` on simulated NPUs, 2 steps at a shrunk shape. ``-m upstream_suite`` runs every
-enabled case of both suites on each target and prints the matrix. Each case must be green or stop
-with one clear line.
+``SIM_CI_CASES`` on simulated NPUs and ``CANN_CI_CASES`` on the emulation (through upstream's run_train.sh,
+expandable segments on), 2 steps at a shrunk shape. ``-m upstream_suite`` runs every enabled case of
+both suites on the rehearsal and simulated NPUs, and upstream's advanced suite (``h100``) on all three
+targets, and prints the matrix. Each case must be green or stop with one clear line.
 """
 
 from __future__ import annotations
@@ -16,7 +18,9 @@ import sys
 
 import pytest
 
-from testkit import REPO, clean_env, sim_npu_env
+from testkit import REPO, clean_env, sim_npu_env  # first: puts the repository root on sys.path
+from tools.parallel_matrix import CANN_PYTHON, cann_missing
+from verification.cann_emu import cann_env
 
 UPSTREAM = os.path.join(os.path.dirname(REPO), "shared", "upstream", "torchtitan-0.3")
 NPU_INJECT = os.path.join(os.path.dirname(sys.executable), "npu-inject")
@@ -33,16 +37,24 @@ CI_CASES = {
 
 # On simulated NPUs ("hccl" over the simulated devices): a 4-rank case crossing FSDP, TP and sequence parallel.
 SIM_CI_CASES = {("features", "2d_eager"): "FSDP x tensor parallel on simulated NPUs"}
+# On the real torch_npu wheel (CANN emulation): MC2 tensor parallelism (dist_gemm, FSDP 2 x TP 2) through
+# upstream's run_train.sh, whose expandable segments take torch_npu's virtual-memory allocator.
+CANN_CI_CASES = {("h100", "dist_gemm"): "TP on MC2 kernels through the real torch_npu wheel"}
 TARGET_ENVS = {
     "cpu": lambda: clean_env(TORCHTITAN_NPU="cpu", HF_HUB_OFFLINE="1"),
     "npu": lambda: {**sim_npu_env(HF_HUB_OFFLINE="1"), "TORCHTITAN_NPU_SIM_DEVICES": "8"},
+    "cann": lambda: cann_env(clean_env(TORCHTITAN_NPU="1", HF_HUB_OFFLINE="1", OMP_NUM_THREADS="1")),
 }
+# The suite runs under the target's interpreter (run_train.sh finds torchrun beside it).
+SUITE_COMMANDS = {"cpu": [NPU_INJECT, "suite"], "npu": [NPU_INJECT, "suite"],
+                  "cann": [CANN_PYTHON, "-m", "npu_inject", "suite"]}
+needs_cann = pytest.mark.skipif(cann_missing() is not None, reason=cann_missing() or "")
 
 needs_upstream = pytest.mark.skipif(not os.path.isdir(UPSTREAM), reason=f"upstream's suite is not at {UPSTREAM}")
 
 
 def _suite(tmp_path, suites: str, cases: str, timeout: int, target: str = "cpu") -> dict:
-    command = [NPU_INJECT, "suite", "--torchtitan-src", UPSTREAM, "--suite", suites, "--steps", "2",
+    command = [*SUITE_COMMANDS[target], "--torchtitan-src", UPSTREAM, "--suite", suites, "--steps", "2",
                "--shrink", "256,2", "--case-timeout", "900", "--output", str(tmp_path / "matrix")]
     if cases:
         command += ["--cases", cases]
@@ -85,4 +97,30 @@ def test_every_enabled_case_is_green_or_stops_clearly(tmp_path, target):
     result = _suite(tmp_path, "features,models", "", timeout=6 * 3600, target=target)
     bad = {row["name"]: (row["status"], row["cause"], row["attributed_to"]) for row in result["cases"]
            if row["status"] not in ("green", "stopped")}
+    assert not bad, bad
+
+
+@needs_upstream
+@needs_cann
+@pytest.mark.e2e
+@pytest.mark.cann_emu
+def test_ci_cases_are_green_on_the_cann_emulation(tmp_path):
+    """The MC2 path through the real wheel, launched as upstream launches (run_train.sh, expandable segments)."""
+    cases = ",".join(name for _, name in CANN_CI_CASES)
+    result = _suite(tmp_path, "h100", cases, timeout=3600, target="cann")
+    assert result["meta"]["target"] == "npu" and not result["meta"]["simulated_npu"]
+    bad = {row["name"]: (row["status"], row["cause"]) for row in result["cases"] if row["status"] != "green"}
+    assert not bad and len(result["cases"]) == len(CANN_CI_CASES), (bad, result["stderr"][-3000:])
+
+
+@needs_upstream
+@pytest.mark.upstream_suite
+@pytest.mark.parametrize("target", ["cpu", "npu", pytest.param("cann", marks=needs_cann)])
+def test_every_advanced_case_is_green_or_stops_clearly(tmp_path, target):
+    """Upstream's h100 suite: dist_gemm and async TP green, float8, symmetric-memory FSDP and the DeepEP-family
+    MoE backends one clear line each."""
+    result = _suite(tmp_path, "h100", "", timeout=3 * 3600, target=target)
+    statuses = {row["name"]: row["status"] for row in result["cases"]}
+    assert statuses["dist_gemm"] == statuses["2d_asynctp_compile"] == "green", result["cases"]
+    bad = {row["name"]: (row["status"], row["cause"]) for row in result["cases"] if row["status"] not in ("green", "stopped")}
     assert not bad, bad

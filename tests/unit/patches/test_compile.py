@@ -44,6 +44,13 @@ def test_npu_without_torch_npu_inductor_falls_back_to_aot_eager(monkeypatch):
     assert "torch_npu._inductor" in problem and "'inductor' (--compile.backend) cannot run on target npu" in why
 
 
+def test_npu_with_a_triton_that_drives_no_npu_falls_back_to_aot_eager():
+    """torch's CUDA triton imports beside torch_npu on a machine with neither GPU nor triton-ascend (the CANN
+    emulation here): inductor would fail at its first kernel with "0 active drivers"; aot_eager runs instead."""
+    problem = _compile_patch()._triton_driver_problem()
+    assert "has no active driver" in problem and "triton-ascend" in problem, problem
+
+
 def test_registry_option_forces_a_backend_and_unknown_backends_fall_back():
     compile_patch = _compile_patch()
     assert compile_patch.resolve_backend("inductor", "aot_eager", "npu") == (

@@ -210,3 +210,14 @@ CANN_API aclnnStatus aclnnInplaceUniformGetWorkspaceSize(const aclTensor* self, 
     }, ws, ex);
 }
 CANN_EMU_LAUNCH(aclnnInplaceUniform)
+// aclnn_random.h: integers drawn uniformly from [from, to - 1] (torch.randint, Tensor.random_).
+CANN_API aclnnStatus aclnnInplaceRandomGetWorkspaceSize(const aclTensor* self, int64_t from, int64_t to, int64_t seed,
+                                                        int64_t offset, uint64_t* ws, aclOpExecutor** ex) {
+    const char* op = "aclnnInplaceRandom";
+    if (int rc = check_args(op, {{"selfRef", self}})) return rc;
+    if (from >= to) return invalid(op, "from must be < to (the values are drawn from [from, to - 1])");
+    return aten_executor(op, [s = hold(self), from, to, seed, offset] {
+        view(s).random_(from, to, stream_for(seed, offset));
+    }, ws, ex);
+}
+CANN_EMU_LAUNCH(aclnnInplaceRandom)
