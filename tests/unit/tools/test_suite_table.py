@@ -36,8 +36,27 @@ def test_each_target_ran_every_enabled_case_of_both_suites(target):
     assert matrix["meta"]["simulated_npu"] is (target == "sim_npu")
 
 
+def test_docs_hold_the_advanced_suites_block():
+    with open(suite_table.DOC, encoding="utf-8") as handle:
+        assert doc_blocks.block(handle.read(), suite_table.H100_BEGIN, suite_table.H100_END) == \
+            suite_table.render_h100(), "docs/suite.md's h100 block is stale: python tools/suite_table.py --write"
+
+
+@pytest.mark.skipif(not os.path.isdir(UPSTREAM), reason=f"upstream's suite is not at {UPSTREAM}")
+@pytest.mark.parametrize("target", list(suite_table.H100_TARGETS))
+def test_each_target_ran_every_enabled_case_of_the_advanced_suite(target):
+    from npu_inject.commands import suite
+
+    expected = {f"h100/{case.name}" for case in suite.load_cases(UPSTREAM, ["h100"])}
+    matrix = suite_table.load(target)
+    assert {f"{case['suite']}/{case['name']}" for case in matrix["cases"]} == expected
+    assert matrix["meta"]["target"] == ("cpu" if target == "h100/rehearsal" else "npu")
+    assert matrix["meta"]["simulated_npu"] is (target == "h100/sim_npu")
+    assert {case["name"]: case["status"] for case in matrix["cases"]}["dist_gemm"] == "green"
+
+
 def test_every_row_that_is_not_green_says_why():
-    for target in suite_table.TARGETS:
+    for target in [*suite_table.TARGETS, *suite_table.H100_TARGETS]:
         for case in suite_table.load(target)["cases"]:
             if case["status"] != "green":
                 assert case["cause"] and case["attributed_to"], (target, case["name"])
