@@ -87,6 +87,37 @@ def _mib(count_and_bytes: dict[str, tuple[int, int]]) -> str:
                      sorted(count_and_bytes.items())) or "0"
 
 
+OWNERS = ("npu_inject", "torchtitan", "other", "torch/torch_npu", "torch_npu", "none")
+
+
+def sync_sites(step_counts: dict) -> list[tuple[str, str, str, str, int]]:
+    """(kind, owner, caller, via, count) per host synchronisation site of one step, most frequent first. The
+    caller is the first Python frame outside torch, torch_npu, wrapt and the standard library; its package
+    owns the sync (npu_inject, torchtitan, other; torch/torch_npu when there is none)."""
+    rows = []
+    for key, count in step_counts.get("sync_sites", {}).items():
+        kind, owner, caller, via = (part.strip() for part in (key.split(" | ") + ["", "", ""])[:4])
+        rows.append((kind, owner, caller, via, count))
+    return sorted(rows, key=lambda row: (-row[4], OWNERS.index(row[1]) if row[1] in OWNERS else 99, row[2]))
+
+
+def _render_sync_sites(document: dict) -> list[str]:
+    steps = [step for step in sorted(document.get("steps", {}), key=_step_key) if step.isdigit()]
+    if not steps or not any(document["steps"][step].get("sync_sites") for step in steps):
+        return []
+    out = ["", "Host synchronisations per step by owner (the first Python frame outside torch/torch_npu):"]
+    for step in steps:
+        owners: dict[str, int] = {}
+        for _, owner, _, _, count in sync_sites(document["steps"][step]):
+            owners[owner] = owners.get(owner, 0) + count
+        out.append(f"  step {step}: " + (", ".join(f"{owner} {n}" for owner, n in sorted(owners.items())) or "0"))
+    last = steps[-1]
+    out += ["", f"Host synchronisations of step {last} by source line:"]
+    rows = [[count, kind, owner, caller, via] for kind, owner, caller, via, count in sync_sites(document["steps"][last])]
+    out.append(_table(["count", "sync", "owner", "caller", "innermost torch frame"], rows))
+    return out
+
+
 def render_cann_emu(document: dict, source: str) -> str:
     """The real torch_npu's calls into the CANN emulation, one row per training step."""
     out = [f"{source} (rank {document.get('rank')}, {document.get('soc')}; the real torch_npu's calls into "
@@ -104,6 +135,7 @@ def render_cann_emu(document: dict, source: str) -> str:
     out.append("Collectives per step, calls (MiB this rank put in): standalone, and inside MC2 operators "
                "(collective + GEMM in one operator)")
     out.append(_table(["step", "standalone collectives", "inside MC2 operators"], rows))
+    out += _render_sync_sites(document)
     for key, title in (("aicpu", "Operators CANN runs on AI CPU"), ("aclop", "Operators sent down the legacy aclop path")):
         out.append(f"{title}: {_counted(document.get(key, {}))}")
     return "\n".join(out)

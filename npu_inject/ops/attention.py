@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 import torch
 
 from npu_inject.ops import kernels, spmd_typing
+from npu_inject.ops.host_reads import host_copy
 
 COMPRESSED_MASK_SIZE = 2048
 SPARSE_LEFT_UP_CAUSAL, SPARSE_RIGHT_DOWN_CAUSAL, SPARSE_BAND = 2, 3, 4
@@ -76,10 +77,11 @@ class AttentionPlan:
 def document_ends_from_positions(positions_BL: torch.Tensor) -> tuple[int, ...]:
     """Cumulative document ends over B*L tokens; documents start where positions reset to 0.
 
-    Each row starts a document, as torchtitan's packed-document flex masks behave.
-    One host synchronisation, once per forward (shared by every layer).
+    Each row starts a document, as torchtitan's packed-document flex masks behave. The kernel takes the
+    lengths on the host, so the positions are read there: one copy per forward, shared with RoPE's
+    bounds check (:mod:`npu_inject.ops.host_reads`), and computed on the host (no device launches).
     """
-    starts_BL = positions_BL == 0
+    starts_BL = host_copy(positions_BL) == 0
     starts_BL[:, 0] = True
     starts = starts_BL.flatten().nonzero().flatten().tolist()
     return tuple(starts[1:]) + (positions_BL.numel(),)

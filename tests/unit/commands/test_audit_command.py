@@ -100,6 +100,24 @@ def test_cann_emulation_collectives_split_into_standalone_and_inside_mc2_with_by
                      "aclnnMatmulReduceScatter:HcclReduceScatter 1 (0.50 MiB)")
 
 
+def test_cann_emulation_syncs_by_owner_and_source_line(tmp_path, capsys):
+    step = _steps({"aclnnMm": 1}, syncs={"aclrtSynchronizeStream": 3})
+    step["sync_sites"] = {
+        "aclrtSynchronizeStream | torchtitan | torchtitan/trainer.py:700 Trainer.train_step | torch/_tensor.py:1 item": 2,
+        "aclrtSynchronizeStream | npu_inject | npu_inject/ops/attention.py:90 lengths | ": 1}
+    path = tmp_path / "cann_emu_rank0.json"
+    path.write_text(json.dumps(dict(CANN_EMU, steps={"1": step, "2": step})))
+    assert main(["audit", str(path)]) == 0
+    out = capsys.readouterr().out
+    assert "  step 1: npu_inject 1, torchtitan 2" in out and "  step 2: npu_inject 1, torchtitan 2" in out
+    table = out[out.index("Host synchronisations of step 2 by source line:"):].splitlines()
+    assert re.split(r"\s{2,}", table[3].strip()) == [
+        "2", "aclrtSynchronizeStream", "torchtitan", "torchtitan/trainer.py:700 Trainer.train_step",
+        "torch/_tensor.py:1 item"]
+    assert re.split(r"\s{2,}", table[4].strip()) == [
+        "1", "aclrtSynchronizeStream", "npu_inject", "npu_inject/ops/attention.py:90 lengths"]
+
+
 def test_cann_emulation_aicpu_or_aclop_operators_are_findings(tmp_path, capsys):
     document = dict(CANN_EMU, aclop={"TransData": 2})
     document["steps"] = dict(CANN_EMU["steps"], **{"2": _steps({"aclnnMm": 2}, aclop={"TransData": 2})})

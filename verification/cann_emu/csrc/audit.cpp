@@ -14,12 +14,15 @@
 // `npu-inject audit <dump>` prints).
 #include "cann_emu.h"
 
+#include <dlfcn.h>
+
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <map>
 #include <mutex>
 #include <string>
+#include <type_traits>
 #include <unistd.h>
 
 namespace cann_emu {
@@ -28,6 +31,10 @@ namespace {
 using Counter = std::map<std::string, uint64_t>;
 struct StepCounts {
     Counter aclnn, aicpu, aclop, syncs, hccl, hccl_bytes;
+    // "<kind> | <owner> | <caller file:line function> | <innermost torch frame>": the first frame outside torch,
+    // torch_npu, wrapt and the standard library made the synchronisation; its owner is npu_inject, torchtitan,
+    // other, or torch/torch_npu when no such frame exists.
+    Counter sync_sites;
 };
 struct Audit {
     std::mutex mutex;
@@ -45,7 +52,12 @@ void dump_counter(FILE* f, const char* key, const Counter& m, const char* indent
     std::fprintf(f, "%s\"%s\": {", indent, key);
     const char* sep = "";
     for (const auto& [name, n] : m) {
-        std::fprintf(f, "%s\"%s\": %llu", sep, name.c_str(), (unsigned long long)n);
+        std::string escaped;  // JSON string escaping (sync sites hold paths and Python names)
+        for (char ch : name) {
+            if (ch == '"' || ch == '\\') escaped += '\\';
+            if (static_cast<unsigned char>(ch) >= 0x20) escaped += ch;
+        }
+        std::fprintf(f, "%s\"%s\": %llu", sep, escaped.c_str(), (unsigned long long)n);
         sep = ", ";
     }
     std::fprintf(f, "}%s\n", end);
@@ -78,6 +90,7 @@ void write_counts() {
         for (const auto& [k, n] : c.syncs) total.syncs[k] += n;
         for (const auto& [k, n] : c.hccl) total.hccl[k] += n;
         for (const auto& [k, n] : c.hccl_bytes) total.hccl_bytes[k] += n;
+        for (const auto& [k, n] : c.sync_sites) total.sync_sites[k] += n;
     }
     std::fprintf(f, "{\n  \"schema\": 2,\n  \"soc\": \"%s\",\n  \"pid\": %d,\n  \"rank\": %s,\n",
                  config().soc.c_str(), (int)getpid(),
@@ -88,6 +101,7 @@ void write_counts() {
     dump_counter(f, "syncs", total.syncs, "  ", ",");
     dump_counter(f, "hccl", total.hccl, "  ", ",");
     dump_counter(f, "hccl_bytes", total.hccl_bytes, "  ", ",");
+    dump_counter(f, "sync_sites", total.sync_sites, "  ", ",");
     std::fprintf(f, "  \"steps\": {\n");
     size_t i = 0;
     for (const auto& [step, c] : a.steps) {
@@ -98,7 +112,8 @@ void write_counts() {
         dump_counter(f, "aclop", c.aclop, "      ", ",");
         dump_counter(f, "syncs", c.syncs, "      ", ",");
         dump_counter(f, "hccl", c.hccl, "      ", ",");
-        dump_counter(f, "hccl_bytes", c.hccl_bytes, "      ", "");
+        dump_counter(f, "hccl_bytes", c.hccl_bytes, "      ", ",");
+        dump_counter(f, "sync_sites", c.sync_sites, "      ", "");
         std::fprintf(f, "    }%s\n", ++i < a.steps.size() ? "," : "");
     }
     std::fprintf(f, "  }\n}\n");
@@ -127,10 +142,100 @@ void count_call(const char* op) {
     }
 }
 
+namespace {
+// ---- where a host synchronisation came from: the Python stack of the thread that made it -------------
+// CPython's C API, looked up in the process (the interpreter that loaded torch_npu) rather than linked, so
+// the library still loads without Python (ctypes tests, C callers). Only on a synchronisation: tens per step.
+struct PythonApi {
+    int (*is_initialized)() = nullptr;
+    void* (*this_thread_state)() = nullptr;  // PyGILState_GetThisThreadState: null on a thread Python never saw
+    int (*gil_ensure)() = nullptr;
+    void (*gil_release)(int) = nullptr;
+    void* (*current_frame)() = nullptr;      // PyEval_GetFrame: borrowed
+    void* (*frame_back)(void*) = nullptr;    // new references from here on
+    void* (*frame_code)(void*) = nullptr;
+    int (*frame_line)(void*) = nullptr;
+    void* (*get_attr)(void*, const char*) = nullptr;
+    const char* (*utf8)(void*) = nullptr;
+    void (*incref)(void*) = nullptr;
+    void (*decref)(void*) = nullptr;
+    bool complete = false;
+};
+const PythonApi& python_api() {
+    static PythonApi api = [] {
+        PythonApi p;
+        auto find = [](auto& slot, const char* name) { slot = reinterpret_cast<std::remove_reference_t<decltype(slot)>>(dlsym(RTLD_DEFAULT, name)); return slot != nullptr; };
+        p.complete = find(p.is_initialized, "Py_IsInitialized") && find(p.this_thread_state, "PyGILState_GetThisThreadState") &&
+                     find(p.gil_ensure, "PyGILState_Ensure") && find(p.gil_release, "PyGILState_Release") &&
+                     find(p.current_frame, "PyEval_GetFrame") && find(p.frame_back, "PyFrame_GetBack") &&
+                     find(p.frame_code, "PyFrame_GetCode") && find(p.frame_line, "PyFrame_GetLineNumber") &&
+                     find(p.get_attr, "PyObject_GetAttrString") && find(p.utf8, "PyUnicode_AsUTF8") &&
+                     find(p.incref, "Py_IncRef") && find(p.decref, "Py_DecRef");
+        return p;
+    }();
+    return api;
+}
+
+// A path from the package on: ".../site-packages/torchtitan/train.py" -> "torchtitan/train.py".
+std::string short_path(std::string path) {
+    for (const char* root : {"/site-packages/", "/dist-packages/"}) {
+        size_t at = path.rfind(root);
+        if (at != std::string::npos) return path.substr(at + std::strlen(root));
+    }
+    size_t at = path.rfind("/npu_inject/");
+    if (at != std::string::npos) return path.substr(at + 1);
+    return path;
+}
+
+bool is_torch_internal(const std::string& file) {
+    return file.rfind("torch/", 0) == 0 || file.rfind("torch_npu/", 0) == 0 || file.rfind("<frozen", 0) == 0 ||
+           file.rfind("wrapt/", 0) == 0 || file.find("/contextlib.py") != std::string::npos ||
+           file.find("/python3.") != std::string::npos;
+}
+
+// "<owner> | <file:line function> | via <innermost torch frame>" for the calling thread, or why there is none.
+std::string python_site() {
+    const PythonApi& py = python_api();
+    if (!py.complete || !py.is_initialized()) return "none | (no Python in this process) | ";
+    if (!py.this_thread_state()) return "torch_npu | (a thread without Python: torch_npu's own) | ";
+    int state = py.gil_ensure();  // the caller may have released the GIL (torch.npu.synchronize does)
+    std::string caller, via, owner = "torch/torch_npu";
+    void* frame = py.current_frame();
+    if (frame) py.incref(frame);
+    for (int depth = 0; frame && depth < 64 && caller.empty(); ++depth) {
+        void* code = py.frame_code(frame);
+        void* file_obj = code ? py.get_attr(code, "co_filename") : nullptr;
+        void* name_obj = code ? py.get_attr(code, "co_qualname") : nullptr;
+        std::string file = short_path(file_obj && py.utf8(file_obj) ? py.utf8(file_obj) : "?");
+        std::string where = file + ":" + std::to_string(py.frame_line(frame)) + " " +
+                            (name_obj && py.utf8(name_obj) ? py.utf8(name_obj) : "?");
+        if (name_obj) py.decref(name_obj);
+        if (file_obj) py.decref(file_obj);
+        if (code) py.decref(code);
+        if (!is_torch_internal(file)) {
+            caller = where;
+            owner = file.rfind("npu_inject/", 0) == 0 ? "npu_inject" : file.rfind("torchtitan/", 0) == 0 ? "torchtitan"
+                                                                                                         : "other";
+        } else if (via.empty()) {
+            via = where;
+        }
+        void* back = py.frame_back(frame);
+        py.decref(frame);
+        frame = back;
+    }
+    if (frame) py.decref(frame);
+    py.gil_release(state);
+    return owner + " | " + (caller.empty() ? "(torch and torch_npu frames only)" : caller) + " | " + via;
+}
+
+}  // namespace
+
 void count_sync(const char* kind) {
+    std::string site = std::string(kind) + " | " + python_site();  // before the lock: it may wait for the GIL
     Audit& a = audit();
     std::lock_guard<std::mutex> lock(a.mutex);
     ++a.steps[a.step].syncs[kind];
+    ++a.steps[a.step].sync_sites[site];
 }
 
 namespace {

@@ -1,0 +1,51 @@
+"""Device tensors read on the host: one device-to-host copy per tensor, shared by every reader.
+
+On an NPU each read of device data by the host is a copy and a stream synchronisation, which stalls
+the launch queue. Some small tensors are read by several parts of one forward: the position ids of a
+packed batch give the attention kernel its document lengths (which torch_npu takes as host ints) and
+RoPE's bounds check. :func:`host_copy` copies such a tensor once and hands the same host copy to the
+later readers.
+
+An entry is the tensor's storage address, view and version counter, and keeps the tensor alive: while
+it is cached no other tensor can take its memory, and any in-place write (the version moves) misses.
+Only the latest few tensors are kept (a forward's positions, then the next step's).
+"""
+
+from __future__ import annotations
+
+import collections
+
+import torch
+
+_CACHED = 4
+_cache: collections.OrderedDict[tuple, tuple[torch.Tensor, torch.Tensor]] = collections.OrderedDict()
+
+
+def _key(tensor: torch.Tensor) -> tuple:
+    return (tensor.device, tensor.data_ptr(), tensor.storage_offset(), tuple(tensor.shape), tuple(tensor.stride()),
+            tensor.dtype, tensor._version)
+
+
+def host_copy(tensor: torch.Tensor) -> torch.Tensor:
+    """``tensor`` on the host: itself when it is there, else one copy per tensor and version (see above)."""
+    if tensor.device.type == "cpu":
+        return tensor
+    key = _key(tensor)
+    hit = _cache.get(key)
+    if hit is not None:
+        _cache.move_to_end(key)
+        return hit[1]
+    copy = _to_host(tensor)
+    _cache[key] = (tensor, copy)
+    while len(_cache) > _CACHED:
+        _cache.popitem(last=False)
+    return copy
+
+
+def _to_host(tensor: torch.Tensor) -> torch.Tensor:
+    return tensor.detach().to("cpu")  # the one device-to-host copy (and stream synchronisation)
+
+
+def clear() -> None:
+    """Forget every cached copy (a patch's revert, tests)."""
+    _cache.clear()

@@ -1,0 +1,72 @@
+"""positions_check: RoPE's bounds check on one shared host copy of the positions, not a device assert per layer.
+
+The copy is counted through a stand-in device tensor (a CPU tensor claiming a device; host_reads' copy counted): the
+check itself against upstream's semantics (positions above the cache's last index fail), and the sharing
+(many layers, one copy; a new tensor or an in-place write, a new copy).
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from npu_inject import module_facts
+from npu_inject.ops import host_reads
+from npu_inject.patching import PatchContext
+from npu_inject.patches import positions_check
+
+
+class _DeviceTensor(torch.Tensor):
+    """A CPU tensor that claims a device (host_reads copies it like a device tensor)."""
+
+    @property
+    def device(self):
+        return torch.device("privateuseone", 0)
+
+    @classmethod
+    def __torch_function__(cls, func, types, args=(), kwargs=None):
+        with torch._C.DisableTorchFunctionSubclass():
+            return func(*args, **(kwargs or {}))
+
+
+@pytest.fixture
+def copies(monkeypatch) -> list:
+    made = []
+    monkeypatch.setattr(host_reads, "_to_host", lambda tensor: made.append(1) or torch.Tensor(tensor).clone())
+    return made
+
+
+@pytest.fixture
+def applied(copies):
+    from torchtitan.models.common import rope
+
+    ctx = PatchContext(patch_id="positions_check", device_kind="npu", options={},
+                       declared_targets=module_facts.declared_names(positions_check))
+    original = rope._maybe_check_max_pos
+    positions_check.apply(ctx)
+    host_reads.clear()
+    yield rope
+    ctx.restore()
+    assert rope._maybe_check_max_pos is original
+
+
+def _positions(values) -> torch.Tensor:
+    return torch.tensor(values, dtype=torch.int64).as_subclass(_DeviceTensor)
+
+
+def test_positions_within_the_cache_pass_and_beyond_it_fail_with_upstreams_message(applied):
+    applied._maybe_check_max_pos(_positions([[0, 1, 2, 0, 1]]), max_valid_pos=2)
+    with pytest.raises(RuntimeError, match=r"position_ids exceed max_valid_pos=2 .*highest position id is 3"):
+        applied._maybe_check_max_pos(_positions([[0, 1, 2, 3]]), max_valid_pos=2)
+
+
+def test_every_layer_shares_one_copy_until_the_positions_change(applied, copies):
+    positions = _positions([[0, 1, 2, 3]])
+    for _ in range(6):  # six layers' RoPE
+        applied._maybe_check_max_pos(positions, max_valid_pos=10)
+    assert len(copies) == 1
+    with torch.no_grad():
+        positions.add_(1)  # an in-place write: the version moves
+    applied._maybe_check_max_pos(positions, max_valid_pos=10)
+    applied._maybe_check_max_pos(_positions([[0, 1]]), max_valid_pos=10)  # the next step's tensor
+    assert len(copies) == 3
