@@ -43,7 +43,11 @@ def host_copy(tensor: torch.Tensor) -> torch.Tensor:
 
 
 def _to_host(tensor: torch.Tensor) -> torch.Tensor:
-    return tensor.detach().to("cpu")  # the one device-to-host copy (and stream synchronisation)
+    # Out of sight of dispatch modes: selective activation checkpointing records a region's ops and hands
+    # their saved outputs back by order when it recomputes; a copy made in the forward but served from this
+    # cache in the recomputation would shift that order (a host tensor handed to a later device op).
+    with torch.utils._python_dispatch._disable_current_modes():
+        return tensor.detach().to("cpu")  # the one device-to-host copy (and stream synchronisation)
 
 
 def clear() -> None:
