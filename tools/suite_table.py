@@ -31,9 +31,9 @@ DATA = os.path.join(doc_blocks.REPO, "docs", "suite")
 BEGIN, END = doc_blocks.markers("suite-matrix", "tools/suite_table.py")
 COUNTS_BEGIN, COUNTS_END = doc_blocks.markers("suite-counts", "tools/suite_table.py")
 # Column order and headings; a target's file is docs/suite/<key>.json.
-TARGETS = {"rehearsal": "CPU rehearsal", "sim_npu": "simulated NPUs"}
+TARGETS = {"rehearsal": "CPU rehearsal", "sim_npu": "simulated NPUs", "cann_emu": "real torch_npu on the CANN emulation"}
 # Upstream's advanced suite (tests/integration_tests/h100.py, `npu-inject suite --suite h100`), its own
-# block: docs/suite/h100/<target>.json, with the real torch_npu wheel on the CANN emulation as a third column.
+# block: docs/suite/h100/<target>.json.
 H100_TARGETS = {"h100/rehearsal": "CPU rehearsal", "h100/sim_npu": "simulated NPUs",
                 "h100/cann_emu": "real torch_npu on the CANN emulation"}
 H100_BEGIN, H100_END = doc_blocks.markers("suite-h100", "tools/suite_table.py")

@@ -110,6 +110,24 @@ def session(tmp_path_factory) -> dict:
         torch.manual_seed(7)
         out["randint_expected"] = [torch.randint(3, 10, (64,)).tolist(),
                                    torch.empty(16, dtype=torch.bfloat16).random_(0, 4).float().tolist()]
+        # upstream's RoPE precompute and rotation (the rotary patch off): ~, torch.polar, a complex multiply
+        angle = torch.arange(6, dtype=torch.float32).reshape(2, 3) / 3
+        out["complex"] = [(~(angle.npu() < 1)).cpu().tolist(),
+                          torch.view_as_real(torch.polar(torch.ones_like(angle).npu(), angle.npu())).cpu().tolist(),
+                          torch.view_as_real(torch.view_as_complex(a.npu().reshape(3, 2)) *
+                                             torch.polar(torch.ones(3).npu(), angle[0].npu())).cpu().tolist()]
+        out["complex_expected"] = [(~(angle < 1)).tolist(),
+                                   torch.view_as_real(torch.polar(torch.ones_like(angle), angle)).tolist(),
+                                   torch.view_as_real(torch.view_as_complex(a.reshape(3, 2)) *
+                                                      torch.polar(torch.ones(3), angle[0])).tolist()]
+        # torch's AdamW moments: Tensor.lerp_ (aclnnInplaceLerps) and torch._foreach_lerp_ (aclnnForeachLerpScalar)
+        start, end = torch.arange(4.0), torch.full((4,), 10.0)
+        lerped = [start.npu().lerp_(end.npu(), 0.25)]
+        moments = [start.npu(), end.npu()]
+        torch._foreach_lerp_(moments, [end.npu(), start.npu()], 0.5)
+        out["lerp"] = [t.cpu().tolist() for t in lerped + moments]
+        out["lerp_expected"] = [start.clone().lerp_(end, 0.25).tolist(), start.lerp(end, 0.5).tolist(),
+                                end.lerp(start, 0.5).tolist()]
         try:
             a.npu().erfinv()
             out["erfinv"] = "no error"
@@ -175,7 +193,7 @@ def test_aclnn_add_two_phases_through_torch_npu(session):
 def test_operator_counts_are_the_calls_torch_npu_made(session):
     calls = session["counts"]["aclnn"]
     assert calls["aclnnAddmm"] == 1  # one nn.Linear forward
-    assert calls["aclnnMul"] == 1
+    assert calls["aclnnMul"] == 2  # torch.mul, and the complex multiply of upstream's RoPE
     assert calls["aclnnAdd"] >= 2  # torch.add twice (float32, bfloat16)
     assert calls["aclnnInplaceFillScalar"] == 1  # the UINT32 fill; the FLOAT8 one failed in phase one
     assert session["counts"]["aicpu"] == {}  # no operator of the table runs on AI CPU
@@ -196,6 +214,8 @@ def test_aten_backed_operators_through_torch_npu(session):
     assert session["rsubs"] == session["rsubs_expected"]
     assert session["rsub"] == session["rsub_expected"]
     assert session["randint"] == session["randint_expected"]
+    assert session["lerp"] == session["lerp_expected"]
+    assert session["complex"] == session["complex_expected"]  # aclnnBitwiseNot, aclnnPolar, aclnnMul on COMPLEX64
     assert min(session["randint"][0]) >= 3 and max(session["randint"][0]) <= 9
 
 

@@ -216,6 +216,8 @@ static double load(const void* p, int dtype) {
 static void store(void* p, int dtype, double v) {
     switch (dtype) {
         case ACL_FLOAT: *(float*)p = (float)v; break;
+        case ACL_COMPLEX64: ((float*)p)[0] = (float)v; ((float*)p)[1] = 0.0f; break;  // a real value: v + 0j
+        case ACL_COMPLEX128: ((double*)p)[0] = v; ((double*)p)[1] = 0.0; break;
         case ACL_FLOAT16: *(uint16_t*)p = float_to_half((float)v); break;
         case ACL_BF16: *(uint16_t*)p = float_to_bf16((float)v); break;
         case ACL_DOUBLE: *(double*)p = v; break;
@@ -286,7 +288,7 @@ bool broadcastable_to(const aclTensor& t, const aclTensor& out) {
 
 // ---- operator support: op_table.json (CANN's documents for Atlas A2 training products) ----------
 namespace cann_emu {
-aclnnStatus check_tensor(const char* op, const char* arg, const aclTensor* t) {
+aclnnStatus check_tensor(const char* op, const char* arg, const aclTensor* t, bool takes_complex) {
     if (!t) return fail(ACLNN_ERR_PARAM_NULLPTR, std::string(op) + ": " + arg + " is null");
     const int* dtypes = nullptr;
     int n = 0;
@@ -303,7 +305,8 @@ aclnnStatus check_tensor(const char* op, const char* arg, const aclTensor* t) {
         t->format != ACL_FORMAT_NCDHW && t->format != ACL_FORMAT_NC && t->format != ACL_FORMAT_NCL)
         return fail(ACLNN_ERR_PARAM_INVALID,
                     std::string(op) + ": " + arg + " format " + std::to_string(t->format) + " is not supported");
-    if (!computable(t->dtype))
+    bool complex = t->dtype == ACL_COMPLEX64 || t->dtype == ACL_COMPLEX128;
+    if (!computable(t->dtype) && !(takes_complex && complex))
         return fail(ACLNN_ERR_INNER, std::string(op) + ": " + arg + " dtype " + dtype_name(t->dtype) +
                                          " is supported by CANN but not emulated");
     return 0;
@@ -368,8 +371,9 @@ CANN_API aclnnStatus aclnnInplaceAdd(void*, uint64_t, aclOpExecutor* ex, aclrtSt
 CANN_API aclnnStatus aclnnInplaceCopyGetWorkspaceSize(aclTensor* self, const aclTensor* src, uint64_t* ws,
                                                       aclOpExecutor** ex) {
     const char* op = "aclnnInplaceCopy";
-    if (int rc = check_tensor(op, "selfRef", self)) return rc;
-    if (int rc = check_tensor(op, "src", src)) return rc;
+    bool same_dtype = self && src && self->dtype == src->dtype;  // a byte copy: complex too
+    if (int rc = check_tensor(op, "selfRef", self, same_dtype)) return rc;
+    if (int rc = check_tensor(op, "src", src, same_dtype)) return rc;
     if (!broadcastable_to(*src, *self))
         return fail(ACLNN_ERR_PARAM_INVALID, std::string(op) + ": src does not broadcast to selfRef's shape");
     aclTensor d = *self, s = *src;
@@ -409,7 +413,8 @@ CANN_API aclnnStatus aclnnInplaceFillScalar(void*, uint64_t, aclOpExecutor* ex, 
 // aclnnInplaceOne / aclnnInplaceZero: selfRef[...] = 1 / 0. Dtype lists provisional (InplaceFillScalar's;
 // their own documents not yet found).
 static aclnnStatus fill_prepare(const char* op, aclTensor* self, double v, uint64_t* ws, aclOpExecutor** ex) {
-    if (int rc = check_tensor(op, "selfRef", self)) return rc;
+    // A real fill value stores into complex elements too (store writes v + 0j).
+    if (int rc = check_tensor(op, "selfRef", self, /*takes_complex=*/true)) return rc;
     aclTensor d = *self;
     return make_executor(op, [d, v]() {
         for_each(d, {}, [&](char* dst, const std::vector<const char*>&) { store(dst, d.dtype, v); });

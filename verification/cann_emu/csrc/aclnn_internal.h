@@ -45,7 +45,9 @@ struct aclOpExecutor {
 namespace cann_emu {
 double scalar_value(const aclScalar* s);
 // Null check, op_table.json dtype check (161002 naming op and arg), at most 8 dims, no internal format.
-aclnnStatus check_tensor(const char* op, const char* arg, const aclTensor* t);
+// takes_complex: the operator's computation handles complex dtypes too (ATen on host views, aten_support.cpp;
+// a same-dtype byte copy), beyond the element loop's load/store table.
+aclnnStatus check_tensor(const char* op, const char* arg, const aclTensor* t, bool takes_complex = false);
 bool broadcastable_to(const aclTensor& t, const aclTensor& out);
 // Phase one's end: workspace 0 and an executor that runs run() at launch.
 aclnnStatus make_executor(const char* op, std::function<aclnnStatus()> run, uint64_t* ws, aclOpExecutor** ex);

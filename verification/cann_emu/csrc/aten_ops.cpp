@@ -79,6 +79,89 @@ CANN_EMU_UNARY(aclnnAbs, at::abs_out)
 CANN_EMU_UNARY(aclnnSilu, at::silu_out)
 CANN_EMU_UNARY(aclnnSigmoid, at::sigmoid_out)
 CANN_EMU_UNARY(aclnnTanh, at::tanh_out)
+CANN_EMU_UNARY(aclnnBitwiseNot, at::bitwise_not_out)  // torch's ~ on bool and integer tensors
+// ops-math math/complex: out = input * cos(angle) + j * input * sin(angle) (torch.polar; llama3's RoPE cache
+// when the rotary patch is off)
+CANN_API aclnnStatus aclnnPolarGetWorkspaceSize(const aclTensor* input, const aclTensor* angle, aclTensor* out,
+                                                uint64_t* ws, aclOpExecutor** ex) {
+    const char* op = "aclnnPolar";
+    if (int rc = check_args(op, {{"input", input}, {"angle", angle}, {"out", out}})) return rc;
+    return aten_executor(op, [i = hold(input), a = hold(angle), o = hold(out)] {
+        at::Tensor r = view(o);
+        at::polar_out(r, view(i), view(a));
+    }, ws, ex);
+}
+CANN_EMU_LAUNCH(aclnnPolar)
+// aclnn_complex.h: out = real + j * imag, broadcast (torch_npu's copy_ into a complex tensor uses it)
+CANN_API aclnnStatus aclnnComplexGetWorkspaceSize(const aclTensor* real, const aclTensor* imag, aclTensor* out,
+                                                  uint64_t* ws, aclOpExecutor** ex) {
+    const char* op = "aclnnComplex";
+    if (int rc = check_args(op, {{"real", real}, {"imag", imag}, {"out", out}})) return rc;
+    if (real->dtype != imag->dtype) return invalid(op, "imag's dtype must be real's");
+    return aten_executor(op, [re = hold(real), im = hold(imag), o = hold(out)] {
+        view(o).copy_(at::complex(view(re), view(im)));
+    }, ws, ex);
+}
+CANN_EMU_LAUNCH(aclnnComplex)
+// ops-math math/lerp (aclnnLerps&aclnnInplaceLerps): selfRef += weight * (end - selfRef), weight a host scalar
+// (torch's single-tensor AdamW moments: exp_avg.lerp_(grad, 1 - beta1)).
+CANN_API aclnnStatus aclnnInplaceLerpsGetWorkspaceSize(aclTensor* self, const aclTensor* end, const aclScalar* weight,
+                                                       uint64_t* ws, aclOpExecutor** ex) {
+    const char* op = "aclnnInplaceLerps";
+    if (int rc = check_args(op, {{"selfRef", self}, {"end", end}})) return rc;
+    if (int rc = check_present(op, "weight", weight)) return rc;
+    return aten_executor(op, [s = hold(self), e = hold(end), w = host_scalar(*weight)] {
+        view(s).lerp_(view(e), w);
+    }, ws, ex);
+}
+CANN_EMU_LAUNCH(aclnnInplaceLerps)
+// ops-math conversion/split_v (aclnnSplitWithSize): self cut along dim into splitSize's lengths, into out
+// (torch.split_with_sizes_copy; torchtitan's pipeline stages and MoE split with it).
+CANN_API aclnnStatus aclnnSplitWithSizeGetWorkspaceSize(const aclTensor* self, const aclIntArray* splitSize, int64_t dim,
+                                                        aclTensorList* out, uint64_t* ws, aclOpExecutor** ex) {
+    const char* op = "aclnnSplitWithSize";
+    if (int rc = check_args(op, {{"self", self}})) return rc;
+    if (int rc = check_list(op, "out", out)) return rc;
+    if (int rc = check_present(op, "splitSize", splitSize)) return rc;
+    int64_t rank = static_cast<int64_t>(self->view.size());
+    int64_t axis = dim < 0 ? dim + rank : dim;
+    if (axis < 0 || axis >= rank) return invalid(op, "dim " + std::to_string(dim) + " is outside self's dimensions");
+    int64_t total = 0;
+    for (int64_t n : splitSize->v) total += n;
+    if (total != self->view[axis] || splitSize->v.size() != out->v.size())
+        return invalid(op, "splitSize must sum to self's size along dim and name one length per out tensor");
+    return aten_executor(op, [s = hold(self), sizes = hold(splitSize), axis, o = hold(out)] {
+        auto parts = view(s).split_with_sizes(sizes, axis);
+        for (size_t i = 0; i < parts.size(); ++i) host_view(o[i]).copy_(parts[i]);
+    }, ws, ex);
+}
+CANN_EMU_LAUNCH(aclnnSplitWithSize)
+// ops-cv image/upsample_bilinear2d (aclnnUpsampleBilinear2d): NCHW resized to outputSize (qwen3_5's vision
+// position embeddings); a scale of 0 means none given (torch_npu passes 0 for an absent one).
+CANN_API aclnnStatus aclnnUpsampleBilinear2dGetWorkspaceSize(const aclTensor* self, const aclIntArray* outputSize,
+                                                             bool alignCorners, double scalesH, double scalesW,
+                                                             aclTensor* out, uint64_t* ws, aclOpExecutor** ex) {
+    const char* op = "aclnnUpsampleBilinear2d";
+    if (int rc = check_args(op, {{"self", self}, {"out", out}})) return rc;
+    if (int rc = check_present(op, "outputSize", outputSize)) return rc;
+    if (self->view.size() != 4 || outputSize->v.size() != 2)
+        return invalid(op, "self must be 4-D (NCHW) and outputSize two lengths");
+    auto scale = [](double s) { return s > 0 ? std::optional<double>(s) : std::nullopt; };
+    return aten_executor(op, [s = hold(self), size = hold(outputSize), alignCorners, h = scale(scalesH),
+                              w = scale(scalesW), o = hold(out)] {
+        at::Tensor r = view(o);
+        at::upsample_bilinear2d_out(r, view(s), size, alignCorners, h, w);
+    }, ws, ex);
+}
+CANN_EMU_LAUNCH(aclnnUpsampleBilinear2d)
+// ops-math math/bitwise_and (aclnnInplaceBitwiseAndTensor): selfRef &= other, broadcast (mask combination)
+CANN_API aclnnStatus aclnnInplaceBitwiseAndTensorGetWorkspaceSize(aclTensor* self, const aclTensor* other, uint64_t* ws,
+                                                                  aclOpExecutor** ex) {
+    const char* op = "aclnnInplaceBitwiseAndTensor";
+    if (int rc = check_args(op, {{"selfRef", self}, {"other", other}})) return rc;
+    return aten_executor(op, [s = hold(self), o = hold(other)] { view(s).bitwise_and_(view(o)); }, ws, ex);
+}
+CANN_EMU_LAUNCH(aclnnInplaceBitwiseAndTensor)
 
 CANN_EMU_BINARY(aclnnMul, at::mul_out)
 CANN_EMU_BINARY(aclnnDiv, at::div_out)

@@ -105,6 +105,9 @@ CANN_API aclnnStatus aclnnApplyAdamWV2GetWorkspaceSize(aclTensor* var, aclTensor
                                  {"maxGradNormOptionalRef", max_v, true}, {"grad", grad}, {"step", step}}))
         return rc;
     if (amsgrad && !max_v) return invalid(op, "amsgrad needs maxGradNormOptionalRef");
+    // aclnnApplyAdamWV2.md (约束说明): varRef, mRef, vRef and grad share one dtype; CANN refuses mixed ones.
+    if (m->dtype != var->dtype || v->dtype != var->dtype || grad->dtype != var->dtype)
+        return invalid(op, std::string("mRef, vRef and grad must have varRef's dtype ") + dtype_name(var->dtype));
     return aten_executor(op, [p = hold(var), m_ = hold(m), v_ = hold(v), mv = hold(max_v), g = hold(grad),
                               s = hold(step), lr, beta1, beta2, weight_decay, eps, amsgrad, maximize] {
         at::Tensor state_step = view(s).to(at::kFloat).add(1).reshape({});
@@ -116,6 +119,22 @@ CANN_API aclnnStatus aclnnApplyAdamWV2GetWorkspaceSize(aclTensor* var, aclTensor
     }, ws, ex);
 }
 CANN_EMU_LAUNCH(aclnnApplyAdamWV2)
+
+// out[i] = x1[i] + weight * (x2[i] - x1[i]) (ops-nn foreach/foreach_lerp_scalar; torch's foreach AdamW moments).
+CANN_API aclnnStatus aclnnForeachLerpScalarGetWorkspaceSize(const aclTensorList* x1, const aclTensorList* x2,
+                                                            const aclScalar* weight, aclTensorList* out, uint64_t* ws,
+                                                            aclOpExecutor** ex) {
+    const char* op = "aclnnForeachLerpScalar";
+    if (int rc = check_lists(op, {{"x1", x1}, {"x2", x2}, {"out", out}})) return rc;
+    if (int rc = check_present(op, "weight", weight)) return rc;
+    return aten_executor(op, [a = hold(x1), b = hold(x2), w = host_scalar(*weight), o = hold(out)] {
+        for (size_t i = 0; i < a.size(); ++i) {
+            at::Tensor r = host_view(o[i]);
+            at::lerp_out(r, host_view(a[i]), host_view(b[i]), w);
+        }
+    }, ws, ex);
+}
+CANN_EMU_LAUNCH(aclnnForeachLerpScalar)
 
 // out[i] = fn(x[i]) (aclnnForeachCopy: out[i] = x[i], dtype converted; FSDP2's foreach copies).
 #define CANN_EMU_FOREACH_UNARY(name, fn)                                                                     \

@@ -66,7 +66,7 @@ std::vector<at::Tensor> view(const std::vector<aclTensor>& list) {
 aclnnStatus check_args(const char* op, std::initializer_list<TensorArg> args) {
     for (const TensorArg& a : args) {
         if (!a.tensor && a.optional) continue;
-        if (int rc = check_tensor(op, a.name, a.tensor)) return rc;
+        if (int rc = check_tensor(op, a.name, a.tensor, /*takes_complex=*/true)) return rc;
     }
     return 0;
 }
