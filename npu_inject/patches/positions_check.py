@@ -8,7 +8,7 @@ flag to the host and synchronises the stream, once per layer and pass (12 device
 on the host copy of the positions that the attention kernel reads anyway for its document lengths
 (:func:`npu_inject.ops.host_reads.host_copy`: one copy per positions tensor, shared), and raises at
 once with upstream's message where the device assert would have failed later. Under torch.compile
-upstream skips the check, and so does this.
+upstream skips the check, and so does this; on fake tensors (``npu-inject plan``) there is nothing to read.
 """
 
 from __future__ import annotations
@@ -22,6 +22,7 @@ TARGETS = (
 
 def apply(ctx: PatchContext) -> None:
     import torch
+    from torch._subclasses.fake_tensor import is_fake
     from torch.distributed.tensor import DTensor
 
     from npu_inject.ops import host_reads, spmd_typing
@@ -30,6 +31,8 @@ def apply(ctx: PatchContext) -> None:
         if torch.compiler.is_compiling():
             return
         local = positions.to_local() if isinstance(positions, DTensor) else positions
+        if is_fake(local) or local.device.type == "meta":
+            return  # no values to check (npu-inject plan records a step on fake tensors)
         with spmd_typing.opaque_kernel():  # host metadata, unchecked as upstream's check is
             highest = int(host_reads.host_copy(local).max()) if local.numel() else -1
         if highest > max_valid_pos:

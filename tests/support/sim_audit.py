@@ -18,12 +18,9 @@ import os
 from collections import Counter
 
 # aten op -> why a real NPU runs it on the host, and the plan.
-KNOWN_FALLBACK_OPS = {
-    "aten::_assert_async.msg": (
-        "torchtitan/models/common/rope.py checks position ids with torch._assert_async every "
-        "forward; torch_npu 2.14.0 has no kernel for it (CPU fallback: copy to host, check). "
-        "Plan: a patch skips the check on npu (positions come from the data loader)."
-    ),
+KNOWN_FALLBACK_OPS: dict[str, str] = {
+    # (none: torchtitan's RoPE check with torch._assert_async, which torch_npu 2.14.0 runs on the host, is
+    # replaced by the positions_check patch, which reads the positions' shared host copy instead)
 }
 
 # (kind, file) -> why the host waits for the device inside a training step.
@@ -67,13 +64,15 @@ TRAINER_STEP_SYNCS = {
 
 def expected_step_syncs(attention: str, batch_rows: int = 0, moe_layers: int = 0) -> Counter:
     """Host syncs of one training step with one forward, by (kind, file), as the README's table
-    counts them: the trainer's 9, then per forward 2 for flex attention's document boundaries
-    (npu_fusion_attention_v3), or for varlen 1 nonzero per batch row, 1 .item() and 1 copy of
+    counts them: the trainer's 9, then per forward nothing more for flex attention (its document boundaries'
+    host copy is hidden from this audit, see below), or for varlen 1 nonzero per batch row, 1 .item() and 1 copy of
     the document ends; 1 copy of the all-to-all split sizes per MoE layer."""
     expected = Counter(TRAINER_STEP_SYNCS)
     if attention == "flex":
-        expected[(NONZERO, "npu_inject/ops/attention.py")] += 1
-        expected[(D2H, "npu_inject/ops/attention.py")] += 1
+        # The document boundaries come from the positions' one host copy (npu_inject/ops/host_reads.py), made out
+        # of sight of dispatch modes (selective AC must not see it): this audit cannot count it; the CANN
+        # emulation does (docs/debugging.md).
+        pass
     elif attention == "varlen" and batch_rows > 0:
         expected[(NONZERO, "torchtitan/models/common/attention.py")] += batch_rows
         expected[(ITEM, "torchtitan/models/common/attention.py")] += 1

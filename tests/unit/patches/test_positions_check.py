@@ -70,3 +70,12 @@ def test_every_layer_shares_one_copy_until_the_positions_change(applied, copies)
     applied._maybe_check_max_pos(positions, max_valid_pos=10)
     applied._maybe_check_max_pos(_positions([[0, 1]]), max_valid_pos=10)  # the next step's tensor
     assert len(copies) == 3
+
+
+def test_fake_positions_are_not_read(applied, copies):
+    """npu-inject plan records a step on fake tensors: the check has no values to read and must not ask for them."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    with FakeTensorMode():
+        applied._maybe_check_max_pos(torch.zeros(1, 4, dtype=torch.int64), max_valid_pos=2)
+    assert copies == []
