@@ -4,11 +4,13 @@ On an NPU each read of device data by the host is a copy and a stream synchronis
 the launch queue. Some small tensors are read by several parts of one forward: the position ids of a
 packed batch give the attention kernel its document lengths (which torch_npu takes as host ints) and
 RoPE's bounds check. :func:`host_copy` copies such a tensor once and hands the same host copy to the
-later readers.
+later readers. Where the host already had the values -- the batch torchtitan copied to the device --
+:func:`remember` records that host tensor beside its device copy, and no reader copies anything back.
 
 An entry is the tensor's storage address, view and version counter, and keeps the tensor alive: while
 it is cached no other tensor can take its memory, and any in-place write (the version moves) misses.
-Only the latest few tensors are kept (a forward's positions, then the next step's).
+An in-place write to the host copy misses too (its version is kept beside it). Only the latest few
+tensors are kept (a step's batch and positions, then the next step's).
 """
 
 from __future__ import annotations
@@ -17,8 +19,8 @@ import collections
 
 import torch
 
-_CACHED = 4
-_cache: collections.OrderedDict[tuple, tuple[torch.Tensor, torch.Tensor]] = collections.OrderedDict()
+_CACHED = 32  # a step's batch tensors (per microbatch under pipeline parallelism) and their readers' copies
+_cache: collections.OrderedDict[tuple, tuple[torch.Tensor, torch.Tensor, int]] = collections.OrderedDict()
 
 
 def _key(tensor: torch.Tensor) -> tuple:
@@ -32,14 +34,29 @@ def host_copy(tensor: torch.Tensor) -> torch.Tensor:
         return tensor
     key = _key(tensor)
     hit = _cache.get(key)
-    if hit is not None:
+    if hit is not None and hit[1]._version == hit[2]:
         _cache.move_to_end(key)
         return hit[1]
     copy = _to_host(tensor)
-    _cache[key] = (tensor, copy)
+    _store(key, tensor, copy)
+    return copy
+
+
+def remember(device_tensor: torch.Tensor, host_tensor: torch.Tensor) -> None:
+    """Record that ``host_tensor`` holds ``device_tensor``'s values (it was copied from it, just now)."""
+    if device_tensor.device.type == "cpu" or host_tensor.device.type != "cpu":
+        return
+    if host_tensor.shape != device_tensor.shape or host_tensor.dtype != device_tensor.dtype:
+        raise ValueError(f"host_reads.remember: host tensor {tuple(host_tensor.shape)} {host_tensor.dtype} does "
+                         f"not hold device tensor {tuple(device_tensor.shape)} {device_tensor.dtype}")
+    _store(_key(device_tensor), device_tensor, host_tensor)
+
+
+def _store(key: tuple, tensor: torch.Tensor, copy: torch.Tensor) -> None:
+    _cache[key] = (tensor, copy, copy._version)
+    _cache.move_to_end(key)
     while len(_cache) > _CACHED:
         _cache.popitem(last=False)
-    return copy
 
 
 def _to_host(tensor: torch.Tensor) -> torch.Tensor:
