@@ -18,6 +18,7 @@ import textwrap
 from pathlib import Path
 
 import pytest
+import torch
 
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
@@ -128,6 +129,23 @@ def session(tmp_path_factory) -> dict:
         out["lerp"] = [t.cpu().tolist() for t in lerped + moments]
         out["lerp_expected"] = [start.clone().lerp_(end, 0.25).tolist(), start.lerp(end, 0.5).tolist(),
                                 end.lerp(start, 0.5).tolist()]
+        # torch.nn.functional.layer_norm forward and backward (aclnnLayerNorm, aclnnLayerNormBackward: qwen3_5's
+        # vision blocks), torch.searchsorted (aclnnSearchSorted: gpt_oss), torch.linspace (aclnnLinspace: muse_glimmer)
+        torch.manual_seed(3)
+        x, w, bias, dy = torch.randn(2, 3, 8), torch.randn(8), torch.randn(8), torch.randn(2, 3, 8)
+        def layer_norm_grads(device):
+            leaves = [t.to(device).requires_grad_() for t in (x, w, bias)]
+            y = torch.nn.functional.layer_norm(leaves[0], (8,), leaves[1], leaves[2], 1e-5)
+            y.backward(dy.to(device))
+            return [y.detach().cpu().tolist()] + [leaf.grad.cpu().tolist() for leaf in leaves]
+        out["layer_norm"], out["layer_norm_expected"] = layer_norm_grads("npu"), layer_norm_grads("cpu")
+        edges, values = torch.tensor([[0.0, 1.0, 2.0, 4.0]]), torch.tensor([[-1.0, 1.0, 1.5, 4.0, 9.0]])
+        def searched(device):
+            return [torch.searchsorted(edges.to(device), values.to(device), right=right, out_int32=int32).cpu().tolist()
+                    for right in (False, True) for int32 in (False, True)]
+        out["searchsorted"], out["searchsorted_expected"] = searched("npu"), searched("cpu")
+        out["linspace"] = torch.linspace(-1, 2, 7, device="npu").cpu().tolist()
+        out["linspace_expected"] = torch.linspace(-1, 2, 7).tolist()
         try:
             a.npu().erfinv()
             out["erfinv"] = "no error"
@@ -217,6 +235,14 @@ def test_aten_backed_operators_through_torch_npu(session):
     assert session["lerp"] == session["lerp_expected"]
     assert session["complex"] == session["complex_expected"]  # aclnnBitwiseNot, aclnnPolar, aclnnMul on COMPLEX64
     assert min(session["randint"][0]) >= 3 and max(session["randint"][0]) <= 9
+    assert session["searchsorted"] == session["searchsorted_expected"]
+    assert session["linspace"] == pytest.approx(session["linspace_expected"], abs=1e-6)
+
+
+def test_layer_norm_forward_and_backward_through_torch_npu(session):
+    """aclnnLayerNorm and aclnnLayerNormBackward against torch's CPU layer_norm and autograd (float32)."""
+    for got, expected in zip(session["layer_norm"], session["layer_norm_expected"]):
+        assert torch.allclose(torch.tensor(got), torch.tensor(expected), rtol=1e-5, atol=1e-5)
 
 
 def test_unimplemented_operator_fails_loudly_by_name(session):

@@ -99,7 +99,8 @@ CANN_API aclScalar* aclCreateScalar(void* value, int dtype) {
 }
 CANN_API aclIntArray* aclCreateIntArray(const int64_t* v, uint64_t n) { return new aclIntArray{{v, v + n}}; }
 CANN_API aclFloatArray* aclCreateFloatArray(const float* v, uint64_t n) { return new aclFloatArray{{v, v + n}}; }
-CANN_API aclBoolArray* aclCreateBoolArray(const bool* v, uint64_t n) { return new aclBoolArray{{v, v + n}}; }
+// Parentheses: braces would make a two-element initializer list of the pointers converted to bool.
+CANN_API aclBoolArray* aclCreateBoolArray(const bool* v, uint64_t n) { return new aclBoolArray{std::vector<bool>(v, v + n)}; }
 CANN_API aclTensorList* aclCreateTensorList(aclTensor* const* v, uint64_t n) { return new aclTensorList{{v, v + n}}; }
 CANN_API aclScalarList* aclCreateScalarList(aclScalar* const* v, uint64_t n) { return new aclScalarList{{v, v + n}}; }
 CANN_API aclnnStatus aclDestroyTensor(const aclTensor* t) { delete t; return 0; }

@@ -89,6 +89,102 @@ CANN_API aclnnStatus aclnnRmsNormGradGetWorkspaceSize(const aclTensor* dy, const
 }
 CANN_EMU_LAUNCH(aclnnRmsNormGrad)
 
+// ops-nn norm/layer_norm_v4 (aclnnLayerNorm): out = (x - E[x]) * rstd * weight + bias over normalizedShape's
+// trailing dims, rstd = 1 / sqrt(Var[x] + eps) (biased variance); meanOut and rstdOut [A.., 1..] (FLOAT32 math;
+// torchtitan's qwen3_5 vision blocks and gpt_oss's norms reach it through torch's native_layer_norm).
+namespace {
+bool trailing_shape(const aclTensor& x, const std::vector<int64_t>& shape) {
+    if (shape.empty() || shape.size() > x.view.size()) return false;
+    size_t shift = x.view.size() - shape.size();
+    for (size_t d = 0; d < shape.size(); ++d)
+        if (shape[d] != x.view[d + shift]) return false;
+    return true;
+}
+std::vector<int64_t> last_dims(int64_t rank, size_t count) {
+    std::vector<int64_t> dims;
+    for (int64_t d = rank - static_cast<int64_t>(count); d < rank; ++d) dims.push_back(d);
+    return dims;
+}
+// mean or rstd as [A.., 1..] whatever shape with those elements the caller gave (torch_npu passes [A.., 1..])
+at::Tensor keepdim_shaped(const at::Tensor& stat, const at::Tensor& x, size_t normalized) {
+    std::vector<int64_t> shape(x.sizes().begin(), x.sizes().end());
+    for (size_t i = 0; i < normalized; ++i) shape[shape.size() - 1 - i] = 1;
+    return stat.to(at::kFloat).reshape(shape);
+}
+}  // namespace
+
+CANN_API aclnnStatus aclnnLayerNormGetWorkspaceSize(const aclTensor* input, const aclIntArray* normalized_shape,
+                                                    const aclTensor* weight, const aclTensor* bias, double eps,
+                                                    aclTensor* out, aclTensor* mean, aclTensor* rstd, uint64_t* ws,
+                                                    aclOpExecutor** ex) {
+    const char* op = "aclnnLayerNorm";
+    if (int rc = check_present(op, "normalizedShape", normalized_shape)) return rc;
+    if (int rc = check_args(op, {{"input", input}, {"weightOptional", weight, true}, {"biasOptional", bias, true},
+                                 {"out", out}, {"meanOutOptional", mean, true}, {"rstdOutOptional", rstd, true}}))
+        return rc;
+    std::vector<int64_t> shape = hold(normalized_shape);
+    if (!trailing_shape(*input, shape)) return invalid(op, "normalizedShape must be input's trailing dimensions");
+    if (out->view != input->view) return invalid(op, "out's shape must be input's");
+    for (const aclTensor* affine : {weight, bias})
+        if (affine && affine->view != shape) return invalid(op, "weightOptional and biasOptional must have normalizedShape");
+    return aten_executor(op, [x_ = hold(input), n = shape.size(), w = hold(weight), b = hold(bias), eps, o = hold(out),
+                              m = hold(mean), r = hold(rstd)] {
+        at::Tensor xf = view(x_).to(at::kFloat);
+        auto dims = last_dims(xf.dim(), n);
+        at::Tensor mean_f = xf.mean(dims, true);
+        at::Tensor rstd_f = at::rsqrt((xf - mean_f).pow(2).mean(dims, true) + eps);
+        at::Tensor y = (xf - mean_f) * rstd_f;
+        if (w) y = y * view(w).to(at::kFloat);
+        if (b) y = y + view(b).to(at::kFloat);
+        view(o).copy_(y);
+        if (m) view(m).copy_(mean_f.reshape(view(m).sizes()));
+        if (r) view(r).copy_(rstd_f.reshape(view(r).sizes()));
+    }, ws, ex);
+}
+CANN_EMU_LAUNCH(aclnnLayerNorm)
+
+// ops-nn norm/layer_norm_grad_v3 (aclnnLayerNormBackward): with xhat = (x - mean) * rstd and g = gradOut * weight,
+// gradInput = rstd * (g - mean(g) - xhat * mean(g * xhat)) over the normalized dims, gradWeight = sum of
+// gradOut * xhat and gradBias = sum of gradOut over the others; outputMask says which of the three to write.
+CANN_API aclnnStatus aclnnLayerNormBackwardGetWorkspaceSize(
+        const aclTensor* grad_out, const aclTensor* input, const aclIntArray* normalized_shape, const aclTensor* mean,
+        const aclTensor* rstd, const aclTensor* weight, const aclTensor* bias, const aclBoolArray* output_mask,
+        aclTensor* grad_input, aclTensor* grad_weight, aclTensor* grad_bias, uint64_t* ws, aclOpExecutor** ex) {
+    const char* op = "aclnnLayerNormBackward";
+    if (int rc = check_present(op, "normalizedShape", normalized_shape)) return rc;
+    if (int rc = check_present(op, "outputMask", output_mask)) return rc;
+    if (int rc = check_args(op, {{"gradOut", grad_out}, {"input", input}, {"mean", mean}, {"rstd", rstd},
+                                 {"weightOptional", weight, true}, {"biasOptional", bias, true},
+                                 {"gradInputOut", grad_input, true}, {"gradWeightOut", grad_weight, true},
+                                 {"gradBiasOut", grad_bias, true}}))
+        return rc;
+    std::vector<int64_t> shape = hold(normalized_shape);
+    if (!trailing_shape(*input, shape)) return invalid(op, "normalizedShape must be input's trailing dimensions");
+    if (grad_out->view != input->view) return invalid(op, "gradOut's shape must be input's");
+    if (output_mask->v.size() != 3)
+        return invalid(op, "outputMask must have 3 entries (gradInput, gradWeight, gradBias), not " +
+                               std::to_string(output_mask->v.size()));
+    const aclTensor* outs[3] = {grad_input, grad_weight, grad_bias};
+    for (int i = 0; i < 3; ++i)
+        if (output_mask->v[i] && !outs[i]) return invalid(op, "an output outputMask asks for is null");
+    return aten_executor(op, [dy_ = hold(grad_out), x_ = hold(input), n = shape.size(), m = hold(mean), r = hold(rstd),
+                              w = hold(weight), mask = output_mask->v, gi = hold(grad_input), gw = hold(grad_weight),
+                              gb = hold(grad_bias)] {
+        at::Tensor xf = view(x_).to(at::kFloat), dy = view(dy_).to(at::kFloat);
+        auto dims = last_dims(xf.dim(), n);
+        std::vector<int64_t> outer;
+        for (int64_t d = 0; d < xf.dim() - static_cast<int64_t>(n); ++d) outer.push_back(d);
+        at::Tensor rstd_f = keepdim_shaped(view(r), xf, n);
+        at::Tensor xhat = (xf - keepdim_shaped(view(m), xf, n)) * rstd_f;
+        at::Tensor g = w ? dy * view(w).to(at::kFloat) : dy;
+        if (mask[0])
+            view(gi).copy_(rstd_f * (g - g.mean(dims, true) - xhat * (g * xhat).mean(dims, true)));
+        if (mask[1]) view(gw).copy_(outer.empty() ? dy * xhat : (dy * xhat).sum(outer));
+        if (mask[2]) view(gb).copy_(outer.empty() ? dy : dy.sum(outer));
+    }, ws, ex);
+}
+CANN_EMU_LAUNCH(aclnnLayerNormBackward)
+
 // ---- aclnnRotaryPositionEmbedding(V2) / ...Grad ------------------------------------------------------------
 // out = x * cos + rotate(x) * sin; cos and sin broadcast to x.
 static aclnnStatus rope_prepare(const char* op, const aclTensor* x, const aclTensor* cos, const aclTensor* sin,

@@ -429,6 +429,43 @@ CANN_API aclnnStatus aclnnArangeGetWorkspaceSize(const aclScalar* start, const a
     }, ws, ex);
 }
 CANN_EMU_LAUNCH(aclnnArange)
+// ops-math math/lin_space (aclnnLinspace): steps values from start to end, both included (torch.linspace).
+CANN_API aclnnStatus aclnnLinspaceGetWorkspaceSize(const aclScalar* start, const aclScalar* end, int64_t steps,
+                                                   aclTensor* out, uint64_t* ws, aclOpExecutor** ex) {
+    const char* op = "aclnnLinspace";
+    if (int rc = check_present(op, "start", start)) return rc;
+    if (int rc = check_present(op, "end", end)) return rc;
+    if (int rc = check_args(op, {{"out", out}})) return rc;
+    if (steps < 0) return invalid(op, "steps must be >= 0");
+    int64_t elements = 1;
+    for (int64_t n : out->view) elements *= n;
+    if (elements != steps) return invalid(op, "out must hold steps elements");
+    return aten_executor(op, [a = host_scalar(*start), b = host_scalar(*end), steps, o = hold(out)] {
+        at::Tensor r = view(o);
+        at::linspace_out(r, a, b, steps);
+    }, ws, ex);
+}
+CANN_EMU_LAUNCH(aclnnLinspace)
+// ops-math math/search_sorted (aclnnSearchSorted): for each value of self, the index at which it would be
+// inserted into sortedSequence's last dim to keep it sorted (right: after equal values); sorter, when given,
+// sorts sortedSequence; out INT64, or INT32 with outInt32 (torch.searchsorted; gpt_oss's MoE routing).
+CANN_API aclnnStatus aclnnSearchSortedGetWorkspaceSize(const aclTensor* sorted_sequence, const aclTensor* self,
+                                                       bool out_int32, bool right, const aclTensor* sorter,
+                                                       aclTensor* out, uint64_t* ws, aclOpExecutor** ex) {
+    const char* op = "aclnnSearchSorted";
+    if (int rc = check_args(op, {{"sortedSequence", sorted_sequence}, {"self", self}, {"sorter", sorter, true},
+                                 {"out", out}}))
+        return rc;
+    if (out->view != self->view) return invalid(op, "out's shape must be self's");
+    if ((out->dtype == ACL_INT32) != out_int32) return invalid(op, "out must be INT32 with outInt32, else INT64");
+    return aten_executor(op, [seq = hold(sorted_sequence), s = hold(self), out_int32, right, sorter_ = hold(sorter),
+                              o = hold(out)] {
+        at::Tensor r = view(o);
+        std::optional<at::Tensor> order = sorter_ ? std::optional<at::Tensor>(view(sorter_)) : std::nullopt;
+        at::searchsorted_out(r, view(seq), view(s), out_int32, right, std::nullopt, order);
+    }, ws, ex);
+}
+CANN_EMU_LAUNCH(aclnnSearchSorted)
 
 // aclnnInplaceFillTensor (ops-math conversion/fill): selfRef[...] = value, a one-element tensor.
 CANN_API aclnnStatus aclnnInplaceFillTensorGetWorkspaceSize(aclTensor* self, const aclTensor* value, uint64_t* ws,
