@@ -20,6 +20,11 @@ torchtitan rejects first, ``ParallelismConfig.__post_init__``, with:
 * ``--parallelism.enable_fsdp_symm_mem``: FSDP's collectives in CUDA symmetric
   memory; torch_npu 2.14.0 has no symmetric-memory backend (torch's
   ``get_backend('npu')`` is None), and FSDP runs on HCCL's ordinary collectives.
+* on the NPU, a model with FlexAttention or VarlenAttention while the ``attention``
+  patch is off (or ``device``, which it requires): upstream's flex attention is
+  ``torch.compile(flex_attention)``, which torch_npu 2.14.0's inductor fails to lower
+  (its ``make_reduction`` lacks torch 2.14's ``strict_sum``; measured on the real wheel),
+  and varlen attention calls CUDA's flash-attention kernel.
 
 The context-parallel patch adds its own checks (head counts, schemes) the same way.
 """
@@ -44,16 +49,33 @@ CUDA_MOE_BACKENDS = {
 }
 
 
-def unsupported_settings(config, target: str, tp_mc2_enabled: bool) -> list[str]:
-    """One sentence per setting in ``config`` that cannot run on ``target``."""
+# torchtitan's attention configs that only the attention patch runs on an NPU -> what upstream would run instead.
+UPSTREAM_ATTENTION = {
+    "FlexAttention": "torch.compile(flex_attention), which torch_npu 2.14.0's inductor cannot lower "
+                     "(make_reduction() has no strict_sum)",
+    "VarlenAttention": "torch.nn.attention.varlen_attn, CUDA's flash-attention kernel",
+}
+
+
+def unsupported_settings(config, target: str, enabled) -> list[str]:
+    """One sentence per setting in ``config`` that cannot run on ``target`` with the patches ``enabled`` (id -> bool)."""
     problems = []
+    tp_mc2_enabled = enabled.get("tp_mc2", False)
+    if target == "npu" and not enabled.get("attention", False):
+        for owner in sorted(config_owners(config.model_spec) & UPSTREAM_ATTENTION.keys()):
+            problems.append(
+                f"{owner} (config {config.model_spec.flavor!r} of {config.model_spec.name!r}) with patch attention "
+                f"off (TORCHTITAN_NPU_PATCHES, or device, which it requires): upstream would run "
+                f"{UPSTREAM_ATTENTION[owner]}; enable attention (on by default), which runs it on npu_fusion_attention"
+            )
     if config.compile.enable_async_tensor_parallel and not tp_mc2_enabled:
         problems.append(
             "--compile.enable_async_tensor_parallel: async TP lowers tensor-parallel matmuls to "
             "torch.ops.symm_mem fused ops, which only the tp_mc2 patch (off in TORCHTITAN_NPU_PATCHES) "
             f"runs on target {target!r}; enable tp_mc2 or remove the flag"
         )
-    for backend in sorted(moe_comm_backends(config.model_spec)):
+    names = {cls: backend for backend, cls in CUDA_MOE_BACKENDS.items()}
+    for backend in sorted(names[owner] for owner in config_owners(config.model_spec) & names.keys()):
         problems.append(
             f"moe_comm_backend={backend!r} (config {config.model_spec.flavor!r} of {config.model_spec.name!r}): "
             "it needs CUDA kernels (DeepEP / CUDA symmetric memory), and torch_npu 2.14.0's MoE "
@@ -63,9 +85,8 @@ def unsupported_settings(config, target: str, tp_mc2_enabled: bool) -> list[str]
     return problems
 
 
-def moe_comm_backends(model_spec) -> set[str]:
-    """The CUDA-only ``moe_comm_backend`` values in a model spec's config tree."""
-    names = {cls: backend for backend, cls in CUDA_MOE_BACKENDS.items()}
+def config_owners(model_spec) -> set[str]:
+    """The classes whose nested ``Config`` appears in a model spec's config tree (``FlexAttention``, ...)."""
     found: set[str] = set()
     seen: set[int] = set()
 
@@ -73,10 +94,9 @@ def moe_comm_backends(model_spec) -> set[str]:
         if id(node) in seen:
             return
         seen.add(id(node))
-        owner = type(node).__qualname__.split(".")[0]
-        if type(node).__qualname__.endswith(".Config") and owner in names:
-            found.add(names[owner])
-        elif dataclasses.is_dataclass(node) and not isinstance(node, type):
+        if type(node).__qualname__.endswith(".Config"):
+            found.add(type(node).__qualname__.split(".")[0])
+        if dataclasses.is_dataclass(node) and not isinstance(node, type):
             for field in dataclasses.fields(node):
                 walk(getattr(node, field.name))
         elif isinstance(node, (list, tuple)):
@@ -97,8 +117,7 @@ def apply(ctx: PatchContext) -> None:
 
     def post_init(original, config):
         current = selection.current()
-        tp_mc2_enabled = current is not None and current.enabled.get("tp_mc2", False)
-        problems = unsupported_settings(config, ctx.device_kind, tp_mc2_enabled)
+        problems = unsupported_settings(config, ctx.device_kind, current.enabled if current is not None else {})
         if problems:
             reject(problems)
         return original(config)

@@ -35,3 +35,29 @@ def test_supported_settings_pass(trainer_module):
     from torchtitan.config.configs import CompileConfig
 
     trainer.Trainer.Config(compile=CompileConfig(enable=True))
+
+
+@pytest.mark.parametrize("config_name, owner", [("llama3_debugmodel", "FlexAttention"),
+                                                ("llama3_debugmodel_varlen_attn", "VarlenAttention")])
+def test_upstream_attention_on_the_npu_stops_when_the_attention_patch_is_off(config_name, owner):
+    """With attention off, upstream's flex (torch.compile on torch_npu's inductor) or varlen (CUDA flash) would run."""
+    from torchtitan.models.llama3 import config_registry
+
+    from npu_inject.patches import parallel_checks
+
+    config = getattr(config_registry, config_name)()
+    assert owner in parallel_checks.config_owners(config.model_spec)
+    (problem,) = parallel_checks.unsupported_settings(config, "npu", {"attention": False})
+    assert problem.startswith(f"{owner} (config") and "enable attention" in problem
+    assert parallel_checks.unsupported_settings(config, "npu", {"attention": True}) == []
+    assert parallel_checks.unsupported_settings(config, "cpu", {"attention": False}) == []  # CPU inductor lowers it
+
+
+def test_a_cuda_moe_backend_stops_with_the_config_it_came_from():
+    from torchtitan.models.qwen3 import config_registry
+
+    from npu_inject.patches import parallel_checks
+
+    config = config_registry.qwen3_moe_deepep()
+    (problem,) = parallel_checks.unsupported_settings(config, "npu", {"attention": True})
+    assert problem.startswith("moe_comm_backend='deepep'") and "moe_comm_backend='standard'" in problem
