@@ -144,6 +144,12 @@ def session(tmp_path_factory) -> dict:
             return [torch.searchsorted(edges.to(device), values.to(device), right=right, out_int32=int32).cpu().tolist()
                     for right in (False, True) for int32 in (False, True)]
         out["searchsorted"], out["searchsorted_expected"] = searched("npu"), searched("cpu")
+        grid = torch.tensor([[1, 2, 3], [4, 5, 6]])  # aclnnProdDim: qwen3_5's vision grid sizes
+        out["prod"] = [torch.prod(grid.npu(), 1).cpu().tolist(), torch.prod(grid.float().npu(), 0, keepdim=True).cpu().tolist()]
+        out["prod_expected"] = [torch.prod(grid, 1).tolist(), torch.prod(grid.float(), 0, keepdim=True).tolist()]
+        scores = torch.arange(12, dtype=torch.float32).reshape(3, 4) / 5  # aclnnLogSumExp: gpt_oss's sinks
+        out["logsumexp"] = torch.logsumexp(scores.npu(), dim=-1).cpu().tolist()
+        out["logsumexp_expected"] = torch.logsumexp(scores, dim=-1).tolist()
         out["linspace"] = torch.linspace(-1, 2, 7, device="npu").cpu().tolist()
         out["linspace_expected"] = torch.linspace(-1, 2, 7).tolist()
         try:
@@ -236,6 +242,8 @@ def test_aten_backed_operators_through_torch_npu(session):
     assert session["complex"] == session["complex_expected"]  # aclnnBitwiseNot, aclnnPolar, aclnnMul on COMPLEX64
     assert min(session["randint"][0]) >= 3 and max(session["randint"][0]) <= 9
     assert session["searchsorted"] == session["searchsorted_expected"]
+    assert session["prod"] == session["prod_expected"]
+    assert session["logsumexp"] == pytest.approx(session["logsumexp_expected"], rel=1e-6)
     assert session["linspace"] == pytest.approx(session["linspace_expected"], abs=1e-6)
 
 

@@ -466,6 +466,36 @@ CANN_API aclnnStatus aclnnSearchSortedGetWorkspaceSize(const aclTensor* sorted_s
     }, ws, ex);
 }
 CANN_EMU_LAUNCH(aclnnSearchSorted)
+// ops-math math/reduce_prod (aclnnProdDim): the product along dim, in dtype (out's), keepDim as torch's
+// (torch.prod(x, dim); qwen3_5's vision grid sizes).
+CANN_API aclnnStatus aclnnProdDimGetWorkspaceSize(const aclTensor* self, int64_t dim, bool keep_dim, int dtype,
+                                                  aclTensor* out, uint64_t* ws, aclOpExecutor** ex) {
+    const char* op = "aclnnProdDim";
+    if (int rc = check_args(op, {{"self", self}, {"out", out}})) return rc;
+    if (dtype != out->dtype) return invalid(op, "dtype must be out's data type");
+    int64_t rank = static_cast<int64_t>(self->view.size());
+    int64_t axis = dim < 0 ? dim + std::max<int64_t>(rank, 1) : dim;
+    if (axis < 0 || axis >= std::max<int64_t>(rank, 1)) return invalid(op, "dim " + std::to_string(dim) + " is out of range");
+    return aten_executor(op, [s = hold(self), axis, keep_dim, o = hold(out)] {
+        at::Tensor r = view(o);
+        at::prod_out(r, view(s), axis, keep_dim, r.scalar_type());
+    }, ws, ex);
+}
+CANN_EMU_LAUNCH(aclnnProdDim)
+// ops-math math/reduce_log_sum_exp (aclnnLogSumExp): log(sum(exp(self))) over dim (torch.logsumexp; gpt_oss's
+// attention sinks).
+CANN_API aclnnStatus aclnnLogSumExpGetWorkspaceSize(const aclTensor* self, const aclIntArray* dim, bool keep_dim,
+                                                    aclTensor* out, uint64_t* ws, aclOpExecutor** ex) {
+    const char* op = "aclnnLogSumExp";
+    if (int rc = check_present(op, "dim", dim)) return rc;
+    if (int rc = check_args(op, {{"self", self}, {"out", out}})) return rc;
+    return aten_executor(op, [s = hold(self), d = hold(dim), keep_dim, o = hold(out)] {
+        at::Tensor r = view(o);
+        at::Tensor x = view(s);
+        at::logsumexp_out(r, x.is_floating_point() ? x : x.to(r.scalar_type()), d, keep_dim);
+    }, ws, ex);
+}
+CANN_EMU_LAUNCH(aclnnLogSumExp)
 
 // aclnnInplaceFillTensor (ops-math conversion/fill): selfRef[...] = value, a one-element tensor.
 CANN_API aclnnStatus aclnnInplaceFillTensorGetWorkspaceSize(aclTensor* self, const aclTensor* value, uint64_t* ws,
