@@ -13,30 +13,16 @@ import types
 import pytest
 import torch
 
+from host_reads_kit import DeviceTensor, count_copies
 from npu_inject import module_facts
 from npu_inject.ops import host_reads
 from npu_inject.patching import PatchContext
 from npu_inject.patches import batch_host_copies
 
 
-class _DeviceTensor(torch.Tensor):
-    """A CPU tensor that claims a device (host_reads treats it as a device tensor)."""
-
-    @property
-    def device(self):
-        return torch.device("privateuseone", 0)
-
-    @classmethod
-    def __torch_function__(cls, func, types, args=(), kwargs=None):
-        with torch._C.DisableTorchFunctionSubclass():
-            return func(*args, **(kwargs or {}))
-
-
 @pytest.fixture
 def copies(monkeypatch) -> list:
-    made = []
-    monkeypatch.setattr(host_reads, "_to_host", lambda tensor: made.append(1) or torch.Tensor(tensor).clone())
-    return made
+    return count_copies(monkeypatch)
 
 
 @pytest.fixture
@@ -62,7 +48,7 @@ def _batches(trainer_class, *batches):
 def _to_device(input_dict: dict) -> None:
     """What ``Trainer.train_step`` does with each microbatch (``input_dict[key] = value.to(self.device)``)."""
     for key, value in input_dict.items():
-        input_dict[key] = value.clone().as_subclass(_DeviceTensor)
+        input_dict[key] = value.clone().as_subclass(DeviceTensor)
 
 
 def test_train_step_still_copies_the_batch_the_way_this_patch_listens_for():
@@ -102,6 +88,6 @@ def test_a_written_device_tensor_or_host_tensor_is_copied_back(trainer_class, co
 def test_a_replacement_that_is_no_copy_is_not_remembered(trainer_class, copies):
     _, batches = _batches(trainer_class, ({"positions": torch.arange(4).view(1, 4)}, torch.ones(1, 4)))
     input_dict, _ = next(batches)
-    input_dict["positions"] = torch.arange(2).as_subclass(_DeviceTensor)  # another shape: not the batch's copy
+    input_dict["positions"] = torch.arange(2).as_subclass(DeviceTensor)  # another shape: not the batch's copy
     host_reads.host_copy(input_dict["positions"])
     assert len(copies) == 1

@@ -10,30 +10,16 @@ from __future__ import annotations
 import pytest
 import torch
 
+from host_reads_kit import DeviceTensor, count_copies
 from npu_inject import module_facts
 from npu_inject.ops import host_reads
 from npu_inject.patching import PatchContext
 from npu_inject.patches import positions_check
 
 
-class _DeviceTensor(torch.Tensor):
-    """A CPU tensor that claims a device (host_reads copies it like a device tensor)."""
-
-    @property
-    def device(self):
-        return torch.device("privateuseone", 0)
-
-    @classmethod
-    def __torch_function__(cls, func, types, args=(), kwargs=None):
-        with torch._C.DisableTorchFunctionSubclass():
-            return func(*args, **(kwargs or {}))
-
-
 @pytest.fixture
 def copies(monkeypatch) -> list:
-    made = []
-    monkeypatch.setattr(host_reads, "_to_host", lambda tensor: made.append(1) or torch.Tensor(tensor).clone())
-    return made
+    return count_copies(monkeypatch)
 
 
 @pytest.fixture
@@ -51,7 +37,7 @@ def applied(copies):
 
 
 def _positions(values) -> torch.Tensor:
-    return torch.tensor(values, dtype=torch.int64).as_subclass(_DeviceTensor)
+    return torch.tensor(values, dtype=torch.int64).as_subclass(DeviceTensor)
 
 
 def test_positions_within_the_cache_pass_and_beyond_it_fail_with_upstreams_message(applied):
