@@ -141,22 +141,25 @@ def fusion_attention_BLNH(
     v_BLNH: torch.Tensor,
     plan: AttentionPlan,
     scale: float | None,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Attention output (B, L, N, H) and log-sum-exp (B, L, N) through npu_fusion_attention.
+    return_lse: bool = False,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Attention output (B, L, N, H) and, when ``return_lse``, log-sum-exp (B, L, N) through npu_fusion_attention.
 
     The log-sum-exp comes from the kernel's softmax statistics, which carry no
     gradient (torch_npu returns them for its own backward): use it for values, not
-    for anything that must be differentiated. Key/value may carry fewer heads than the query (GQA): the kernel takes them as
-    they are. Inputs keep their dtype: the kernel takes fp16, bf16 and fp32.
+    for anything that must be differentiated. It costs two launches (a log and an add) per call, so only
+    callers that read it ask for it (None otherwise). Key/value may carry fewer heads than the query (GQA):
+    the kernel takes them as they are. Inputs keep their dtype: the kernel takes fp16, bf16 and fp32.
     """
     # Under spmd_types type checking the kernel is a typing boundary, as upstream's attention kernels:
     # its host metadata (document ends, compressed mask) goes unchecked, the outputs take q's type.
     with spmd_typing.opaque_kernel():
-        out_BLNH, lse_BLN = _fusion_attention_BLNH(q_BLNH, k_BLNH, v_BLNH, plan, scale)
-    return spmd_typing.type_like(out_BLNH, q_BLNH), spmd_typing.type_like(lse_BLN, q_BLNH, keep_dims=3)
+        out_BLNH, lse_BLN = _fusion_attention_BLNH(q_BLNH, k_BLNH, v_BLNH, plan, scale, return_lse)
+    out_BLNH = spmd_typing.type_like(out_BLNH, q_BLNH)
+    return out_BLNH, None if lse_BLN is None else spmd_typing.type_like(lse_BLN, q_BLNH, keep_dims=3)
 
 
-def _fusion_attention_BLNH(q_BLNH, k_BLNH, v_BLNH, plan: AttentionPlan, scale: float | None):
+def _fusion_attention_BLNH(q_BLNH, k_BLNH, v_BLNH, plan: AttentionPlan, scale: float | None, return_lse: bool):
     B, L, N, H = q_BLNH.shape
     value_head_dim = v_BLNH.shape[-1]
     scale = 1.0 / math.sqrt(H) if scale is None else scale
@@ -167,6 +170,8 @@ def _fusion_attention_BLNH(q_BLNH, k_BLNH, v_BLNH, plan: AttentionPlan, scale: f
         out_BLNH, softmax_max_BNL8, softmax_sum_BNL8, *_ = ops.npu_fusion_attention(
             q_BLNH, k_BLNH, v_BLNH, N, "BSND", **arguments
         )
+        if not return_lse:
+            return out_BLNH, None
         lse_BLN = (softmax_max_BNL8[..., 0] + softmax_sum_BNL8[..., 0].log()).transpose(1, 2)
     else:
         T = B * L
@@ -184,6 +189,8 @@ def _fusion_attention_BLNH(q_BLNH, k_BLNH, v_BLNH, plan: AttentionPlan, scale: f
             **arguments,
         )
         out_BLNH = out_TNH.view(B, L, N, value_head_dim)
+        if not return_lse:
+            return out_BLNH, None
         lse_BLN = (softmax_max_TN8[..., 0] + softmax_sum_TN8[..., 0].log()).view(B, L, N)
     return out_BLNH, lse_BLN
 

@@ -543,3 +543,21 @@ def test_unimplemented_arguments_raise(layout, kwargs, match):
     q = q[0].transpose(0, 1) if layout == "TND" else q
     with pytest.raises(NotImplementedError, match=match):
         fa(q, q, q, 2, layout, **kwargs)
+
+
+def test_glue_computes_logsumexp_only_when_asked(request):
+    """fusion_attention_BLNH's log-sum-exp costs two launches (a log, an add): callers that discard it get None;
+    asked for, it is the causal scores' logsumexp (explicit matmul and mask, upstream math)."""
+    from npu_inject import selection
+    from npu_inject.ops.attention import AttentionPlan, fusion_attention_BLNH
+
+    selection.establish({"TORCHTITAN_NPU": "cpu"})  # the rehearsal's kernels, as a training run's plan picks
+    request.addfinalizer(selection.forget)
+    q_BLNH, k_BLNH, v_BLNH = (randn(1, 6, 2, 8, seed=seed) for seed in (5, 6, 7))
+    out_BLNH, lse_BLN = fusion_attention_BLNH(q_BLNH, k_BLNH, v_BLNH, AttentionPlan(), None)
+    assert lse_BLN is None
+    again_BLNH, lse_BLN = fusion_attention_BLNH(q_BLNH, k_BLNH, v_BLNH, AttentionPlan(), None, return_lse=True)
+    torch.testing.assert_close(again_BLNH, out_BLNH)
+    scores_BNLL = q_BLNH.transpose(1, 2) @ k_BLNH.transpose(1, 2).transpose(-1, -2) / math.sqrt(8)
+    scores_BNLL = scores_BNLL.masked_fill(~torch.ones(6, 6, dtype=torch.bool).tril(), float("-inf"))
+    torch.testing.assert_close(lse_BLN, scores_BNLL.logsumexp(-1).transpose(1, 2), atol=1e-5, rtol=1e-5)

@@ -83,10 +83,11 @@ def _worker(rank: int, init_file: str, results: dict) -> None:  # noqa: C901
     # Packed-document fusion attention: the ends tensor is made untyped, before the checked region.
     packed = document_plan(causal=True, window=None, document_ends=(5, 16, 25, 32))
     for name, attention_plan in (("causal", AttentionPlan()), ("packed", packed)):
-        want, want_lse = fusion_attention_BLNH(q, k, v, attention_plan, None)
+        want, want_lse = fusion_attention_BLNH(q, k, v, attention_plan, None, return_lse=True)
         tq, tk, tv = (_typed(mesh, t.clone(), spmd.V) for t in (q, k, v))
         got = attempt(f"fusion_attention/{name}",
-                      lambda: _checked(mesh, lambda: fusion_attention_BLNH(tq, tk, tv, attention_plan, None)))
+                      lambda: _checked(mesh, lambda: fusion_attention_BLNH(tq, tk, tv, attention_plan, None,
+                                                                          return_lse=True)))
         if got is not None:
             check(f"fusion_attention/{name}/out", got[0], want, _type_on(mesh, got[0]), [V])
             check(f"fusion_attention/{name}/lse", got[1], want_lse, _type_on(mesh, got[1]), [V])
