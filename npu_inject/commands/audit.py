@@ -8,7 +8,9 @@ Two sources, one file per rank next to the runtime's report (``<dump>/npu_inject
 * ``cann_emu_rank<N>.json``, the CANN emulation's (verification/cann_emu, ``CANN_EMU_COUNTS``): what
   the real torch_npu asked of CANN per training step: aclnn operators, those CANN runs on AI CPU,
   operators sent down the legacy aclop path, host synchronisations by call, HCCL calls; the collectives
-  apart: standalone, and those MC2 operators (collective + GEMM in one) made themselves, with the bytes.
+  apart: standalone, and those MC2 operators (collective + GEMM in one) made themselves, with the bytes;
+  each host synchronisation by the Python line that made it and its owner; the aclnn launches of the last
+  step by model scope (a block's forward or backward, the embedding, the loss, the optimizer).
 
 PATH is such a file or a directory holding them. AI CPU and aclop operators, host-fallback ops and
 stream-order findings are findings (exit 1). Standard library only: this runs where torch is not
@@ -118,6 +120,32 @@ def _render_sync_sites(document: dict) -> list[str]:
     return out
 
 
+def scope_launches(step_counts: dict) -> list[tuple[str, int, dict[str, int]]]:
+    """(scope, launches, {operator: launches}) of one step in program order: the model scopes the emulation's
+    step marks name (a child's forward and backward, the loss, gradient clipping, the optimizer, ...)."""
+    per_scope: dict[str, dict[str, int]] = {}
+    for key, count in step_counts.get("scope_ops", {}).items():
+        scope, _, operator = key.rpartition(" | ")
+        per_scope.setdefault(scope, {})[operator] = count
+    order = step_counts.get("scope_order", {})
+    return [(scope, sum(ops.values()), ops)
+            for scope, ops in sorted(per_scope.items(), key=lambda item: (order.get(item[0], 1 << 62), item[0]))]
+
+
+def _render_scopes(document: dict) -> list[str]:
+    steps = [step for step in sorted(document.get("steps", {}), key=_step_key) if step.isdigit()]
+    if not steps or not document["steps"][steps[-1]].get("scope_ops"):
+        return []
+    last = steps[-1]
+    rows = [[scope, launches, ", ".join(f"{name.removeprefix('aclnn')} {n}" for name, n in
+                                        sorted(ops.items(), key=lambda kv: (-kv[1], kv[0]))[:5])
+             + (f", +{len(ops) - 5} more" if len(ops) > 5 else "")]
+            for scope, launches, ops in scope_launches(document["steps"][last])]
+    return ["", f"aclnn launches of step {last} by model scope (what was dispatched from the mark on; "
+                "the five most launched operators):",
+            _table(["scope", "launches", "operators"], rows)]
+
+
 def render_cann_emu(document: dict, source: str) -> str:
     """The real torch_npu's calls into the CANN emulation, one row per training step."""
     out = [f"{source} (rank {document.get('rank')}, {document.get('soc')}; the real torch_npu's calls into "
@@ -136,6 +164,7 @@ def render_cann_emu(document: dict, source: str) -> str:
                "(collective + GEMM in one operator)")
     out.append(_table(["step", "standalone collectives", "inside MC2 operators"], rows))
     out += _render_sync_sites(document)
+    out += _render_scopes(document)
     for key, title in (("aicpu", "Operators CANN runs on AI CPU"), ("aclop", "Operators sent down the legacy aclop path")):
         out.append(f"{title}: {_counted(document.get(key, {}))}")
     return "\n".join(out)

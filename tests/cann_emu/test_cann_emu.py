@@ -169,6 +169,60 @@ def session(tmp_path_factory) -> dict:
     return out
 
 
+@pytest.fixture(scope="module")
+def later_operators(tmp_path_factory) -> dict:
+    """A second child (the first one's operator counts stay as its tests state them): operators the suite's
+    model families reached later, and the model scopes the step marks use; "counts" as in ``session``."""
+    counts = tmp_path_factory.mktemp("cann_emu") / "counts.json"
+    out = child_json(
+        """
+        import json
+        import torch, torch_npu
+        out = {}
+        torch.manual_seed(3)
+        scores = torch.arange(12, dtype=torch.float32).reshape(3, 4) / 5
+        # softplus forward and backward (aclnnSoftplus, aclnnSoftplusBackward: qwen3_5's linear attention; beta and
+        # threshold chosen so both branches run), nan_to_num (aclnnNanToNum, aclnnInplaceNanToNum: gpt_oss),
+        # grid_sample forward and backward (aclnnGridSampler2D, aclnnGridSampler2DBackward: muse_glimmer)
+        special = torch.tensor([float("nan"), float("inf"), -float("inf"), 1.5])
+        image, sample_at = torch.randn(1, 2, 4, 5), torch.rand(1, 3, 3, 2) * 2.4 - 1.2
+        def activations(device):
+            leaf = scores.to(device, copy=True).requires_grad_()  # copy: on the CPU .to() is the same tensor
+            y = torch.nn.functional.softplus(leaf - 1, beta=2.0, threshold=1.0)
+            y.backward(torch.ones_like(y))
+            cleaned = special.to(device).clone().nan_to_num_(nan=0.5)
+            sampled = []
+            for mode, padding in (("bilinear", "zeros"), ("nearest", "border"), ("bilinear", "reflection")):
+                leaves = [image.to(device, copy=True).requires_grad_(), sample_at.to(device, copy=True).requires_grad_()]
+                z = torch.nn.functional.grid_sample(*leaves, mode=mode, padding_mode=padding, align_corners=False)
+                z.backward(torch.ones_like(z))
+                sampled.append([z.detach().cpu().tolist()] + [leaf.grad.cpu().tolist() for leaf in leaves])
+            return {"softplus": [y.detach().cpu().tolist(), leaf.grad.cpu().tolist()],
+                    "nan_to_num": [torch.nan_to_num(special.to(device), posinf=9.0).cpu().tolist(),
+                                   cleaned.cpu().tolist()],
+                    "grid_sample": sampled}
+        out["activations"], out["activations_expected"] = activations("npu"), activations("cpu")
+        # model scopes (the step marks' cann_emu_mark_scope): 50 adds dispatched under "first" and not yet
+        # synchronised when "second" is marked still count under "first" (the scope is read at GetWorkspaceSize)
+        import ctypes
+        mark_scope = ctypes.CDLL("libcann_emu.so").cann_emu_mark_scope
+        mark_scope.argtypes = [ctypes.c_char_p]
+        z = torch.zeros(64, device="npu")
+        mark_scope(b"first")
+        for _ in range(50):
+            z = z + 1
+        mark_scope(b"second")
+        z = z * 2
+        torch.npu.synchronize()
+        mark_scope(b"")
+        print(json.dumps(out))
+        """,
+        extra_env={"CANN_EMU_COUNTS": str(counts)},
+    )
+    out["counts"] = json.loads(counts.read_text())
+    return out
+
+
 def test_the_wheel_from_pypi_is_what_imports(session):
     assert session["version"] == "2.14.0"
     assert Path(session["file"]).is_relative_to(Path(session["purelib"]))
@@ -245,6 +299,26 @@ def test_aten_backed_operators_through_torch_npu(session):
     assert session["prod"] == session["prod_expected"]
     assert session["logsumexp"] == pytest.approx(session["logsumexp_expected"], rel=1e-6)
     assert session["linspace"] == pytest.approx(session["linspace_expected"], abs=1e-6)
+
+
+def test_softplus_nan_to_num_and_grid_sample_through_torch_npu(later_operators):
+    """aclnnSoftplus(Backward), aclnnNanToNum, aclnnInplaceNanToNum, aclnnGridSampler2D(Backward) against torch's
+    CPU functions and autograd (float32; three interpolation/padding pairs)."""
+    got, expected = later_operators["activations"], later_operators["activations_expected"]
+    assert got["nan_to_num"] == expected["nan_to_num"]
+    pairs = list(zip(got["softplus"], expected["softplus"]))
+    pairs += [pair for sampled in zip(got["grid_sample"], expected["grid_sample"]) for pair in zip(*sampled)]
+    for index, (a, b) in enumerate(pairs):  # forward outputs, then gradients
+        assert torch.allclose(torch.tensor(a), torch.tensor(b), rtol=1e-5, atol=1e-6), (index, a, b)
+
+
+def test_operators_count_under_the_scope_current_when_dispatched(later_operators):
+    """With torch_npu's task queue on, an operator counts under the scope marked when it was dispatched (its
+    GetWorkspaceSize), not when the queue launched it: what makes the audit's launches by model scope hold."""
+    scopes = later_operators["counts"]["steps"]["outside steps"]["scope_ops"]
+    assert scopes["first | aclnnAdds"] == 50
+    assert scopes["second | aclnnMuls"] == 1
+    assert not any(key.startswith("second | aclnnAdds") for key in scopes)
 
 
 def test_layer_norm_forward_and_backward_through_torch_npu(session):

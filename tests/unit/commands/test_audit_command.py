@@ -118,6 +118,22 @@ def test_cann_emulation_syncs_by_owner_and_source_line(tmp_path, capsys):
         "1", "aclrtSynchronizeStream", "npu_inject", "npu_inject/ops/attention.py:90 lengths"]
 
 
+def test_cann_emulation_launches_of_the_last_step_by_model_scope_in_program_order(tmp_path, capsys):
+    step = _steps({"aclnnMatmul": 9, "aclnnRmsNorm": 1, "aclnnApplyAdamWV2": 3, "aclnnMul": 1})
+    step["scope_ops"] = {"forward: layers.0 | aclnnMatmul": 3, "forward: layers.0 | aclnnRmsNorm": 1,
+                         "backward: layers.0 | aclnnMatmul": 6, "optimizer | aclnnApplyAdamWV2": 3,
+                         "grad clipping | aclnnMul": 1}
+    step["scope_order"] = {"forward: layers.0": 0, "backward: layers.0": 4, "grad clipping": 10, "optimizer": 11}
+    path = tmp_path / "cann_emu_rank0.json"
+    path.write_text(json.dumps(dict(CANN_EMU, steps={"1": _steps({"aclnnMm": 1}), "2": step})))
+    assert main(["audit", str(path)]) == 0
+    out = capsys.readouterr().out
+    table = out[out.index("aclnn launches of step 2 by model scope"):].splitlines()[3:7]
+    assert [re.split(r"\s{2,}", line.strip()) for line in table] == [
+        ["forward: layers.0", "4", "Matmul 3, RmsNorm 1"], ["backward: layers.0", "6", "Matmul 6"],
+        ["grad clipping", "1", "Mul 1"], ["optimizer", "3", "ApplyAdamWV2 3"]]
+
+
 def test_cann_emulation_aicpu_or_aclop_operators_are_findings(tmp_path, capsys):
     document = dict(CANN_EMU, aclop={"TransData": 2})
     document["steps"] = dict(CANN_EMU["steps"], **{"2": _steps({"aclnnMm": 2}, aclop={"TransData": 2})})

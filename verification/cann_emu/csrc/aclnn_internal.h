@@ -40,6 +40,7 @@ struct aclOpExecutor {
     std::string op;
     std::function<aclnnStatus()> run;
     bool repeatable = false;
+    std::string scope;  // cann_emu::current_scope() when phase one made it
 };
 
 namespace cann_emu {

@@ -167,6 +167,39 @@ CANN_API aclnnStatus aclnnSiluBackwardGetWorkspaceSize(const aclTensor* grad, co
 }
 CANN_EMU_LAUNCH(aclnnSiluBackward)
 
+// ops-nn activation/softplus_v2 (aclnnSoftplus): out = log(1 + exp(beta * self)) / beta where beta * self <=
+// threshold, self elsewhere (torch.nn.functional.softplus; qwen3_5's linear-attention gate).
+CANN_API aclnnStatus aclnnSoftplusGetWorkspaceSize(const aclTensor* self, const aclScalar* beta,
+                                                   const aclScalar* threshold, aclTensor* out, uint64_t* ws,
+                                                   aclOpExecutor** ex) {
+    const char* op = "aclnnSoftplus";
+    if (int rc = check_present(op, "beta", beta)) return rc;
+    if (int rc = check_present(op, "threshold", threshold)) return rc;
+    if (int rc = check_args(op, {{"self", self}, {"out", out}})) return rc;
+    return aten_executor(op, [s = hold(self), b = host_scalar(*beta), t = host_scalar(*threshold), o = hold(out)] {
+        at::Tensor r = view(o);
+        at::softplus_out(r, view(s), b, t);
+    }, ws, ex);
+}
+CANN_EMU_LAUNCH(aclnnSoftplus)
+// ops-nn activation/softplus_v2_grad (aclnnSoftplusBackward): gradInput = gradOutput * sigmoid(beta * self) where
+// beta * self <= threshold, gradOutput elsewhere.
+CANN_API aclnnStatus aclnnSoftplusBackwardGetWorkspaceSize(const aclTensor* grad, const aclTensor* self,
+                                                           const aclScalar* beta, const aclScalar* threshold,
+                                                           aclTensor* grad_input, uint64_t* ws, aclOpExecutor** ex) {
+    const char* op = "aclnnSoftplusBackward";
+    if (int rc = check_present(op, "beta", beta)) return rc;
+    if (int rc = check_present(op, "threshold", threshold)) return rc;
+    if (int rc = check_args(op, {{"gradOutput", grad}, {"self", self}, {"gradInput", grad_input}})) return rc;
+    return aten_executor(op, [g = hold(grad), s = hold(self), b = host_scalar(*beta), t = host_scalar(*threshold),
+                              o = hold(grad_input)] {
+        at::Tensor r = view(o);
+        at::Tensor x = view(s);  // self may be an integer or bool tensor (the document's dtype list)
+        at::softplus_backward_out(r, view(g), x.is_floating_point() ? x : x.to(r.scalar_type()), b, t);
+    }, ws, ex);
+}
+CANN_EMU_LAUNCH(aclnnSoftplusBackward)
+
 // ---- random fills (ops-math random/dsa_random_normal, dsa_random_uniform) -------------------------------
 // torch_npu passes its generator's seed and Philox offset. Ascend's Philox stream is not reproduced: the
 // emulation draws from a CPU generator seeded with that seed, in launch order, and starts it again when

@@ -154,6 +154,56 @@ CANN_API aclnnStatus aclnnUpsampleBilinear2dGetWorkspaceSize(const aclTensor* se
     }, ws, ex);
 }
 CANN_EMU_LAUNCH(aclnnUpsampleBilinear2d)
+// ops-cv image/grid_sample (aclnnGridSampler2D): out[n, c, h, w] = input[n, c] sampled at grid[n, h, w] (x, y in
+// [-1, 1]); interpolationMode 0 bilinear, 1 nearest, 2 bicubic; paddingMode 0 zeros, 1 border, 2 reflection
+// (torch's grid_sample encoding; muse_glimmer's vision encoder).
+static aclnnStatus grid_sampler_modes(const char* op, int64_t interpolation, int64_t padding) {
+    if (interpolation < 0 || interpolation > 2 || padding < 0 || padding > 2)
+        return invalid(op, "interpolationMode must be 0, 1 or 2 and paddingMode 0, 1 or 2, not " +
+                               std::to_string(interpolation) + " and " + std::to_string(padding));
+    return 0;
+}
+CANN_API aclnnStatus aclnnGridSampler2DGetWorkspaceSize(const aclTensor* input, const aclTensor* grid,
+                                                        int64_t interpolation, int64_t padding, bool align_corners,
+                                                        aclTensor* out, uint64_t* ws, aclOpExecutor** ex) {
+    const char* op = "aclnnGridSampler2D";
+    if (int rc = check_args(op, {{"input", input}, {"grid", grid}, {"out", out}})) return rc;
+    if (int rc = grid_sampler_modes(op, interpolation, padding)) return rc;
+    if (input->view.size() != 4 || grid->view.size() != 4 || grid->view[3] != 2)
+        return invalid(op, "input must be (N, C, H, W) and grid (N, Hout, Wout, 2)");
+    return aten_executor(op, [i = hold(input), g = hold(grid), interpolation, padding, align_corners, o = hold(out)] {
+        view(o).copy_(at::grid_sampler_2d(view(i), view(g), interpolation, padding, align_corners));
+    }, ws, ex);
+}
+CANN_EMU_LAUNCH(aclnnGridSampler2D)
+// ops-cv image/grid_sampler2_d_grad (aclnnGridSampler2DBackward): the gradients of input and grid; outputMask
+// (inputGrad, gridGrad) says which are wanted.
+CANN_API aclnnStatus aclnnGridSampler2DBackwardGetWorkspaceSize(const aclTensor* grad_output, const aclTensor* input,
+                                                                const aclTensor* grid, int64_t interpolation,
+                                                                int64_t padding, bool align_corners,
+                                                                const aclBoolArray* output_mask, aclTensor* input_grad,
+                                                                aclTensor* grid_grad, uint64_t* ws,
+                                                                aclOpExecutor** ex) {
+    const char* op = "aclnnGridSampler2DBackward";
+    if (int rc = check_present(op, "outputMask", output_mask)) return rc;
+    if (int rc = check_args(op, {{"gradOutput", grad_output}, {"input", input}, {"grid", grid},
+                                 {"inputGrad", input_grad, true}, {"gridGrad", grid_grad, true}}))
+        return rc;
+    if (int rc = grid_sampler_modes(op, interpolation, padding)) return rc;
+    if (output_mask->v.size() != 2)
+        return invalid(op, "outputMask must have 2 entries (inputGrad, gridGrad), not " +
+                               std::to_string(output_mask->v.size()));
+    if ((output_mask->v[0] && !input_grad) || (output_mask->v[1] && !grid_grad))
+        return invalid(op, "an output outputMask asks for is null");
+    return aten_executor(op, [go = hold(grad_output), i = hold(input), g = hold(grid), interpolation, padding,
+                              align_corners, mask = output_mask->v, gi = hold(input_grad), gg = hold(grid_grad)] {
+        auto [d_input, d_grid] = at::grid_sampler_2d_backward(view(go), view(i), view(g), interpolation, padding,
+                                                              align_corners, {bool(mask[0]), bool(mask[1])});
+        if (mask[0]) view(gi).copy_(d_input);
+        if (mask[1]) view(gg).copy_(d_grid);
+    }, ws, ex);
+}
+CANN_EMU_LAUNCH(aclnnGridSampler2DBackward)
 // ops-math math/bitwise_and (aclnnInplaceBitwiseAndTensor): selfRef &= other, broadcast (mask combination)
 CANN_API aclnnStatus aclnnInplaceBitwiseAndTensorGetWorkspaceSize(aclTensor* self, const aclTensor* other, uint64_t* ws,
                                                                   aclOpExecutor** ex) {
@@ -496,6 +546,29 @@ CANN_API aclnnStatus aclnnLogSumExpGetWorkspaceSize(const aclTensor* self, const
     }, ws, ex);
 }
 CANN_EMU_LAUNCH(aclnnLogSumExp)
+// ops-math math/nan_to_num (aclnnNanToNum, aclnnInplaceNanToNum): NaN, +inf and -inf replaced by the given
+// floats (torch.nan_to_num; gpt_oss's attention sinks). torch_npu passes the finite extremes of the dtype when
+// the caller gives none.
+static aclnnStatus nan_to_num_prepare(const char* op, const aclTensor* self, float nan, float posinf, float neginf,
+                                      const aclTensor* out, uint64_t* ws, aclOpExecutor** ex) {
+    bool inplace = self == out;
+    if (int rc = inplace ? check_args(op, {{"selfRef", self}}) : check_args(op, {{"self", self}, {"out", out}}))
+        return rc;
+    return aten_executor(op, [s = hold(self), nan, posinf, neginf, o = hold(out)] {
+        at::Tensor r = view(o);
+        at::nan_to_num_out(r, view(s), (double)nan, (double)posinf, (double)neginf);
+    }, ws, ex);
+}
+CANN_API aclnnStatus aclnnNanToNumGetWorkspaceSize(const aclTensor* self, float nan, float posinf, float neginf,
+                                                   aclTensor* out, uint64_t* ws, aclOpExecutor** ex) {
+    return nan_to_num_prepare("aclnnNanToNum", self, nan, posinf, neginf, out, ws, ex);
+}
+CANN_EMU_LAUNCH(aclnnNanToNum)
+CANN_API aclnnStatus aclnnInplaceNanToNumGetWorkspaceSize(aclTensor* self, float nan, float posinf, float neginf,
+                                                          uint64_t* ws, aclOpExecutor** ex) {
+    return nan_to_num_prepare("aclnnInplaceNanToNum", self, nan, posinf, neginf, self, ws, ex);
+}
+CANN_EMU_LAUNCH(aclnnInplaceNanToNum)
 
 // aclnnInplaceFillTensor (ops-math conversion/fill): selfRef[...] = value, a one-element tensor.
 CANN_API aclnnStatus aclnnInplaceFillTensorGetWorkspaceSize(aclTensor* self, const aclTensor* value, uint64_t* ws,

@@ -7,6 +7,9 @@
 // torchtitan's Trainer.train_step to do so; -1, before any mark and after each step, is "outside steps").
 // torch_npu launches from its task-queue thread, so an operator is counted in the step current when it
 // launches; every step ends in a host synchronisation (the loss), which drains that queue first.
+// Within a step, scope_ops counts each operator under the model scope the driver marked last
+// (cann_emu_mark_scope: a block's forward or backward, the loss, the optimizer) when the operator was
+// prepared: its GetWorkspaceSize runs on the dispatching thread, in program order, unlike its launch.
 //
 // CANN_EMU_COUNTS=<path>: written as JSON when the process exits. "{pid}" in it becomes the process id,
 // "{rank}" the process's RANK (torchrun's); a path with "{rank}" is written only by processes that have one,
@@ -35,10 +38,14 @@ struct StepCounts {
     // torch_npu, wrapt and the standard library made the synchronisation; its owner is npu_inject, torchtitan,
     // other, or torch/torch_npu when no such frame exists.
     Counter sync_sites;
+    Counter scope_ops;    // "<scope> | <operator>", once the driver has marked a scope
+    Counter scope_order;  // scope -> the step's launch number of its first operator (program order)
+    uint64_t launches = 0;
 };
 struct Audit {
     std::mutex mutex;
     int64_t step = -1;
+    std::string scope;  // "" until the driver marks one
     std::map<int64_t, StepCounts> steps;  // -1: outside steps
     std::map<std::string, bool> aicpu_warned;
 };
@@ -91,6 +98,7 @@ void write_counts() {
         for (const auto& [k, n] : c.hccl) total.hccl[k] += n;
         for (const auto& [k, n] : c.hccl_bytes) total.hccl_bytes[k] += n;
         for (const auto& [k, n] : c.sync_sites) total.sync_sites[k] += n;
+        for (const auto& [k, n] : c.scope_ops) total.scope_ops[k] += n;
     }
     std::fprintf(f, "{\n  \"schema\": 2,\n  \"soc\": \"%s\",\n  \"pid\": %d,\n  \"rank\": %s,\n",
                  config().soc.c_str(), (int)getpid(),
@@ -102,6 +110,7 @@ void write_counts() {
     dump_counter(f, "hccl", total.hccl, "  ", ",");
     dump_counter(f, "hccl_bytes", total.hccl_bytes, "  ", ",");
     dump_counter(f, "sync_sites", total.sync_sites, "  ", ",");
+    dump_counter(f, "scope_ops", total.scope_ops, "  ", ",");
     std::fprintf(f, "  \"steps\": {\n");
     size_t i = 0;
     for (const auto& [step, c] : a.steps) {
@@ -113,7 +122,9 @@ void write_counts() {
         dump_counter(f, "syncs", c.syncs, "      ", ",");
         dump_counter(f, "hccl", c.hccl, "      ", ",");
         dump_counter(f, "hccl_bytes", c.hccl_bytes, "      ", ",");
-        dump_counter(f, "sync_sites", c.sync_sites, "      ", "");
+        dump_counter(f, "sync_sites", c.sync_sites, "      ", ",");
+        dump_counter(f, "scope_ops", c.scope_ops, "      ", ",");
+        dump_counter(f, "scope_order", c.scope_order, "      ", "");
         std::fprintf(f, "    }%s\n", ++i < a.steps.size() ? "," : "");
     }
     std::fprintf(f, "  }\n}\n");
@@ -125,13 +136,25 @@ struct CountsWriter {
 
 }  // namespace
 
-void count_call(const char* op) {
+std::string current_scope() {
+    Audit& a = audit();
+    std::lock_guard<std::mutex> lock(a.mutex);
+    return a.scope;
+}
+
+void count_call(const char* op, const std::string& scope) {
     const char* engine = op_engine(op);
     bool aicpu = engine && std::strcmp(engine, "AiCpu") == 0;
     Audit& a = audit();
     std::lock_guard<std::mutex> lock(a.mutex);
     StepCounts& c = a.steps[a.step];
     ++c.aclnn[op];
+    if (!a.scope.empty() || !scope.empty()) {
+        std::string name = scope.empty() ? "(before any scope)" : scope;
+        ++c.scope_ops[name + " | " + op];
+        c.scope_order.emplace(name, c.launches);
+    }
+    ++c.launches;
     if (aicpu) {
         ++c.aicpu[op];
         if (!a.aicpu_warned[op]) {
@@ -269,4 +292,12 @@ CANN_API void cann_emu_mark_step(int64_t step) {
     cann_emu::Audit& a = cann_emu::audit();
     std::lock_guard<std::mutex> lock(a.mutex);
     a.step = step < 0 ? -1 : step;
+}
+
+// Called by the driver (ctypes) when the model scope changes (a block's forward, the loss, ...): the operators
+// prepared from now on count under name (scope_ops).
+CANN_API void cann_emu_mark_scope(const char* name) {
+    cann_emu::Audit& a = cann_emu::audit();
+    std::lock_guard<std::mutex> lock(a.mutex);
+    a.scope = name ? name : "";
 }

@@ -110,7 +110,11 @@ const char* dtype_name(int dtype);
 bool op_arg_dtypes(const char* op, const char* arg, const int** dtypes, int* n);
 const char* op_engine(const char* op);
 // audit.cpp: per training step, what torch_npu asked of CANN (CANN_EMU_COUNTS).
-void count_call(const char* op);      // an aclnn operator launched (and whether on AI CPU)
+void count_call(const char* op, const std::string& scope);  // an aclnn operator launched (AI CPU too), and the
+                                                           // model scope current when it was prepared
+// The scope the driver last marked (cann_emu_mark_scope), "" before any: read when an operator is prepared
+// (its GetWorkspaceSize, on the thread that dispatched it), since torch_npu launches later from its queue.
+std::string current_scope();
 void count_sync(const char* kind);    // a host synchronisation, e.g. "aclrtSynchronizeStream"
 void count_aclop(const char* op_type);  // an operator sent down the legacy aclop path
 void count_hccl(const char* api);     // an HCCL call by name ("<op>:<api>" inside an MC2 operator)
