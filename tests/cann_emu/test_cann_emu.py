@@ -200,7 +200,11 @@ def later_operators(tmp_path_factory) -> dict:
             return {"softplus": [y.detach().cpu().tolist(), leaf.grad.cpu().tolist()],
                     "nan_to_num": [torch.nan_to_num(special.to(device), posinf=9.0).cpu().tolist(),
                                    cleaned.cpu().tolist()],
-                    "grid_sample": sampled}
+                    "grid_sample": sampled,
+                    # torch.eye (aclnnEye: qwen3_5), torch.addcmul (aclnnAddcmul: gpt_oss), broadcast
+                    "eye_addcmul": [torch.eye(3, 4, device=device).cpu().tolist(),
+                                    torch.addcmul(scores.to(device), scores[0].to(device), scores[:, :1].to(device),
+                                                  value=0.5).cpu().tolist()]}
         out["activations"], out["activations_expected"] = activations("npu"), activations("cpu")
         # model scopes (the step marks' cann_emu_mark_scope): 50 adds dispatched under "first" and not yet
         # synchronised when "second" is marked still count under "first" (the scope is read at GetWorkspaceSize)
@@ -302,10 +306,11 @@ def test_aten_backed_operators_through_torch_npu(session):
 
 
 def test_softplus_nan_to_num_and_grid_sample_through_torch_npu(later_operators):
-    """aclnnSoftplus(Backward), aclnnNanToNum, aclnnInplaceNanToNum, aclnnGridSampler2D(Backward) against torch's
-    CPU functions and autograd (float32; three interpolation/padding pairs)."""
+    """aclnnSoftplus(Backward), aclnnNanToNum, aclnnInplaceNanToNum, aclnnGridSampler2D(Backward), aclnnEye,
+    aclnnAddcmul against torch's CPU functions and autograd (float32; three interpolation/padding pairs)."""
     got, expected = later_operators["activations"], later_operators["activations_expected"]
     assert got["nan_to_num"] == expected["nan_to_num"]
+    assert got["eye_addcmul"] == expected["eye_addcmul"]
     pairs = list(zip(got["softplus"], expected["softplus"]))
     pairs += [pair for sampled in zip(got["grid_sample"], expected["grid_sample"]) for pair in zip(*sampled)]
     for index, (a, b) in enumerate(pairs):  # forward outputs, then gradients

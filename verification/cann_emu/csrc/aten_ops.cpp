@@ -569,6 +569,35 @@ CANN_API aclnnStatus aclnnInplaceNanToNumGetWorkspaceSize(aclTensor* self, float
     return nan_to_num_prepare("aclnnInplaceNanToNum", self, nan, posinf, neginf, self, ws, ex);
 }
 CANN_EMU_LAUNCH(aclnnInplaceNanToNum)
+// ops-math (aclnnEye): out = the n x m identity (torch.eye; qwen3_5's gated delta rule).
+CANN_API aclnnStatus aclnnEyeGetWorkspaceSize(int64_t n, int64_t m, aclTensor* out, uint64_t* ws, aclOpExecutor** ex) {
+    const char* op = "aclnnEye";
+    if (int rc = check_args(op, {{"out", out}})) return rc;
+    if (n < 0 || m < 0 || out->view != std::vector<int64_t>{n, m})
+        return invalid(op, "out must be (n, m) with n and m >= 0, n " + std::to_string(n) + " m " + std::to_string(m));
+    return aten_executor(op, [n, m, o = hold(out)] {
+        at::Tensor r = view(o);
+        at::eye_out(r, n, m);
+    }, ws, ex);
+}
+CANN_EMU_LAUNCH(aclnnEye)
+// ops-math (aclnnAddcmul): out = self + value * tensor1 * tensor2, broadcast (torch.addcmul; gpt_oss). The in-place
+// form is CANN_EMU_INPLACE_ADDC below.
+CANN_API aclnnStatus aclnnAddcmulGetWorkspaceSize(const aclTensor* self, const aclTensor* tensor1,
+                                                  const aclTensor* tensor2, const aclScalar* value, aclTensor* out,
+                                                  uint64_t* ws, aclOpExecutor** ex) {
+    const char* op = "aclnnAddcmul";
+    if (int rc = check_present(op, "value", value)) return rc;
+    if (int rc = check_args(op, {{"self", self}, {"tensor1", tensor1}, {"tensor2", tensor2}, {"out", out}})) return rc;
+    if (!broadcastable_to(*self, *out) || !broadcastable_to(*tensor1, *out) || !broadcastable_to(*tensor2, *out))
+        return invalid(op, "self, tensor1 and tensor2 must broadcast to out's shape");
+    return aten_executor(op, [s = hold(self), a = hold(tensor1), b = hold(tensor2), v = host_scalar(*value),
+                              o = hold(out)] {
+        at::Tensor r = view(o);
+        at::addcmul_out(r, view(s), view(a), view(b), v);
+    }, ws, ex);
+}
+CANN_EMU_LAUNCH(aclnnAddcmul)
 
 // aclnnInplaceFillTensor (ops-math conversion/fill): selfRef[...] = value, a one-element tensor.
 CANN_API aclnnStatus aclnnInplaceFillTensorGetWorkspaceSize(aclTensor* self, const aclTensor* value, uint64_t* ws,
