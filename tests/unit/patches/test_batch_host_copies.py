@@ -13,10 +13,8 @@ import types
 import pytest
 import torch
 
-from host_reads_kit import DeviceTensor, count_copies
-from npu_inject import module_facts
+from host_reads_kit import DeviceTensor, applied_on_npu, count_copies
 from npu_inject.ops import host_reads
-from npu_inject.patching import PatchContext
 from npu_inject.patches import batch_host_copies
 
 
@@ -29,14 +27,8 @@ def copies(monkeypatch) -> list:
 def trainer_class(copies):
     from torchtitan.trainer import Trainer
 
-    ctx = PatchContext(patch_id="batch_host_copies", device_kind="npu", options={},
-                       declared_targets=module_facts.declared_names(batch_host_copies))
-    original = Trainer.batch_generator
-    batch_host_copies.apply(ctx)
-    host_reads.clear()
-    yield Trainer
-    ctx.restore()
-    assert Trainer.batch_generator is original
+    with applied_on_npu(batch_host_copies, Trainer, "batch_generator"):
+        yield Trainer
 
 
 def _batches(trainer_class, *batches):

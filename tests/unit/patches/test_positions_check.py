@@ -10,10 +10,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from host_reads_kit import DeviceTensor, count_copies
-from npu_inject import module_facts
-from npu_inject.ops import host_reads
-from npu_inject.patching import PatchContext
+from host_reads_kit import DeviceTensor, applied_on_npu, count_copies
 from npu_inject.patches import positions_check
 
 
@@ -26,14 +23,8 @@ def copies(monkeypatch) -> list:
 def applied(copies):
     from torchtitan.models.common import rope
 
-    ctx = PatchContext(patch_id="positions_check", device_kind="npu", options={},
-                       declared_targets=module_facts.declared_names(positions_check))
-    original = rope._maybe_check_max_pos
-    positions_check.apply(ctx)
-    host_reads.clear()
-    yield rope
-    ctx.restore()
-    assert rope._maybe_check_max_pos is original
+    with applied_on_npu(positions_check, rope, "_maybe_check_max_pos"):
+        yield rope
 
 
 def _positions(values) -> torch.Tensor:

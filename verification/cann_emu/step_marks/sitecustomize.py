@@ -16,6 +16,7 @@ is touched. Any sitecustomize this one shadows is run first.
 from __future__ import annotations
 
 import ctypes
+import functools
 import importlib.util
 import os
 import sys
@@ -63,10 +64,8 @@ class _Scopes:
         self._interrupted.append(self.current)
         self.mark(name)
 
-    def leave(self) -> str:
-        previous = self._interrupted.pop() if self._interrupted else ""
-        self.mark(previous)
-        return previous
+    def leave(self) -> None:
+        self.mark(self._interrupted.pop() if self._interrupted else "")
 
 
 def _hook_scopes(model, scopes: _Scopes) -> None:
@@ -125,16 +124,13 @@ def _hook_scopes(model, scopes: _Scopes) -> None:
     model.register_forward_hook(model_post)
 
 
-_SCOPES: list[_Scopes] = []
-
-
+@functools.cache
 def _shared_scopes() -> _Scopes:
-    if not _SCOPES:
-        mark_scope = ctypes.CDLL("libcann_emu.so").cann_emu_mark_scope
-        mark_scope.argtypes = [ctypes.c_char_p]
-        mark_scope.restype = None
-        _SCOPES.append(_Scopes(mark_scope))
-    return _SCOPES[0]
+    """The one scope state of the process: the step's wrapper and gradient clipping's mark the same scopes."""
+    mark_scope = ctypes.CDLL("libcann_emu.so").cann_emu_mark_scope
+    mark_scope.argtypes = [ctypes.c_char_p]
+    mark_scope.restype = None
+    return _Scopes(mark_scope)
 
 
 def _install() -> None:
