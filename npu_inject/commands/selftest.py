@@ -235,12 +235,7 @@ CASES: list[Case] = [
 # with why. A SKIP not listed here fails the run: a case that newly skips (an op the stand-in
 # dropped, a mode it no longer implements, a case without a reference) is a check lost, not passed.
 EXPECTED_SKIPS: dict[str, dict[str, str]] = {
-    "simulated": {
-        "grouped_matmul group_type 2 (expert weight gradient)": (
-            "the stand-in's npu_grouped_matmul is npu_inject.ops.reference's, which implements group_type 0 "
-            "only (NotImplementedError for K-axis grouping); on a real NPU the kernel runs against explicit "
-            "per-group matmuls"),
-    },
+    "simulated": {},
     "npu": {},
 }
 

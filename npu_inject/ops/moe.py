@@ -121,7 +121,8 @@ def kernel_backward_available(device: torch.device, dtype: torch.dtype) -> bool:
     """True when gradients can be kernel calls (the provider groups along K for this dtype).
 
     False means the provider computes the weight gradient only through autograd
-    of its own forward (the reference kernels are plain PyTorch and do).
+    of its own forward (a provider whose npu_grouped_matmul raises NotImplementedError
+    for group_type=2; torch_npu's documents list only -1 and 0 for Atlas A2).
     """
     return _groups_along_k_constant(kernels().__name__, device.type, dtype)
 

@@ -8,9 +8,10 @@ chunk sizes on gloo. This patch:
 * replaces ``GroupedExperts._grouped_mm`` (upstream's seam for other grouped
   GEMMs): ``npu_grouped_matmul`` split along M, ``group_list`` = the cumulative
   token offsets (``group_list_type=0``), any float dtype, empty experts allowed.
-  Gradients are grouped-matmul kernel calls too (dx along M, dweight along K);
-  a kernel provider without K grouping (the reference) differentiates its own
-  forward instead, which the report lists as a fallback;
+  Gradients are grouped-matmul kernel calls too (dx along M, dweight along K,
+  on the NPU and in the rehearsal's reference kernels alike); a kernel provider
+  without K grouping differentiates its own forward instead, which the report
+  lists as a fallback;
 * replaces the local token reorder and combine (``LocalTokenDispatcher._local_reorder``,
   ``.combine``) and the all-to-all dispatcher's expert-major ``_permute`` /
   ``_unpermute`` and ``combine``: ``npu_moe_token_permute`` /

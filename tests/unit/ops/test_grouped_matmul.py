@@ -1,8 +1,9 @@
 """npu_inject.ops.reference.npu_grouped_matmul against per-group torch.matmul loops.
 
-The reference implements the scenario npu_inject.ops.moe calls (one 2-D x, one 3-D
-weight, an int64 group_list tensor, group_type=0, one output); every other documented
-scenario must raise NotImplementedError rather than compute something else.
+The reference implements the two scenarios npu_inject.ops.moe calls (one 2-D x, one 3-D
+weight, an int64 group_list tensor, group_type=0, one output; and the weight gradient's
+group_type=2: x stored transposed, a 2-D weight, one (E, M, N) output); every other
+documented scenario must raise NotImplementedError rather than compute something else.
 """
 
 from __future__ import annotations
@@ -80,7 +81,7 @@ def test_gmm_bf16_accumulates_in_fp32():
 
 @pytest.mark.parametrize(
     "scenario",
-    ["list_group_list", "weight_list", "bias", "several_x", "no_grouping", "group_along_n", "group_along_k"],
+    ["list_group_list", "weight_list", "bias", "several_x", "no_grouping", "group_along_n"],
 )
 def test_gmm_unimplemented_scenarios_raise(scenario):
     # Documented scenarios npu_inject never calls: refused by name, never approximated.
@@ -95,9 +96,6 @@ def test_gmm_unimplemented_scenarios_raise(scenario):
                                                     group_type=0),
         "no_grouping": lambda: ref.npu_grouped_matmul([x[:2], x[2:]], list(w), group_type=-1),
         "group_along_n": lambda: ref.npu_grouped_matmul([x], [w], group_list=group_list, split_item=3, group_type=1),
-        # npu_inject.ops.moe probes group_type=2 and relies on this NotImplementedError.
-        "group_along_k": lambda: ref.npu_grouped_matmul([x.t()], [randn(6, 3)], group_list=group_list,
-                                                        split_item=3, group_type=2),
     }[scenario]
     with pytest.raises(NotImplementedError, match="not implemented in the reference"):
         call()
@@ -142,3 +140,43 @@ def test_gmm_errors():
     # output_dtype restating x's dtype is fine, as a torch.dtype or an at::ScalarType code.
     for od in (torch.float32, 6):
         ref.npu_grouped_matmul([x], [w], group_list=gl, split_item=3, group_type=0, output_dtype=od)
+
+
+def loop_gmm_along_k(x_MK, w_KN, counts):
+    blocks, start = [], 0
+    for c in counts:
+        blocks.append(x_MK[:, start : start + c].double() @ w_KN[start : start + c].double())
+        start += c
+    return torch.stack(blocks)
+
+
+@pytest.mark.parametrize("counts", [[3, 0, 5, 0, 2], [0, 0, 4], [7], [1, 2, 3, 4, 5, 6, 7]])
+@pytest.mark.parametrize("group_list_type", [0, 1])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_gmm_along_k_is_the_per_group_product_of_the_ks(counts, group_list_type, dtype):
+    k, m, n = sum(counts), 6, 5
+    x_KM, w_KN = randn(k, m, seed=80).to(dtype), randn(k, n, seed=81).to(dtype)
+    group_list = torch.tensor(cumsum(counts) if group_list_type == 0 else counts, dtype=torch.int64)
+    (y,) = ref.npu_grouped_matmul([x_KM.t()], [w_KN], group_list=group_list, split_item=3, group_type=2,
+                                  group_list_type=group_list_type)
+    assert y.dtype == dtype and y.shape == (len(counts), m, n)
+    tolerance = {} if dtype == torch.float32 else {"atol": 2e-2, "rtol": 2e-2}
+    torch.testing.assert_close(y, loop_gmm_along_k(x_KM.t(), w_KN, counts).to(dtype), **tolerance)
+    for group, count in enumerate(counts):
+        if count == 0:
+            assert torch.count_nonzero(y[group]) == 0
+
+
+def test_gmm_along_k_refuses_cann_s_invalid_layouts():
+    x_KM, w_KN, group_list = randn(6, 4, seed=82), randn(6, 3, seed=83), torch.tensor([2, 6])
+    with pytest.raises(ValueError, match="x stored transposed"):
+        ref.npu_grouped_matmul([x_KM.t().contiguous()], [w_KN], group_list=group_list, split_item=3, group_type=2)
+    with pytest.raises(ValueError, match="can not be transposed at the same time"):
+        ref.npu_grouped_matmul([x_KM.t()], [w_KN.t().contiguous().t()], group_list=group_list, split_item=3,
+                               group_type=2)
+    with pytest.raises(ValueError, match="covers 7 of K"):
+        ref.npu_grouped_matmul([x_KM.t()], [w_KN], group_list=torch.tensor([2, 7]), split_item=3, group_type=2)
+    with pytest.raises(ValueError, match="same K"):
+        ref.npu_grouped_matmul([x_KM.t()], [w_KN[:5]], group_list=group_list, split_item=3, group_type=2)
+    with pytest.raises(NotImplementedError, match="lists of weights"):
+        ref.npu_grouped_matmul([x_KM.t()], [randn(2, 6, 3)], group_list=group_list, split_item=3, group_type=2)
