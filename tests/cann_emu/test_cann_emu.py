@@ -206,6 +206,35 @@ def later_operators(tmp_path_factory) -> dict:
                                     torch.addcmul(scores.to(device), scores[0].to(device), scores[:, :1].to(device),
                                                   value=0.5).cpu().tolist()]}
         out["activations"], out["activations_expected"] = activations("npu"), activations("cpu")
+        # triangular solves (aclnnTriangularSolve: qwen3_5's gated delta net): upper and lower, transposed (torch's
+        # triangular_solve, whose cloned coefficient is mOut), unitriangular, right-hand (torch_npu transposes both),
+        # and batch dimensions that broadcast ((2, 1) against (3,)); the in-place logical and (aclnnInplaceLogicalAnd:
+        # gpt_oss) on BOOL with a broadcast other and on FLOAT; boolean-mask indexing, whose indices come from
+        # aclnnNonzeroV2's (rank, count) layout (muse_glimmer), with some, none and every element selected
+        lower = torch.randn(4, 4).tril() + 4 * torch.eye(4)
+        rhs, batched_a, batched_b = torch.randn(4, 3), torch.randn(2, 1, 4, 4) + 4 * torch.eye(4), torch.randn(3, 4, 2)
+        flags, floats = torch.tensor([[True, False, True], [True, True, False]]), torch.tensor([[0.0, 2.0, -1.5]])
+        masks = [torch.randn(3, 5) > 0, torch.randn(2, 3, 4) > 0.5, torch.zeros(2, 3, dtype=torch.bool),
+                 torch.ones(2, 3, dtype=torch.bool)]
+        def linalg(device):
+            a, b = lower.to(device), rhs.to(device)
+            solves = [torch.linalg.solve_triangular(a, b, upper=False), torch.linalg.solve_triangular(a.mT, b, upper=True),
+                      torch.linalg.solve_triangular(a, b, upper=False, unitriangular=True),
+                      torch.linalg.solve_triangular(a, b.mT, upper=False, left=False),
+                      torch.linalg.solve_triangular(batched_a.to(device).triu(), batched_b.to(device), upper=True)]
+            solves += [part for upper in (True, False) for transpose in (False, True)
+                       for part in torch.triangular_solve(b, (a.mT if upper else a), upper=upper, transpose=transpose)]
+            anded = [flags.to(device, copy=True).logical_and_(flags[1].to(device, copy=True)),
+                     floats.to(device, copy=True).logical_and_(floats.to(device) < 1)]
+            picked = [torch.arange(m.numel(), dtype=torch.float32).reshape(m.shape).to(device)[m.to(device)] for m in masks]
+            return {"solve": [t.cpu().tolist() for t in solves], "logical_and": [t.cpu().tolist() for t in anded],
+                    "mask_index": [t.cpu().tolist() for t in picked]}
+        out["linalg"], out["linalg_expected"] = linalg("npu"), linalg("cpu")
+        try:  # unitriangular takes FLOAT only (the document), a DOUBLE solve with it fails in phase one
+            torch.linalg.solve_triangular(lower.double().npu(), rhs.double().npu(), upper=False, unitriangular=True)
+            out["unitriangular_double"] = "no error"
+        except RuntimeError as error:
+            out["unitriangular_double"] = str(error)
         # model scopes (the step marks' cann_emu_mark_scope): 50 adds dispatched under "first" and not yet
         # synchronised when "second" is marked still count under "first" (the scope is read at GetWorkspaceSize)
         import ctypes
@@ -315,6 +344,26 @@ def test_softplus_nan_to_num_and_grid_sample_through_torch_npu(later_operators):
     pairs += [pair for sampled in zip(got["grid_sample"], expected["grid_sample"]) for pair in zip(*sampled)]
     for index, (a, b) in enumerate(pairs):  # forward outputs, then gradients
         assert torch.allclose(torch.tensor(a), torch.tensor(b), rtol=1e-5, atol=1e-6), (index, a, b)
+
+
+def test_triangular_solve_logical_and_and_mask_indexing_through_torch_npu(later_operators):
+    """aclnnTriangularSolve (upper, lower, transposed, unitriangular, right-hand, broadcast batches; xOut and mOut),
+    aclnnInplaceLogicalAnd and aclnnNonzeroV2 (through boolean-mask indexing) against torch's CPU functions."""
+    got, expected = later_operators["linalg"], later_operators["linalg_expected"]
+    assert len(got["solve"]) == 5 + 8
+    for index, (a, b) in enumerate(zip(got["solve"], expected["solve"])):
+        assert torch.allclose(torch.tensor(a), torch.tensor(b), rtol=1e-5, atol=1e-6), (index, a, b)
+    assert got["logical_and"] == expected["logical_and"]
+    assert got["mask_index"] == expected["mask_index"]
+    assert got["mask_index"][2] == [] and len(got["mask_index"][3]) == 6
+    error = later_operators["unitriangular_double"]
+    assert "161002" in error and "aclnnTriangularSolve: with unitriangular" in error and "not DOUBLE" in error
+    calls = later_operators["counts"]["aclnn"]
+    assert calls["aclnnTriangularSolve"] == 5 + 4  # the DOUBLE one failed in phase one and was not launched
+    assert calls["aclnnInplaceLogicalAnd"] == 2
+    assert calls["aclnnNonzeroV2"] == 4
+    # CANN runs MatrixTriangularSolve on AI CPU only (op_api triangular_solve.cpp); the audit counts it
+    assert later_operators["counts"]["aicpu"] == {"aclnnTriangularSolve": 9}
 
 
 def test_operators_count_under_the_scope_current_when_dispatched(later_operators):

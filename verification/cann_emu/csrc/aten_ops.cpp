@@ -5,6 +5,8 @@
 // output's own memory (an output of the wrong shape fails: its storage cannot be resized).
 #include "aten_support.h"
 
+#include <cstdint>
+
 using namespace cann_emu;
 
 // ---- families sharing one signature ------------------------------------------------------------------
@@ -243,6 +245,8 @@ CANN_EMU_TENSOR_SCALAR(aclnnClampMax, at::clamp_max_out)
 
 CANN_EMU_INPLACE_BINARY(aclnnInplaceMul, at::mul_out)
 CANN_EMU_INPLACE_BINARY(aclnnInplaceDiv, at::div_out)
+// ops-math math/logical_and: selfRef = selfRef && other, each cast to BOOL and the result back to selfRef's dtype
+CANN_EMU_INPLACE_BINARY(aclnnInplaceLogicalAnd, at::logical_and_out)
 CANN_EMU_INPLACE_SCALAR(aclnnInplaceMuls, at::mul_out)
 CANN_EMU_INPLACE_SCALAR(aclnnInplaceDivs, at::div_out)
 
@@ -436,6 +440,77 @@ CANN_API aclnnStatus aclnnCumsumGetWorkspaceSize(const aclTensor* self, int64_t 
     }, ws, ex);
 }
 CANN_EMU_LAUNCH(aclnnCumsum)
+
+// ---- linear algebra ------------------------------------------------------------------------------------------
+// aclnnTriangularSolve (ops-math math/triangular_solve/docs/aclnnTriangularSolve.md): xOut solves A X = self
+// (A^T X = self with transpose), A upper triangular or lower with upper false, its diagonal taken as ones with
+// unitriangular; mOut is A broadcast to the batch (copied before the diagonal is replaced, as op_api's
+// aclnn_triangular_solve.cpp does). The batch dimensions of self and A broadcast. torch_npu's
+// linalg_solve_triangular and triangular_solve call it. CANN runs it on AI CPU (MatrixTriangularSolve).
+static bool batch_broadcast(const std::vector<int64_t>& a, const std::vector<int64_t>& b, std::vector<int64_t>& out) {
+    size_t n = std::max(a.size(), b.size());
+    out.assign(n, 1);
+    for (size_t i = 0; i < n; ++i) {
+        int64_t x = i < a.size() ? a[a.size() - 1 - i] : 1, y = i < b.size() ? b[b.size() - 1 - i] : 1;
+        if (x != y && x != 1 && y != 1) return false;
+        out[n - 1 - i] = x == 1 ? y : x;
+    }
+    return true;
+}
+static std::string shape_text(const std::vector<int64_t>& shape) {
+    std::string text = "(";
+    for (size_t i = 0; i < shape.size(); ++i) text += (i ? ", " : "") + std::to_string(shape[i]);
+    return text + (shape.size() == 1 ? ",)" : ")");
+}
+CANN_API aclnnStatus aclnnTriangularSolveGetWorkspaceSize(const aclTensor* self, const aclTensor* A, bool upper,
+                                                          bool transpose, bool unitriangular, aclTensor* x_out,
+                                                          aclTensor* m_out, uint64_t* ws, aclOpExecutor** ex) {
+    const char* op = "aclnnTriangularSolve";
+    const std::pair<const char*, const aclTensor*> tensors[] = {{"self", self}, {"A", A}, {"xOut", x_out},
+                                                                {"mOut", m_out}};
+    for (auto [name, t] : tensors)
+        if (int rc = check_present(op, name, t)) return rc;  // the document: 161001 before any dtype check
+    if (int rc = check_args(op, {{"self", self}, {"A", A}, {"xOut", x_out}, {"mOut", m_out}})) return rc;
+    for (auto [name, t] : tensors)
+        if (t->dtype != self->dtype)
+            return invalid(op, std::string(name) + " must have self's dtype " + dtype_name(self->dtype) + ", not " +
+                                   dtype_name(t->dtype));
+    if (unitriangular && self->dtype != ACL_FLOAT)
+        return invalid(op, std::string("with unitriangular, self, A, xOut and mOut must be FLOAT, not ") +
+                               dtype_name(self->dtype));
+    for (auto [name, t] : tensors)
+        if (t->view.size() < 2)
+            return invalid(op, std::string(name) + " must have 2 to 8 dimensions, not " + std::to_string(t->view.size()));
+    const std::vector<int64_t>& b = self->view;
+    const std::vector<int64_t>& a = A->view;
+    int64_t m = a[a.size() - 1], n = b[b.size() - 1];
+    if (a[a.size() - 2] != m) return invalid(op, "A must be square in its last two dimensions, not " + shape_text(a));
+    if (b[b.size() - 2] != m)
+        return invalid(op, "self's second-to-last dimension must be A's " + std::to_string(m) + ", self is " +
+                               shape_text(b) + " and A " + shape_text(a));
+    std::vector<int64_t> batch;
+    if (!batch_broadcast({a.begin(), a.end() - 2}, {b.begin(), b.end() - 2}, batch))
+        return invalid(op, "the batch dimensions of self " + shape_text(b) + " and A " + shape_text(a) +
+                               " do not broadcast");
+    std::vector<int64_t> x_shape = batch, m_shape = batch;
+    x_shape.insert(x_shape.end(), {m, n});
+    m_shape.insert(m_shape.end(), {m, m});
+    if (x_out->view != x_shape) return invalid(op, "xOut must be " + shape_text(x_shape) + ", not " + shape_text(x_out->view));
+    if (m_out->view != m_shape) return invalid(op, "mOut must be " + shape_text(m_shape) + ", not " + shape_text(m_out->view));
+    return aten_executor(op, [s = hold(self), t = hold(A), upper, transpose, unitriangular, x = hold(x_out),
+                              mo = hold(m_out)] {
+        at::Tensor rhs = view(s), coefficients = view(t);
+        if (rhs.numel() == 0 || coefficients.numel() == 0) return;  // CANN returns before any kernel
+        view(mo).copy_(coefficients);  // broadcasts A over the batch
+        // A^T X = b is the triangle of the other side; .mT() transposes without conjugating, as the document's A^T
+        at::Tensor r = view(x);
+        if (transpose)
+            at::linalg_solve_triangular_out(r, coefficients.mT(), rhs, !upper, /*left=*/true, unitriangular);
+        else
+            at::linalg_solve_triangular_out(r, coefficients, rhs, upper, /*left=*/true, unitriangular);
+    }, ws, ex);
+}
+CANN_EMU_LAUNCH(aclnnTriangularSolve)
 
 // ---- joining, triangles, creation ----------------------------------------------------------------------
 #define CANN_EMU_JOIN(name, fn)                                                                            \
@@ -714,6 +789,36 @@ CANN_API aclnnStatus aclnnNonzeroGetWorkspaceSize(const aclTensor* self, aclTens
     }, ws, ex);
 }
 CANN_EMU_LAUNCH(aclnnNonzero)
+// aclnnNonzeroV2 (ops-nn index/non_zero/docs/aclnnNonzeroV2.md): the transposed layout, out (rank, n) with one
+// column per non-zero element. torch_npu sizes out (rank, numel) as the document's constraint asks, syncs, reads
+// the view shape back and resize_s out to it in place, so the (rank, count) result must be compact at out's
+// start (CANN resets out's storage shape to its view before the kernel writes).
+CANN_API aclnnStatus aclnnNonzeroV2GetWorkspaceSize(const aclTensor* self, aclTensor* out, uint64_t* ws,
+                                                    aclOpExecutor** ex) {
+    const char* op = "aclnnNonzeroV2";
+    if (int rc = check_args(op, {{"self", self}, {"out", out}})) return rc;
+    int64_t rank = static_cast<int64_t>(self->view.size()), elements = 1, capacity = 1;
+    for (int64_t n : self->view) {
+        if (n > INT32_MAX)  // the document: output indices must fit int32 on Atlas A2
+            return invalid(op, "every dimension of self must be <= 2147483647, not " + std::to_string(n));
+        elements *= n;
+    }
+    for (int64_t n : out->view) capacity *= n;
+    if (elements == 0 || capacity == 0) return aten_executor(op, [] {}, ws, ex);  // CANN returns before any kernel
+    if (capacity < rank * elements)
+        return invalid(op, "out must be sized for every element of self being non-zero: at least rank * numel = " +
+                               std::to_string(rank * elements) + " elements, not " + std::to_string(capacity));
+    return aten_executor(op, [s = hold(self), o = *out, out_desc = out] {
+        at::Tensor found = at::nonzero(view(s)).t();  // (rank, count)
+        aclTensor compact = o;
+        compact.view = {found.size(0), found.size(1)};
+        compact.strides = {found.size(1), 1};
+        host_view(compact).copy_(found);
+        out_desc->view = compact.view;  // the shape torch_npu reads back (aclGetViewShape)
+        out_desc->strides = compact.strides;
+    }, ws, ex);
+}
+CANN_EMU_LAUNCH(aclnnNonzeroV2)
 
 // aclnnChunkCat (ops-math conversion/chunk_cat): each tensor split into numChunks chunks along dim, the
 // i-th chunks of all tensors concatenated (torch's _chunk_cat, which FSDP2's reduce-scatter packing uses).
