@@ -187,7 +187,7 @@ def measure_host() -> Profile:
         from npu_inject.patches.metrics import measured_host_peak_flops
 
         peak, how = measured_host_peak_flops()
-        tensor = torch.full((64 << 20) // 4, 1.0)
+        tensor = torch.full(((64 << 20) // 4,), 1.0)
         tensor.clone()
         started = time.perf_counter()
         tensor.clone()

@@ -59,9 +59,10 @@ def _grouped_matmul_along_m(x_RI: torch.Tensor, weight_EIO: torch.Tensor, group_
     return y_RO
 
 
-def _grouped_matmul_along_k(x_IR: torch.Tensor, y_RO: torch.Tensor, group_list_E: torch.Tensor) -> torch.Tensor:
+def _grouped_matmul_along_k(x_IR: torch.Tensor, y_RO: torch.Tensor, group_list_E: torch.Tensor,
+                            provider=None) -> torch.Tensor:
     """out[g] = x[:, rows of g] @ y[rows of g]: the per-expert weight gradient, shape (E, I, O)."""
-    (out_EIO,) = kernels().npu_grouped_matmul(
+    (out_EIO,) = (provider or kernels()).npu_grouped_matmul(
         [x_IR],
         [y_RO],
         group_list=group_list_E,
@@ -107,11 +108,13 @@ def _groups_along_k(provider_name: str, device_type: str, dtype: torch.dtype) ->
     x_IR = torch.ones(3, 2, device=device, dtype=dtype).transpose(0, 1)
     y_RO = torch.ones(3, 2, device=device, dtype=dtype)
     group_list_E = torch.tensor([1, 3], dtype=torch.int64, device=device)
-    # Outside any dispatch mode: the first call may come inside selective activation checkpointing,
+    # The provider as the caller sees it (the planner's fakes under its fake tensor mode), then called
+    # outside any dispatch mode: the first call may come inside selective activation checkpointing,
     # whose mode would record the probe's op and replay its output for a later grouped matmul.
+    provider = kernels()
     with _disable_current_modes(), torch.no_grad():
         try:
-            _grouped_matmul_along_k(x_IR, y_RO, group_list_E)
+            _grouped_matmul_along_k(x_IR, y_RO, group_list_E, provider)
         except NotImplementedError:
             return False
     return True

@@ -414,3 +414,20 @@ def test_all_to_all_dispatcher_on_a_one_rank_ep_group_matches_explicit_math(
         torch.testing.assert_close(scores_TK.grad, scores_ref.grad)
     finally:
         dist.destroy_process_group()
+
+
+def test_probe_under_the_planners_fake_tensors_asks_the_planning_kernels(request):
+    """npu-inject plan records under a FakeTensorMode: the probe must ask the NPU kernels' fakes (which group
+    along K, as CANN does), not compute the reference on fake tensors (its group_list read is data-dependent)."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    from npu_inject import selection
+    from npu_inject.ops import moe as moe_ops
+
+    selection.establish({"TORCHTITAN_NPU": "cpu"})
+    request.addfinalizer(selection.forget)
+    moe_ops._groups_along_k.cache_clear()
+    request.addfinalizer(moe_ops._groups_along_k.cache_clear)
+    with FakeTensorMode(allow_non_fake_inputs=True):
+        assert moe_ops.kernels().__name__ == "npu_inject.ops.planning"
+        assert moe_ops.kernel_backward_available(torch.device("cpu"), torch.bfloat16)

@@ -39,3 +39,10 @@ def test_across_nvidia_nodes_the_ring_is_bound_by_each_gpus_nic():
     layout = costmodel.Layout(world_size=16, pp=1, scale_up_devices=8)
     seconds = costmodel.collective_seconds(_op("all_gather", list(range(16))), h100, EFF, layout)
     assert seconds >= 15 / 16 * GIB / (h100.scale_out.bandwidth_gbps * 1e9)
+
+
+def test_this_host_as_a_device_is_measured():
+    """``--hardware cpu`` (planning the CPU rehearsal): the host's matmul peak and copy bandwidth, measured."""
+    profile = hardware.measure_host()
+    assert profile.family == "cpu" and profile.peak("float32") > 0 and profile.memory_bandwidth_gbps > 0
+    assert profile.memory_gib > 0
