@@ -35,7 +35,10 @@ SUITES = ("features", "models")
 UPSTREAM_STEPS = 10
 UPSTREAM_LOCAL_BATCH = 8  # torchtitan's training.local_batch_size default, which the cases keep
 LOSS_LINE = re.compile(r"step:\s*(\d+)\s+(?:\x1b\[[0-9;]*m)?loss:\s*([-+0-9.naif]+)")
-ERROR_LINE = re.compile(r"^(?:\[rank\d+\]:\s*)?((?:[\w.]+\.)?(\w*(?:Error|Exception|Exit)\w*)): (.+)$")
+ERROR_LINE = re.compile(r"^(?:\[rank\d+\]:\s*)*((?:[\w.]+\.)?(\w*(?:Error|Exception|Exit)\w*)): (.+)$")
+# A rank's error that only says a peer failed first (its collective then fails): the cause is elsewhere.
+PEER_FAILED = re.compile(r"The Inner error is reported as above.*operator name is hccl|"
+                         r"Connection (?:closed|reset) by peer|HcclGetCommAsyncError")
 FRAME_LINE = re.compile(r'File "([^"]+)", line \d+')
 # One clear line at start-up: the runtime's configuration errors and model_guard's stops.
 STOP_LINE = re.compile(r"(npu_inject model_guard: .+|npu_inject: configuration error: .+|"
@@ -212,13 +215,16 @@ def root_cause(output: str) -> tuple[str, str]:
                     "configs; --torchtitan-src of a torchtitan checkout (with torchtitan_recipes/) supplies them",
                     "torchtitan (packaging)")
         return f"torchtitan's config parser: {parser.group(1)}"[:300], "torchtitan"
+    errors = []  # (message, where) in output order
     for index, line in enumerate(lines):
         match = ERROR_LINE.match(line.strip())
         if not match or match.group(2) in IGNORED_ERRORS:
             continue
         frames = [m.group(1) for m in map(FRAME_LINE.search, lines[max(0, index - 80):index]) if m]
-        where = frames[-1] if frames else ""
-        message = f"{match.group(2)}: {match.group(3)}"[:300]
+        errors.append((f"{match.group(2)}: {match.group(3)}"[:300], frames[-1] if frames else ""))
+    if errors:
+        # torchrun's summary lists the ranks in order, so a rank that only saw its peer fail can come first.
+        message, where = next((error for error in errors if not PEER_FAILED.search(error[0])), errors[0])
         return message, attribute(where, message)
     aborted = re.search(r"^(?:\[rank(\d+)\]:)?terminate called[^\n]*", output, re.MULTILINE)
     if aborted:

@@ -57,6 +57,12 @@ ROOT_CAUSES = [
      "functions: [] │\n", "torchtitan checkout", "torchtitan (packaging)"),
     ("[rank0]:│ Error parsing checkpoint: initial_load_path must be an absolute path │\n", "Error parsing checkpoint",
      "torchtitan"),
+    # torchrun's summary in rank order: rank 0 only saw its peer fail (HCCL), rank 7 failed first
+    ("  RuntimeError: The Inner error is reported as above. The process exits for this inner error, and the current "
+     "working operator name is hcclGroupEnd.\n"
+     '  File "/x/site-packages/torch_npu/utils/_error_code.py", line 9, in g\n'
+     "  RuntimeError: call aclnnIndex failed, error code is 161002\n", "aclnnIndex failed", "torch_npu"),
+    ("[rank7]:[rank7]: ValueError: the first one\n[rank2]: RuntimeError: hcclGroupEnd\n", "the first one", "unknown"),
 ]
 
 
