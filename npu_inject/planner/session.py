@@ -263,6 +263,7 @@ def _planner_changes(recorder, fake_mode, config):
         "torchtitan.models.common.token_dispatcher:AllToAllTokenDispatcher._sync_token_count_exchange",
         "npu_inject.patches.context_parallel:exchange_positions",
         "torch.distributed.fsdp._fully_shard._fsdp_param:_chunk_with_empty",
+        "spmd_types._checker:_ShardPropagator._get_mesh",
     ))
 
     def init_distributed(original, trainer, *args, **kwargs):
@@ -335,7 +336,9 @@ def _planner_changes(recorder, fake_mode, config):
         finally:
             recorder.paused -= 1
 
-    for target in (*mesh_targets, "torchtitan.distributed.parallel_dims:init_device_mesh"):
+    # spmd_types' type checker (--debug.spmd_typechecking) builds 1-D meshes over torch.arange itself.
+    for target in (*mesh_targets, "torchtitan.distributed.parallel_dims:init_device_mesh",
+                   "spmd_types._checker:_ShardPropagator._get_mesh"):
         context.wrap(target, real_tensors)
 
     routed_rows: list[int] = []  # this rank's T x top_k of the dispatch in progress

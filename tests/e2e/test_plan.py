@@ -69,3 +69,16 @@ def test_bad_input_is_one_line_and_exit_2(args, message):
     assert run.returncode == 2, run.stdout + run.stderr
     lines = [line for line in run.stderr.strip().splitlines() if not line.startswith("planning on")]
     assert len(lines) == 1 and message in lines[0], run.stderr
+
+
+@pytest.mark.parametrize("args", [
+    # MoE: the expert weight gradients' K-grouped kernel is planned from the NPU kernels' fakes; this host
+    ["--hardware", "cpu", "--ngpu", "2", "--module", "deepseek_v3", "--config", "deepseek_v3_debugmodel",
+     "--training.seq_len", "256", "--parallelism.expert_parallel_degree", "2"],
+    # spmd_types' type checker builds its own meshes (upstream's features/default case checks types)
+    ["--hardware", "A2", "--ngpu", "2", *DEBUG, "--debug.spmd_typechecking", "activation-checkpoint:none"],
+], ids=["deepseek_v3_ep2_on_this_host", "llama3_spmd_typechecking"])
+def test_the_suites_model_and_checker_paths_plan(args):
+    run = _plan(*args)
+    assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-3000:]
+    assert "FITS" in run.stdout, run.stdout
