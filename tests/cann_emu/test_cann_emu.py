@@ -201,6 +201,8 @@ def later_operators(tmp_path_factory) -> dict:
                     "nan_to_num": [torch.nan_to_num(special.to(device), posinf=9.0).cpu().tolist(),
                                    cleaned.cpu().tolist()],
                     "grid_sample": sampled,
+                    # torch.isfinite (aclnnIsFinite: gpt_oss's gradient clipping checks)
+                    "isfinite": torch.isfinite(special.to(device)).cpu().tolist(),
                     # torch.eye (aclnnEye: qwen3_5), torch.addcmul (aclnnAddcmul: gpt_oss), broadcast
                     "eye_addcmul": [torch.eye(3, 4, device=device).cpu().tolist(),
                                     torch.addcmul(scores.to(device), scores[0].to(device), scores[:, :1].to(device),
@@ -227,8 +229,16 @@ def later_operators(tmp_path_factory) -> dict:
             anded = [flags.to(device, copy=True).logical_and_(flags[1].to(device, copy=True)),
                      floats.to(device, copy=True).logical_and_(floats.to(device) < 1)]
             picked = [torch.arange(m.numel(), dtype=torch.float32).reshape(m.shape).to(device)[m.to(device)] for m in masks]
+            # qwen3_5's multimodal RoPE: columns picked behind a full slice, then rows by position, and written back
+            # the same way (torch_npu passes the None slice as an empty tensor of the table's dtype)
+            table, columns = torch.arange(24, dtype=torch.float32).reshape(6, 4).to(device), torch.tensor([1, 3])
+            rows = torch.tensor([[5, 0, 2], [1, 1, 4]])
+            picked_columns = table[:, columns.to(device)][rows.to(device)]
+            written = torch.zeros(2, 3, 4, device=device)
+            written[..., columns.to(device)] = picked_columns
             return {"solve": [t.cpu().tolist() for t in solves], "logical_and": [t.cpu().tolist() for t in anded],
-                    "mask_index": [t.cpu().tolist() for t in picked]}
+                    "mask_index": [t.cpu().tolist() for t in picked],
+                    "slice_index": [picked_columns.cpu().tolist(), written.cpu().tolist()]}
         out["linalg"], out["linalg_expected"] = linalg("npu"), linalg("cpu")
         try:  # unitriangular takes FLOAT only (the document), a DOUBLE solve with it fails in phase one
             torch.linalg.solve_triangular(lower.double().npu(), rhs.double().npu(), upper=False, unitriangular=True)
@@ -336,9 +346,10 @@ def test_aten_backed_operators_through_torch_npu(session):
 
 def test_softplus_nan_to_num_and_grid_sample_through_torch_npu(later_operators):
     """aclnnSoftplus(Backward), aclnnNanToNum, aclnnInplaceNanToNum, aclnnGridSampler2D(Backward), aclnnEye,
-    aclnnAddcmul against torch's CPU functions and autograd (float32; three interpolation/padding pairs)."""
+    aclnnAddcmul, aclnnIsFinite against torch's CPU functions and autograd (float32; three interpolation/padding pairs)."""
     got, expected = later_operators["activations"], later_operators["activations_expected"]
     assert got["nan_to_num"] == expected["nan_to_num"]
+    assert got["isfinite"] == expected["isfinite"] == [False, False, False, True]
     assert got["eye_addcmul"] == expected["eye_addcmul"]
     pairs = list(zip(got["softplus"], expected["softplus"]))
     pairs += [pair for sampled in zip(got["grid_sample"], expected["grid_sample"]) for pair in zip(*sampled)]
@@ -356,6 +367,7 @@ def test_triangular_solve_logical_and_and_mask_indexing_through_torch_npu(later_
     assert got["logical_and"] == expected["logical_and"]
     assert got["mask_index"] == expected["mask_index"]
     assert got["mask_index"][2] == [] and len(got["mask_index"][3]) == 6
+    assert got["slice_index"] == expected["slice_index"]  # aclnnIndex / aclnnIndexPutImpl with a None slice
     error = later_operators["unitriangular_double"]
     assert "161002" in error and "aclnnTriangularSolve: with unitriangular" in error and "not DOUBLE" in error
     calls = later_operators["counts"]["aclnn"]

@@ -441,6 +441,17 @@ CANN_API aclnnStatus aclnnCumsumGetWorkspaceSize(const aclTensor* self, int64_t 
 }
 CANN_EMU_LAUNCH(aclnnCumsum)
 
+// aclnnIsFinite (ops-math math/is_finite/docs/aclnnIsFinite.md): out = isfinite(self), BOOL, with self's shape;
+// op_api fills true for a type that is not floating.
+CANN_API aclnnStatus aclnnIsFiniteGetWorkspaceSize(const aclTensor* self, aclTensor* out, uint64_t* ws,
+                                                   aclOpExecutor** ex) {
+    const char* op = "aclnnIsFinite";
+    if (int rc = check_args(op, {{"self", self}, {"out", out}})) return rc;
+    if (self->view != out->view) return invalid(op, "out must have self's shape");
+    return aten_executor(op, [s = hold(self), o = hold(out)] { view(o).copy_(at::isfinite(view(s))); }, ws, ex);
+}
+CANN_EMU_LAUNCH(aclnnIsFinite)
+
 // ---- linear algebra ------------------------------------------------------------------------------------------
 // aclnnTriangularSolve (ops-math math/triangular_solve/docs/aclnnTriangularSolve.md): xOut solves A X = self
 // (A^T X = self with transpose), A upper triangular or lower with upper false, its diagonal taken as ones with
@@ -835,14 +846,29 @@ CANN_API aclnnStatus aclnnChunkCatGetWorkspaceSize(const aclTensorList* tensors,
 }
 CANN_EMU_LAUNCH(aclnnChunkCat)
 
-// An index list as aclnnIndex/aclnnIndexPutImpl take it: a null entry is a full slice (torch's None).
+// An index list as aclnnIndex/aclnnIndexPutImpl take it (ops-nn index/index and index_put_v2 op_api): every
+// entry must be a tensor (161001 for a null one); an entry with no elements is a full slice (torch's None:
+// torch_npu passes an empty tensor of self's dtype there), its dtype not checked; the others are INT64,
+// INT32 or BOOL.
 static aclnnStatus hold_indices(const char* op, const aclTensorList* indices, std::vector<Held>& held) {
-    for (const aclTensor* t : indices->v) {
-        if (t)
-            if (int rc = check_args(op, {{"indices", t}})) return rc;
+    for (size_t i = 0; i < indices->v.size(); ++i) {
+        const aclTensor* t = indices->v[i];
+        if (int rc = check_present(op, ("indices[" + std::to_string(i) + "]").c_str(), t)) return rc;
+        int64_t elements = 1;
+        for (int64_t n : t->view) elements *= n;
+        if (elements == 0) {
+            held.push_back(std::nullopt);
+            continue;
+        }
+        if (int rc = check_args(op, {{"indices", t}})) return rc;
         held.push_back(hold(t));
     }
     return 0;
+}
+static bool any_index(const std::vector<Held>& held) {
+    for (const Held& h : held)
+        if (h) return true;
+    return false;
 }
 static c10::List<std::optional<at::Tensor>> index_list(const std::vector<Held>& held) {
     c10::List<std::optional<at::Tensor>> index;
@@ -861,7 +887,10 @@ CANN_API aclnnStatus aclnnIndexPutImplGetWorkspaceSize(aclTensor* self, const ac
     std::vector<Held> held;
     if (int rc = hold_indices(op, indices, held)) return rc;
     return aten_executor(op, [s = hold(self), held, v = hold(values), accumulate] {
-        view(s).index_put_(index_list(held), view(v), accumulate);
+        at::Tensor target = view(s), update = view(v);
+        if (target.numel() == 0 || update.numel() == 0) return;
+        if (!any_index(held)) return void(accumulate ? target.add_(update) : target.copy_(update));  // full slices
+        target.index_put_(index_list(held), update, accumulate);
     }, ws, ex);
 }
 CANN_EMU_LAUNCH(aclnnIndexPutImpl)
@@ -1026,7 +1055,10 @@ CANN_API aclnnStatus aclnnIndexGetWorkspaceSize(const aclTensor* self, const acl
     std::vector<Held> held;
     if (int rc = hold_indices(op, indices, held)) return rc;
     return aten_executor(op, [s = hold(self), held, o = hold(out)] {
-        view(o).copy_(at::index(view(s), index_list(held)));
+        at::Tensor result = view(o);
+        if (result.numel() == 0) return;  // e.g. a mask with no true element: nothing to gather
+        if (!any_index(held)) return void(result.copy_(view(s)));  // every entry a full slice
+        result.copy_(at::index(view(s), index_list(held)));
     }, ws, ex);
 }
 CANN_EMU_LAUNCH(aclnnIndex)
