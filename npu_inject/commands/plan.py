@@ -323,6 +323,62 @@ def advice(argv: list[str], plan, run_variant) -> list[str]:
     return lines
 
 
+# -- the CPU rehearsal: every rank on this host, sharing its memory ----------------
+
+# VmRSS of a process once torch 2.14.1 and torchtitan 0.3.0's trainer are imported (0.81 GiB measured on
+# this project's machine): what each rank holds besides its tensors.
+PROCESS_BASELINE_BYTES = int(0.8 * GIB)
+
+
+def rehearsal_job(argv: list[str]) -> tuple[list[str], str]:
+    """The job as the CPU rehearsal runs it: in the compute dtype ``rehearsal_dtype`` picks on this host
+    (float32 where the CPU has no native bf16), and the sentence saying which and why."""
+    from npu_inject.commands.suite import with_flags
+    from npu_inject.patches import rehearsal_dtype
+
+    configured = "bfloat16"  # torchtitan's default
+    for index, token in enumerate(argv):
+        if token.split("=", 1)[0] == "--training.mixed_precision_param":
+            configured = token.split("=", 1)[1] if "=" in token else argv[index + 1]
+    figures = rehearsal_dtype.bf16_slowdown() if configured != "float32" else None
+    dtype, why = rehearsal_dtype.decide("auto", configured, figures)
+    return (argv if dtype == configured else with_flags(argv, ["--training.mixed_precision_param", dtype])), why
+
+
+def mem_available() -> int:
+    """Bytes this host can give new processes now (/proc/meminfo MemAvailable; else its physical memory)."""
+    try:
+        with open("/proc/meminfo", encoding="ascii") as handle:
+            for line in handle:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+
+
+def host_need(plan) -> int:
+    """Bytes the job's rank processes need together on this host: each rank's plan plus a process's own."""
+    ranks_per_role = plan.world_size // len(plan.roles)
+    return sum(ranks_per_role * (role.total + PROCESS_BASELINE_BYTES) for role in plan.roles)
+
+
+def host_lines(plan, available: int) -> list[str]:
+    need = host_need(plan)
+    ranks_per_role = plan.world_size // len(plan.roles)
+    per_rank = " + ".join(f"{ranks_per_role} x {_gib(role.total)}" for role in plan.roles)
+    lines = [f"host memory (the rehearsal runs all {plan.world_size} ranks here): about {_gib(need)} GiB = "
+             f"{per_rank} GiB planned + {plan.world_size} x {_gib(PROCESS_BASELINE_BYTES)} GiB each process holds "
+             f"for torch and torchtitan; {_gib(available)} GiB available now (MemAvailable)"]
+    if need <= available:
+        lines.append(f"FITS THIS HOST: about {_gib(need)} of {_gib(available)} GiB available")
+    else:
+        lines.append(f"DOES NOT FIT THIS HOST: about {_gib(need)} GiB, {_gib(need - available)} more than the "
+                     f"{_gib(available)} available; rehearse a smaller shape (--training.seq_len, "
+                     "--training.local_batch_size; npu-inject suite --shrink)")
+    return lines
+
+
 # -- the command -----------------------------------------------------------------
 
 def cmd_plan(args) -> int:
@@ -348,13 +404,28 @@ def cmd_plan(args) -> int:
     try:
         if args.search:
             return _search(args, argv, profile, ranks, pool, plan_kwargs)
+        rehearsal = profile.family == hardware_mod.CPU
+        if rehearsal:
+            argv, why = rehearsal_job(argv)
         print(f"planning on {profile.name}, {ranks} ranks ...", file=sys.stderr, flush=True)
         plan = job.plan_job(argv, **plan_kwargs)
         print(header(plan, profile, argv))
         print(*memory_lines(plan), sep="\n")
         print(*time_lines(plan), sep="\n")
-        for note in notes(plan):
+        for note in notes(plan) + ([why] if rehearsal else []):
             print(f"note: {note}")
+        if rehearsal:  # the ranks share the host: one verdict for all of them
+            available = mem_available()
+            lines = host_lines(plan, available)
+            print(*lines, sep="\n")
+            print(f"planned in {plan.seconds:.1f} s; what the plan cannot know: docs/planner.md#what-it-cannot-know")
+            if args.json:
+                _write_json(args.json, {"schema": 1, **plan_dict(plan), "host": {
+                    "need_bytes": host_need(plan), "available_bytes": available, "fits": host_need(plan) <= available,
+                    "process_baseline_bytes": PROCESS_BASELINE_BYTES, "argv": argv}})
+            if args.plot:
+                write_plot(args.plot, plan, header(plan, profile, argv).splitlines()[1].strip())
+            return EXIT_OK if host_need(plan) <= available else EXIT_DOES_NOT_FIT
         print(verdict(plan))
         if not plan.fits:
             print("what would fit (each planned shallow):")

@@ -7,7 +7,9 @@ on NPUs (real or simulated), ``TORCHTITAN_NPU=cpu`` for the rehearsal. The targe
 nothing else. Prints one row per case: green / red / stopped (one clear line at start-up) /
 timeout, the time, the first and last loss, and for every other row its root cause in one
 line, attributed (this project, torchtitan CUDA-only by design, torchtitan, torch, torch_npu,
-CANN/hardware, host memory). Writes Markdown and JSON.
+CANN/hardware, host memory). Writes Markdown and JSON. In the rehearsal at upstream's shapes
+(no ``--shrink``) each case's host memory is planned first (``npu-inject plan --hardware cpu``): a
+case that would not fit this host is reported as ``memory`` without being started.
 
 Stdlib only. The case lists are upstream's own files, read from ``--torchtitan-src``.
 """
@@ -34,6 +36,7 @@ SUITES = ("features", "models")
 # Upstream's debug configs train 10 steps; --steps N scales a variant's own --training.steps by N/10.
 UPSTREAM_STEPS = 10
 UPSTREAM_LOCAL_BATCH = 8  # torchtitan's training.local_batch_size default, which the cases keep
+UPSTREAM_MODULE, UPSTREAM_CONFIG = "llama3", "llama3_debugmodel"  # run_train.sh's MODULE and CONFIG defaults
 LOSS_LINE = re.compile(r"step:\s*(\d+)\s+(?:\x1b\[[0-9;]*m)?loss:\s*([-+0-9.naif]+)")
 ERROR_LINE = re.compile(r"^(?:\[rank\d+\]:\s*)*((?:[\w.]+\.)?(\w*(?:Error|Exception|Exit)\w*)): (.+)$")
 # A rank's error that only says a peer failed first (its collective then fails): the cause is elsewhere.
@@ -77,6 +80,7 @@ class Result:
     peak_rss_gib: float | None  # sum over the case's processes, highest sample
     shrunk: bool
     command: str  # the last run's command line
+    planned_gib: float | None = None  # the rehearsal's host memory for all ranks, as npu-inject plan predicts it
 
     def row(self) -> str:
         loss = lambda value: "-" if value is None else f"{value:.4f}"  # noqa: E731
@@ -127,7 +131,7 @@ def shorten(args: list[str], steps: int) -> list[str]:
         if previous == "--training.steps":
             token, explicit = str(max(1, int(token) * steps // UPSTREAM_STEPS)), True
         out.append(token.replace(f"step-{UPSTREAM_STEPS}/", f"step-{steps}/"))
-    return out if explicit else _with_flags(out, ["--training.steps", str(steps)])
+    return out if explicit else with_flags(out, ["--training.steps", str(steps)])
 
 
 def shrink(args: list[str], seq_len: int, local_batch: int) -> list[str]:
@@ -147,10 +151,10 @@ def shrink(args: list[str], seq_len: int, local_batch: int) -> list[str]:
             raise ValueError(f"--shrink {seq_len},{local_batch}: global batch {args[at]} does not scale to a "
                              f"whole number for local batch {local_batch} (upstream's {upstream_local})")
         out[at] = str(scaled)
-    return _with_flags(out, ["--training.seq_len", str(seq_len), "--training.local_batch_size", str(local_batch)])
+    return with_flags(out, ["--training.seq_len", str(seq_len), "--training.local_batch_size", str(local_batch)])
 
 
-def _with_flags(args: list[str], flags: list[str]) -> list[str]:
+def with_flags(args: list[str], flags: list[str]) -> list[str]:
     # Subcommands (activation-checkpoint:none) must stay last: flags go before the first one.
     position = next((i for i, token in enumerate(args) if SUBCOMMAND.match(token)), len(args))
     return [*args[:position], *flags, *args[position:]]
@@ -273,7 +277,7 @@ def run_case(case: Case, args: argparse.Namespace, workdir: str, env: dict[str, 
         run_args = shorten(run_args, args.steps) if args.steps else list(run_args)
         if args.shrink:
             run_args = shrink(run_args, *args.shrink)
-        run_args = _with_flags(run_args, ["--dump_folder", os.path.join(output_dir, case.name)])
+        run_args = with_flags(run_args, ["--dump_folder", os.path.join(output_dir, case.name)])
         command = ["bash", args.run_train, *run_args]
         run_env = {**env, "NGPU": str(case.ngpu), "LOG_RANK": ",".join(map(str, range(case.ngpu)))}
         limit = args.case_timeout - (time.monotonic() - started)
@@ -304,6 +308,31 @@ def run_case(case: Case, args: argparse.Namespace, workdir: str, env: dict[str, 
                   ordered[0] if ordered else None, ordered[-1] if ordered else None, cause, who,
                   number, round(peak / 2**20, 2) if peak else None, bool(args.shrink),
                   portable_command(shlex.join(command)))
+
+
+def plan_host_memory(case: Case, args: argparse.Namespace, workdir: str, env: dict[str, str]
+                     ) -> tuple[dict[str, Any] | None, str]:
+    """(``npu-inject plan --hardware cpu``'s host figures for the case's first run, or None; why not).
+
+    The rehearsal runs every rank on this host: a case that would need more than it has is reported
+    as ``memory`` before it starts, instead of being ended by the kernel's OOM killer minutes in.
+    """
+    run_args = shorten(case.runs[0], args.steps) if args.steps else list(case.runs[0])
+    defaults = [*([] if "--module" in run_args else ["--module", UPSTREAM_MODULE]),
+                *([] if "--config" in run_args else ["--config", UPSTREAM_CONFIG])]  # run_train.sh's
+    path = os.path.join(workdir, f"{case.suite}-{case.name}-plan.json")
+    plan_env = {name: value for name, value in env.items() if name != "TORCHTITAN_NPU"}
+    command = [sys.executable, "-m", "npu_inject", "plan", "--hardware", "cpu", "--ngpu", str(case.ngpu),
+               "--json", path, *defaults, *run_args]
+    try:
+        done = subprocess.run(command, env=plan_env, cwd=workdir, capture_output=True, text=True, timeout=900)
+    except subprocess.TimeoutExpired:
+        return None, "npu-inject plan took over 900 s"
+    if not os.path.isfile(path):
+        last = next((line for line in reversed(done.stderr.splitlines()) if line.strip()), f"exit {done.returncode}")
+        return None, f"npu-inject plan could not plan it: {last.strip()[:200]}"
+    with open(path, encoding="utf-8") as handle:
+        return json.load(handle)["host"], ""
 
 
 # Path arguments of a recorded command line, written as variables: a matrix committed to the docs
@@ -434,7 +463,21 @@ def cmd_suite(args: argparse.Namespace) -> int:
     for index, case in enumerate(cases, start=1):
         print(f"[{index}/{len(cases)}] {case.suite}/{case.name} ({case.ngpu} ranks, {len(case.runs)} run(s)); "
               f"{time.monotonic() - began:.0f} s elapsed", file=sys.stderr, flush=True)
-        result = run_case(case, args, workdir, env)
+        host, planned_gib = None, None
+        if meta["target"] == "cpu" and not args.shrink and args.memory_check:
+            host, why_not = plan_host_memory(case, args, workdir, env)
+            if host is None:
+                print(f"    memory check skipped: {why_not}", file=sys.stderr, flush=True)
+            else:
+                planned_gib = round(host["need_bytes"] / 2**30, 2)
+        if host is not None and not host["fits"]:
+            available = host["available_bytes"] / 2**30
+            result = Result(case.suite, case.name, case.ngpu, "memory", 0.0, None, None,
+                            f"planned to need about {planned_gib:.1f} GiB of host memory for its {case.ngpu} ranks, "
+                            f"{available:.1f} GiB available: not started (npu-inject plan --hardware cpu; "
+                            "rehearse it with --shrink)", "host memory", 0, None, False, "", planned_gib)
+        else:
+            result = dataclasses.replace(run_case(case, args, workdir, env), planned_gib=planned_gib)
         print(f"    {result.status} in {result.seconds:.0f} s" + (f": {result.cause}" if result.cause else ""),
               file=sys.stderr, flush=True)
         results.append(result)
@@ -467,6 +510,10 @@ def add_parser(commands) -> None:
     parser.add_argument("--shrink", type=_shrink, default=None, metavar="SEQ_LEN,LOCAL_BATCH",
                         help="rehearse at a smaller shape (marked 'shrunk' in the matrix)")
     parser.add_argument("--case-timeout", type=int, default=1800, help="seconds per case, all its runs (default 1800)")
+    parser.add_argument("--memory-check", action=argparse.BooleanOptionalAction, default=True,
+                        help="in the rehearsal at upstream's shapes (no --shrink), plan each case's host memory "
+                             "first (npu-inject plan --hardware cpu) and report a case that would not fit as "
+                             "'memory' without starting it (default on)")
     parser.add_argument("--assets", default=os.path.join("tests", "assets"),
                         help="tokenizer and data sets the cases read as ./tests/assets (default ./tests/assets)")
     parser.add_argument("--run-train", default="", help="upstream's run_train.sh (default: beside --torchtitan-src's tests)")

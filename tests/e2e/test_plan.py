@@ -78,7 +78,14 @@ def test_bad_input_is_one_line_and_exit_2(args, message):
     # spmd_types' type checker builds its own meshes (upstream's features/default case checks types)
     ["--hardware", "A2", "--ngpu", "2", *DEBUG, "--debug.spmd_typechecking", "activation-checkpoint:none"],
 ], ids=["deepseek_v3_ep2_on_this_host", "llama3_spmd_typechecking"])
-def test_the_suites_model_and_checker_paths_plan(args):
-    run = _plan(*args)
+def test_the_suites_model_and_checker_paths_plan(args, tmp_path):
+    json_path = tmp_path / "plan.json"
+    run = _plan("--json", str(json_path), *args)
     assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-3000:]
     assert "FITS" in run.stdout, run.stdout
+    plan = json.loads(json_path.read_text())
+    if plan["hardware"] == "cpu":  # the rehearsal: both ranks share this host, one verdict for them
+        host = plan["host"]
+        assert "FITS THIS HOST" in run.stdout and "note: rehearsal computes in" in run.stdout, run.stdout
+        assert host["fits"] and host["need_bytes"] == sum(
+            2 // len(plan["roles"]) * (role["total_bytes"] + host["process_baseline_bytes"]) for role in plan["roles"])
