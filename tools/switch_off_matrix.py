@@ -57,16 +57,23 @@ def run(patch: str, model: str, python: str, workdir: Path) -> dict:
     result = subprocess.run(command, env=env, cwd=REPO, text=True, stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, timeout=900)
     losses = {int(step): float(value) for step, value in LOSS_LINE.findall(result.stdout)}
-    row = {"patch": patch, "model": model, "seconds": round(time.monotonic() - started, 1),
-           "losses": [losses[step] for step in sorted(losses)], "status": "green", "cause": "", "attributed_to": ""}
-    if result.returncode != 0:
-        stop = STOP_LINE.search(result.stdout)
-        if stop and not losses:
-            row.update(status="stopped", cause=stop.group(1)[:300], attributed_to="this project (a clear stop)")
-        else:
-            cause, who = root_cause(result.stdout)
-            row.update(status="red", cause=cause, attributed_to=who)
-    return row
+    status, cause, who = classify(result.returncode, result.stdout, bool(losses))
+    return {"patch": patch, "model": model, "seconds": round(time.monotonic() - started, 1),
+            "losses": [losses[step] for step in sorted(losses)], "status": status, "cause": cause, "attributed_to": who}
+
+
+def classify(returncode: int, output: str, trained: bool) -> tuple[str, str, str]:
+    """(status, cause, who): green; stopped with one line at start-up (the runtime's configuration error,
+    or torchtitan's own config check naming the flag); red with the first error, attributed."""
+    if returncode == 0:
+        return "green", "", ""
+    stop = STOP_LINE.search(output)
+    if stop and not trained:
+        return "stopped", stop.group(1)[:300], "this project (a clear stop)"
+    cause, who = root_cause(output)
+    if not trained and cause.startswith("torchtitan's config parser:"):
+        return "stopped", cause, "torchtitan (its own config check, at start-up)"
+    return "red", cause, who
 
 
 def markdown(rows: list[dict], models: list[str]) -> str:

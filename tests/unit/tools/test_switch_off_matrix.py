@@ -25,3 +25,14 @@ def test_the_recorded_rows_name_known_patches_and_every_non_green_row_says_why()
     table = switch_off_matrix.markdown(rows, ["llama3", "deepseek_v3"])
     assert table.splitlines()[0] == "| patch off | llama3 | deepseek_v3 |"
     assert "not run" in table  # deepseek_v3 ran for a subset
+
+
+def test_a_run_is_green_stopped_in_one_line_or_red():
+    assert switch_off_matrix.classify(0, "step:  2  loss:  7.9", True) == ("green", "", "")
+    runtime_stop = "npu_inject.errors.ConfigError: npu_inject (patch parallel_checks): FlexAttention ...\n"
+    assert switch_off_matrix.classify(1, runtime_stop, False)[0] == "stopped"
+    # torchtitan's own check at start-up (cuda_graphs off with expert parallelism) is one line too
+    upstream_stop = "│ Error parsing Config: CUDA graphs support only expert parallel token │\n"
+    status, cause, who = switch_off_matrix.classify(1, upstream_stop, False)
+    assert (status, who) == ("stopped", "torchtitan (its own config check, at start-up)") and "CUDA graphs" in cause
+    assert switch_off_matrix.classify(1, "step:  1  loss:  8.1\nValueError: boom\n", True)[:2] == ("red", "ValueError: boom")
