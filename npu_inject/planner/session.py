@@ -492,6 +492,9 @@ def run(argv: list[str], *, world_size: int, rank: int, steps: int = 2, selectio
     argv = with_flags(argv, [*FORCED_FLAGS, "--dump_folder", dump_folder.name,
                              *([] if "--debug.seed" in argv else ["--debug.seed", "0"])])
     config = _guard(argv, world_size)
+    # Planned as eager: dynamo would skip every frame under the planner's dispatch modes, which torch 2.14
+    # refuses for torchtitan's fullgraph blocks ("found no compiled frames").
+    compiled, config.compile.enable = bool(config.compile.enable), False
     shape = None
     if units is not None:
         from npu_inject.planner import depth
@@ -508,7 +511,7 @@ def run(argv: list[str], *, world_size: int, rank: int, steps: int = 2, selectio
     context = _planner_changes(recorder, fake_mode, config)
     try:
         trainer = titan_trainer.Trainer(config)
-        info = _role_info(trainer)
+        info = {**_role_info(trainer), "compile": compiled}
         groups = min(trainer.gradient_accumulation_steps, 2)
         for step in range(1, steps + 1):
             _step(trainer, recorder, step, groups)

@@ -77,7 +77,9 @@ def test_bad_input_is_one_line_and_exit_2(args, message):
      "--training.seq_len", "256", "--parallelism.expert_parallel_degree", "2"],
     # spmd_types' type checker builds its own meshes (upstream's features/default case checks types)
     ["--hardware", "A2", "--ngpu", "2", *DEBUG, "--debug.spmd_typechecking", "activation-checkpoint:none"],
-], ids=["deepseek_v3_ep2_on_this_host", "llama3_spmd_typechecking"])
+    # --compile.enable is planned as eager (torch 2.14 refuses fullgraph blocks dynamo skipped under the planner)
+    ["--hardware", "A2", "--ngpu", "2", *DEBUG, "--compile.enable"],
+], ids=["deepseek_v3_ep2_on_this_host", "llama3_spmd_typechecking", "llama3_compile"])
 def test_the_suites_model_and_checker_paths_plan(args, tmp_path):
     json_path = tmp_path / "plan.json"
     run = _plan("--json", str(json_path), *args)
