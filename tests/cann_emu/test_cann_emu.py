@@ -186,6 +186,14 @@ def later_operators(tmp_path_factory) -> dict:
         # grid_sample forward and backward (aclnnGridSampler2D, aclnnGridSampler2DBackward: muse_glimmer)
         special = torch.tensor([float("nan"), float("inf"), -float("inf"), 1.5])
         image, sample_at = torch.randn(1, 2, 4, 5), torch.rand(1, 3, 3, 2) * 2.4 - 1.2
+        def resized(device):
+            results = []
+            for align in (False, True):
+                leaf = image.to(device, copy=True).requires_grad_()
+                z = torch.nn.functional.interpolate(leaf, size=(3, 7), mode="bilinear", align_corners=align)
+                (z * torch.arange(z.numel(), dtype=z.dtype, device=device).reshape(z.shape)).sum().backward()
+                results.append([z.detach().cpu().tolist(), leaf.grad.cpu().tolist()])
+            return results
         def activations(device):
             leaf = scores.to(device, copy=True).requires_grad_()  # copy: on the CPU .to() is the same tensor
             y = torch.nn.functional.softplus(leaf - 1, beta=2.0, threshold=1.0)
@@ -201,6 +209,9 @@ def later_operators(tmp_path_factory) -> dict:
                     "nan_to_num": [torch.nan_to_num(special.to(device), posinf=9.0).cpu().tolist(),
                                    cleaned.cpu().tolist()],
                     "grid_sample": sampled,
+                    # bilinear resize forward and backward (aclnnUpsampleBilinear2d(BackwardV2): qwen3_5's vision
+                    # position embeddings), both corner modes
+                    "upsample": resized(device),
                     # torch.isfinite (aclnnIsFinite: gpt_oss's gradient clipping checks)
                     "isfinite": torch.isfinite(special.to(device)).cpu().tolist(),
                     # torch.eye (aclnnEye: qwen3_5), torch.addcmul (aclnnAddcmul: gpt_oss), broadcast
@@ -346,10 +357,13 @@ def test_aten_backed_operators_through_torch_npu(session):
 
 def test_softplus_nan_to_num_and_grid_sample_through_torch_npu(later_operators):
     """aclnnSoftplus(Backward), aclnnNanToNum, aclnnInplaceNanToNum, aclnnGridSampler2D(Backward), aclnnEye,
-    aclnnAddcmul, aclnnIsFinite against torch's CPU functions and autograd (float32; three interpolation/padding pairs)."""
+    aclnnAddcmul, aclnnIsFinite, aclnnUpsampleBilinear2d(BackwardV2) against torch's CPU functions and autograd (float32; three interpolation/padding pairs)."""
     got, expected = later_operators["activations"], later_operators["activations_expected"]
     assert got["nan_to_num"] == expected["nan_to_num"]
     assert got["isfinite"] == expected["isfinite"] == [False, False, False, True]
+    for (z, dz), (z_cpu, dz_cpu) in zip(got["upsample"], expected["upsample"]):
+        assert torch.allclose(torch.tensor(z), torch.tensor(z_cpu), atol=1e-6)
+        assert torch.allclose(torch.tensor(dz), torch.tensor(dz_cpu), atol=1e-5)
     assert got["eye_addcmul"] == expected["eye_addcmul"]
     pairs = list(zip(got["softplus"], expected["softplus"]))
     pairs += [pair for sampled in zip(got["grid_sample"], expected["grid_sample"]) for pair in zip(*sampled)]

@@ -156,6 +156,36 @@ CANN_API aclnnStatus aclnnUpsampleBilinear2dGetWorkspaceSize(const aclTensor* se
     }, ws, ex);
 }
 CANN_EMU_LAUNCH(aclnnUpsampleBilinear2d)
+// ops-cv image/upsample_bilinear2d_grad (aclnnUpsampleBilinear2dBackwardV2): out, shaped inputSize (NCHW), is the
+// gradient of aclnnUpsampleBilinear2d for gradOut (N, C, outputSize); a scale <= 0 means none given.
+CANN_API aclnnStatus aclnnUpsampleBilinear2dBackwardV2GetWorkspaceSize(
+    const aclTensor* gradOut, const aclIntArray* outputSize, const aclIntArray* inputSize, bool alignCorners,
+    double scalesH, double scalesW, aclTensor* out, uint64_t* ws, aclOpExecutor** ex) {
+    const char* op = "aclnnUpsampleBilinear2dBackwardV2";
+    if (int rc = check_args(op, {{"gradOut", gradOut}, {"out", out}})) return rc;
+    if (int rc = check_present(op, "outputSize", outputSize)) return rc;
+    if (int rc = check_present(op, "inputSize", inputSize)) return rc;
+    if (gradOut->dtype != out->dtype) return invalid(op, "out must have gradOut's dtype");
+    if (gradOut->view.size() != 4 || out->view.size() != 4) return invalid(op, "gradOut and out must be 4-D (NCHW)");
+    if (outputSize->v.size() != 2 || inputSize->v.size() != 4)
+        return invalid(op, "outputSize must hold 2 lengths (H, W) and inputSize 4 (N, C, H, W)");
+    for (int64_t n : outputSize->v)
+        if (n < 1) return invalid(op, "every element of outputSize must be at least 1");
+    for (int64_t n : inputSize->v)
+        if (n < 1) return invalid(op, "every element of inputSize must be at least 1");
+    const std::vector<int64_t>& g = gradOut->view;
+    if (g[0] != inputSize->v[0] || g[1] != inputSize->v[1] || out->view[0] != g[0] || out->view[1] != g[1])
+        return invalid(op, "gradOut, inputSize and out must agree in N and C");
+    if (g[2] != outputSize->v[0] || g[3] != outputSize->v[1])
+        return invalid(op, "gradOut's H and W must be outputSize's");
+    auto scale = [](double s) { return s > 0 ? std::optional<double>(s) : std::nullopt; };
+    return aten_executor(op, [grad = hold(gradOut), output_size = hold(outputSize), input_size = hold(inputSize),
+                              alignCorners, h = scale(scalesH), w = scale(scalesW), o = hold(out)] {
+        at::Tensor r = view(o);
+        at::upsample_bilinear2d_backward_out(r, view(grad), output_size, input_size, alignCorners, h, w);
+    }, ws, ex);
+}
+CANN_EMU_LAUNCH(aclnnUpsampleBilinear2dBackwardV2)
 // ops-cv image/grid_sample (aclnnGridSampler2D): out[n, c, h, w] = input[n, c] sampled at grid[n, h, w] (x, y in
 // [-1, 1]); interpolationMode 0 bilinear, 1 nearest, 2 bicubic; paddingMode 0 zeros, 1 border, 2 reflection
 // (torch's grid_sample encoding; muse_glimmer's vision encoder).
