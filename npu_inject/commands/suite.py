@@ -329,8 +329,10 @@ def plan_host_memory(case: Case, args: argparse.Namespace, workdir: str, env: di
     except subprocess.TimeoutExpired:
         return None, "npu-inject plan took over 900 s"
     if not os.path.isfile(path):
-        last = next((line for line in reversed(done.stderr.splitlines()) if line.strip()), f"exit {done.returncode}")
-        return None, f"npu-inject plan could not plan it: {last.strip()[:200]}"
+        lines = [line.strip() for line in done.stderr.splitlines() if line.strip()]
+        said = [line for line in lines if line.startswith("npu-inject plan:")]  # its one line, not a warning
+        last = (said or lines or [f"exit {done.returncode}"])[-1]
+        return None, f"could not plan it ({last[:200]})"
     with open(path, encoding="utf-8") as handle:
         return json.load(handle)["host"], ""
 
