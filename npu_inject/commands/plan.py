@@ -345,16 +345,16 @@ def rehearsal_job(argv: list[str]) -> tuple[list[str], str]:
     return (argv if dtype == configured else with_flags(argv, ["--training.mixed_precision_param", dtype])), why
 
 
-def mem_available() -> int:
-    """Bytes this host can give new processes now (/proc/meminfo MemAvailable; else its physical memory)."""
+def mem_available() -> tuple[int, str]:
+    """(bytes this host can give new processes now, where that figure comes from)."""
     try:
         with open("/proc/meminfo", encoding="ascii") as handle:
             for line in handle:
                 if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
+                    return int(line.split()[1]) * 1024, "MemAvailable"
+    except OSError:  # not Linux: the physical memory, and the output says so
         pass
-    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"), "physical memory, no /proc/meminfo"
 
 
 def host_need(plan) -> int:
@@ -363,13 +363,13 @@ def host_need(plan) -> int:
     return sum(ranks_per_role * (role.total + PROCESS_BASELINE_BYTES) for role in plan.roles)
 
 
-def host_lines(plan, available: int) -> list[str]:
+def host_lines(plan, available: int, source: str) -> list[str]:
     need = host_need(plan)
     ranks_per_role = plan.world_size // len(plan.roles)
     per_rank = " + ".join(f"{ranks_per_role} x {_gib(role.total)}" for role in plan.roles)
     lines = [f"host memory (the rehearsal runs all {plan.world_size} ranks here): about {_gib(need)} GiB = "
              f"{per_rank} GiB planned + {plan.world_size} x {_gib(PROCESS_BASELINE_BYTES)} GiB each process holds "
-             f"for torch and torchtitan; {_gib(available)} GiB available now (MemAvailable)"]
+             f"for torch and torchtitan; {_gib(available)} GiB available now ({source})"]
     if need <= available:
         lines.append(f"FITS THIS HOST: about {_gib(need)} of {_gib(available)} GiB available")
     else:
@@ -415,8 +415,8 @@ def cmd_plan(args) -> int:
         for note in notes(plan) + ([why] if rehearsal else []):
             print(f"note: {note}")
         if rehearsal:  # the ranks share the host: one verdict for all of them
-            available = mem_available()
-            lines = host_lines(plan, available)
+            available, source = mem_available()
+            lines = host_lines(plan, available, source)
             print(*lines, sep="\n")
             print(f"planned in {plan.seconds:.1f} s; what the plan cannot know: docs/planner.md#what-it-cannot-know")
             if args.json:

@@ -182,3 +182,17 @@ def test_a_candidate_replaces_the_commands_layout_and_checkpointing():
     assert out[out.index("--parallelism.tensor_parallel_degree") + 1] == "2"
     assert "--training.local_batch_size=2" not in out and out[out.index("--training.local_batch_size") + 1] == "1"
     assert out[:2] == ["--module", "llama3"] and "--config" in out
+
+
+def test_the_rehearsals_ranks_share_the_host_one_verdict_for_all():
+    from types import SimpleNamespace
+
+    gib = plan_cmd.GIB
+    roles = [SimpleNamespace(total=3 * gib), SimpleNamespace(total=1 * gib)]  # two pipeline stages
+    job = SimpleNamespace(world_size=4, roles=roles)  # two ranks per stage
+    need = plan_cmd.host_need(job)
+    assert need == 2 * (3 * gib + plan_cmd.PROCESS_BASELINE_BYTES) + 2 * (1 * gib + plan_cmd.PROCESS_BASELINE_BYTES)
+    fits = plan_cmd.host_lines(job, need, "MemAvailable")
+    assert fits[-1].startswith("FITS THIS HOST") and "2 x 3.0 + 2 x 1.0 GiB planned" in fits[0]
+    short = plan_cmd.host_lines(job, need - gib, "MemAvailable")
+    assert short[-1].startswith("DOES NOT FIT THIS HOST") and "1.0 more than" in short[-1]
