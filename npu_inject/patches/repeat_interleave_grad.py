@@ -1,4 +1,4 @@
-"""repeat_interleave's backward with tensor repeats: a fake for torch.compile and a kernel A2/A3 document.
+"""torch_npu's repeat_interleave backward (gpt_oss's expert biases) gets a fake for torch.compile and a kernel A2/A3 run.
 
 gpt_oss's experts broadcast each expert's bias to its rows with ``b.repeat_interleave(counts,
 dim=0, output_size=R)`` (``models/gpt_oss/moe.py``). On the NPU torch_npu 2.14.0 differentiates
