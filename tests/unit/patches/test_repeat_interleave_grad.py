@@ -1,7 +1,7 @@
 """repeat_interleave_grad's kernel math against autograd of torch's own ``repeat_interleave`` on the CPU.
 
 The NPU registration itself is checked through the real torch_npu on the CANN emulation
-(tests/cann_emu/test_repeat_interleave_grad.py); here, the function it registers: every case a
+(tests/cann_emu/test_npu_repeat_interleave_backward.py); here, the function it registers: every case a
 ``repeat_interleave(Tensor repeats)`` backward can take (a dim or the flattened input, one count
 broadcast, empty counts, gpt_oss's expert biases with ``output_size``), and the fake's shape.
 """

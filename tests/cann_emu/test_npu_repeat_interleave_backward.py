@@ -5,7 +5,7 @@ and under ``torch.compile`` (aot_eager), with the patch applied by the runtime a
 it: the gradient against CPU autograd of the same call, and no aclnnRepeatInterleaveGrad launched (CANN
 documents it for Ascend 950 only; the emulation, a 910B2, has none).
 
-    .venv-cann/bin/python -m pytest -m cann_emu tests/cann_emu/test_repeat_interleave_grad.py
+    .venv-cann/bin/python -m pytest -m cann_emu tests/cann_emu/test_npu_repeat_interleave_backward.py
 """
 
 from __future__ import annotations
