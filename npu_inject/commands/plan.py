@@ -414,29 +414,27 @@ def cmd_plan(args) -> int:
         print(*time_lines(plan), sep="\n")
         for note in notes(plan) + ([why] if rehearsal else []):
             print(f"note: {note}")
+        extra: dict[str, Any] = {}
         if rehearsal:  # the ranks share the host: one verdict for all of them
             available, source = mem_available()
-            lines = host_lines(plan, available, source)
-            print(*lines, sep="\n")
-            print(f"planned in {plan.seconds:.1f} s; what the plan cannot know: docs/planner.md#what-it-cannot-know")
-            if args.json:
-                _write_json(args.json, {"schema": 1, **plan_dict(plan), "host": {
-                    "need_bytes": host_need(plan), "available_bytes": available, "fits": host_need(plan) <= available,
-                    "process_baseline_bytes": PROCESS_BASELINE_BYTES, "argv": argv}})
-            if args.plot:
-                write_plot(args.plot, plan, header(plan, profile, argv).splitlines()[1].strip())
-            return EXIT_OK if host_need(plan) <= available else EXIT_DOES_NOT_FIT
-        print(verdict(plan))
-        if not plan.fits:
-            print("what would fit (each planned shallow):")
-            print(*advice(argv, plan, lambda variant: job.plan_job(
-                variant, units=SEARCH_UNITS, pp=plan.parallel["pp"], **plan_kwargs)), sep="\n")
+            need = host_need(plan)
+            fits = need <= available
+            print(*host_lines(plan, available, source), sep="\n")
+            extra["host"] = {"need_bytes": need, "available_bytes": available, "fits": fits,
+                             "process_baseline_bytes": PROCESS_BASELINE_BYTES, "argv": argv}
+        else:
+            fits = plan.fits
+            print(verdict(plan))
+            if not fits:
+                print("what would fit (each planned shallow):")
+                print(*advice(argv, plan, lambda variant: job.plan_job(
+                    variant, units=SEARCH_UNITS, pp=plan.parallel["pp"], **plan_kwargs)), sep="\n")
         print(f"planned in {plan.seconds:.1f} s; what the plan cannot know: docs/planner.md#what-it-cannot-know")
         if args.json:
-            _write_json(args.json, {"schema": 1, **plan_dict(plan)})
+            _write_json(args.json, {"schema": 1, **plan_dict(plan), **extra})
         if args.plot:
             write_plot(args.plot, plan, header(plan, profile, argv).splitlines()[1].strip())
-        return EXIT_OK if plan.fits else EXIT_DOES_NOT_FIT
+        return EXIT_OK if fits else EXIT_DOES_NOT_FIT
     except PlanError as exc:
         print(f"npu-inject plan: {exc}", file=sys.stderr)
         return EXIT_ERROR
