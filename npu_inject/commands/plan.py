@@ -329,6 +329,12 @@ def advice(argv: list[str], plan, run_variant) -> list[str]:
 # this project's machine): what each rank holds besides its tensors.
 PROCESS_BASELINE_BYTES = int(0.8 * GIB)
 
+# The plan fell short of the rehearsal's measured peak on every job checked (docs/planner.md: features/default
+# 12.1 GiB planned, 15.5 measured, -22%; deepseek_v3 debug 4.2 vs 5.07, -18%): CPU malloc's caching and what
+# the plan leaves out (the data loader, gloo's buffers). The verdict asks for the plan times this margin, which
+# covers the larger measured shortfall, so a case it lets start is not ended by the OOM killer.
+HOST_MARGIN = 1.3
+
 
 def rehearsal_job(argv: list[str]) -> tuple[list[str], str]:
     """The job as the CPU rehearsal runs it: in the compute dtype ``rehearsal_dtype`` picks on this host
@@ -363,17 +369,23 @@ def host_need(plan) -> int:
     return sum(ranks_per_role * (role.total + PROCESS_BASELINE_BYTES) for role in plan.roles)
 
 
+def host_asked(plan) -> int:
+    """Bytes the verdict asks the host for: the plan with the margin its measured shortfall needs."""
+    return int(host_need(plan) * HOST_MARGIN)
+
+
 def host_lines(plan, available: int, source: str) -> list[str]:
-    need = host_need(plan)
+    need, asked = host_need(plan), host_asked(plan)
     ranks_per_role = plan.world_size // len(plan.roles)
     per_rank = " + ".join(f"{ranks_per_role} x {_gib(role.total)}" for role in plan.roles)
     lines = [f"host memory (the rehearsal runs all {plan.world_size} ranks here): about {_gib(need)} GiB = "
              f"{per_rank} GiB planned + {plan.world_size} x {_gib(PROCESS_BASELINE_BYTES)} GiB each process holds "
-             f"for torch and torchtitan; {_gib(available)} GiB available now ({source})"]
-    if need <= available:
-        lines.append(f"FITS THIS HOST: about {_gib(need)} of {_gib(available)} GiB available")
+             f"for torch and torchtitan; {_gib(asked)} GiB with the {HOST_MARGIN - 1:.0%} margin the measured "
+             f"runs needed (docs/planner.md); {_gib(available)} GiB available now ({source})"]
+    if asked <= available:
+        lines.append(f"FITS THIS HOST: about {_gib(asked)} of {_gib(available)} GiB available")
     else:
-        lines.append(f"DOES NOT FIT THIS HOST: about {_gib(need)} GiB, {_gib(need - available)} more than the "
+        lines.append(f"DOES NOT FIT THIS HOST: about {_gib(asked)} GiB, {_gib(asked - available)} more than the "
                      f"{_gib(available)} available; rehearse a smaller shape (--training.seq_len, "
                      "--training.local_batch_size; npu-inject suite --shrink)")
     return lines
@@ -417,10 +429,11 @@ def cmd_plan(args) -> int:
         extra: dict[str, Any] = {}
         if rehearsal:  # the ranks share the host: one verdict for all of them
             available, source = mem_available()
-            need = host_need(plan)
-            fits = need <= available
+            asked = host_asked(plan)
+            fits = asked <= available
             print(*host_lines(plan, available, source), sep="\n")
-            extra["host"] = {"need_bytes": need, "available_bytes": available, "fits": fits,
+            extra["host"] = {"need_bytes": host_need(plan), "asked_bytes": asked, "margin": HOST_MARGIN,
+                             "available_bytes": available, "fits": fits,
                              "process_baseline_bytes": PROCESS_BASELINE_BYTES, "argv": argv}
         else:
             fits = plan.fits

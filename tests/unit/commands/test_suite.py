@@ -153,7 +153,7 @@ def test_a_case_planned_not_to_fit_the_host_is_memory_without_starting(tmp_path,
     """The rehearsal at upstream's shapes: a case npu-inject plan says would not fit is never started."""
     started = tmp_path / "started"
     run_train = _fake_run_train(tmp_path, f'touch {started}; echo "step:  1  loss:  8.1"\n')
-    planned = {"need_bytes": 30 * 2**30, "available_bytes": 20 * 2**30, "fits": False}
+    planned = {"need_bytes": 30 * 2**30, "asked_bytes": 39 * 2**30, "available_bytes": 20 * 2**30, "fits": False}
     monkeypatch.setattr(suite, "plan_host_memory", lambda case, args, workdir, env: (planned, ""))
     monkeypatch.setenv("TORCHTITAN_NPU", "cpu")
     output = tmp_path / "out"
@@ -165,7 +165,8 @@ def test_a_case_planned_not_to_fit_the_host_is_memory_without_starting(tmp_path,
     assert suite.cmd_suite(args) == 1
     (case,) = __import__("json").loads((output / "matrix.json").read_text())["cases"]
     assert case["status"] == "memory" and case["attributed_to"] == "host memory" and case["runs"] == 0
-    assert "planned to need about 30.0 GiB" in case["cause"] and "20.0 GiB available" in case["cause"]
+    assert "planned to need about 30.0 GiB" in case["cause"] and "(39.0 with the plan's margin)" in case["cause"]
+    assert "20.0 GiB available" in case["cause"]
     assert case["planned_gib"] == 30.0 and not started.exists()
     # With --shrink (or --no-memory-check) nothing is planned and the case runs.
     monkeypatch.setattr(suite, "plan_host_memory", lambda *a: pytest.fail("planned a shrunk case"))

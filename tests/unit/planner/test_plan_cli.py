@@ -192,7 +192,10 @@ def test_the_rehearsals_ranks_share_the_host_one_verdict_for_all():
     job = SimpleNamespace(world_size=4, roles=roles)  # two ranks per stage
     need = plan_cmd.host_need(job)
     assert need == 2 * (3 * gib + plan_cmd.PROCESS_BASELINE_BYTES) + 2 * (1 * gib + plan_cmd.PROCESS_BASELINE_BYTES)
-    fits = plan_cmd.host_lines(job, need, "MemAvailable")
+    asked = plan_cmd.host_asked(job)
+    assert asked == int(need * plan_cmd.HOST_MARGIN) > need  # the verdict keeps the measured shortfall's margin
+    fits = plan_cmd.host_lines(job, asked, "MemAvailable")
     assert fits[-1].startswith("FITS THIS HOST") and "2 x 3.0 + 2 x 1.0 GiB planned" in fits[0]
-    short = plan_cmd.host_lines(job, need - gib, "MemAvailable")
-    assert short[-1].startswith("DOES NOT FIT THIS HOST") and "1.0 more than" in short[-1]
+    assert f"{asked / gib:.1f} GiB with the 30% margin" in fits[0]
+    short = plan_cmd.host_lines(job, need, "MemAvailable")  # the bare plan fits; with the margin it does not
+    assert short[-1].startswith("DOES NOT FIT THIS HOST") and f"{(asked - need) / gib:.1f} more than" in short[-1]
