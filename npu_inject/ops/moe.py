@@ -284,4 +284,9 @@ def rank_major_unpermutation(routed_output_RD: torch.Tensor, permuted_indices_R:
     if guard_or_false(routed_output_RD.shape[0] == 0):
         return routed_output_RD
     row_of_input_R = inverse_permutation(permuted_indices_R)
+    if torch.compiler.is_compiling():
+        # torch_npu 2.14.0's npu_moe_token_unpermute without probs returns None as the second output of
+        # npu::_npu_moe_token_unpermute (the tokens kept for backward), where its fake returns a tensor:
+        # aot_autograd saves that output and fails at run time. The same gather, one IndexSelect.
+        return routed_output_RD.index_select(0, row_of_input_R)
     return kernels().npu_moe_token_unpermute(routed_output_RD, row_of_input_R.to(torch.int32))

@@ -143,6 +143,26 @@ for dtype in (torch.float32, torch.bfloat16):
     (gathered_cpu * grad1).sum().backward()
     close("unpermute_plain_grad_rows", rows1_npu.grad, rows1_cpu.grad.to(dtype), dtype)
 
+    if dtype == torch.float32:
+        # ---- torch_npu 2.14.0's finding: without probs, npu::_npu_moe_token_unpermute returns None as the
+        # tokens it keeps for backward, where its fake returns a tensor; compiled, aot_autograd saves it --------
+        _, kept = torch.ops.npu._npu_moe_token_unpermute(rows1.npu(), index1.to(torch.int32).npu())
+        out["unpermute_plain_keeps_none"] = kept is None
+        kernel_compiled = torch.compile(lambda r, i: torch_npu.npu_moe_token_unpermute(r, i), backend="aot_eager")
+        try:
+            kernel_compiled(rows1.npu().requires_grad_(), index1.to(torch.int32).npu())
+            out["unpermute_plain_compiled_kernel"] = "no error"
+        except AssertionError as error:
+            out["unpermute_plain_compiled_kernel"] = str(error)[:200]
+        # ... so expert parallelism's unpermutation gathers under torch.compile: forward and backward against
+        # the CPU scatter-add above (out[slot1[p]] = rows1[p])
+        unpermute_compiled = torch.compile(moe.rank_major_unpermutation, backend="aot_eager", fullgraph=True)
+        rows2_npu = rows1.npu().requires_grad_()
+        unpermuted2 = unpermute_compiled(rows2_npu, slot1.npu())
+        close("unpermute_rank_major_compiled", unpermuted2, gathered_cpu, dtype)
+        (unpermuted2 * grad1.npu()).sum().backward()
+        close("unpermute_rank_major_compiled_grad_rows", rows2_npu.grad, rows1_cpu.grad, dtype)
+
 # ---- dtypes outside CANN's lists fail in phase one, naming the operator ------------------------------
 def error_of(call):
     try:
@@ -181,6 +201,20 @@ def test_matches_cpu_math(moe_run, case, dtype):
     assert moe_run[f"{case}[{dtype}]"]["ok"], moe_run[f"{case}[{dtype}]"]
 
 
+@pytest.mark.parametrize("case", ["unpermute_rank_major_compiled", "unpermute_rank_major_compiled_grad_rows"])
+def test_expert_parallel_unpermutation_compiles(moe_run, case):
+    """ops.moe.rank_major_unpermutation under torch.compile (aot_eager, as --compile.enable runs here)."""
+    assert moe_run[f"{case}[float32]"]["ok"], moe_run[f"{case}[float32]"]
+
+
+def test_unpermute_without_probs_keeps_none_for_backward(moe_run):
+    """Why rank_major_unpermutation gathers under torch.compile: torch_npu 2.14.0's kernel, compiled, fails
+    at run time (a finding in docs/suite.md, gpt_oss_fsdp+tp+ep+compile). If a later wheel fixes it,
+    this fails and the gather can go."""
+    assert moe_run["unpermute_plain_keeps_none"]
+    assert "expected all tensors_saved_with_vc_check to be Tensors" in moe_run["unpermute_plain_compiled_kernel"]
+
+
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 def test_empty_expert_gets_a_zero_weight_gradient(moe_run, dtype):
     # grouped along K, a group with no rows is written as zeros (CANN's EmptyTensorCompute), not left as
@@ -202,7 +236,8 @@ def test_backward_ran_the_aclnn_gradient_operators(moe_run):
     # the direct call and dweight along K: 2
     assert calls["aclnnGroupedMatmulV5"] == 2 * 7
     assert calls["aclnnMoeTokenPermute"] == 2 and calls["aclnnMoeTokenPermuteGrad"] == 2
-    assert calls["aclnnMoeTokenUnpermute"] == 4 and calls["aclnnMoeTokenUnpermuteGrad"] == 4
+    # and float32's finding: the direct call to _npu_moe_token_unpermute and the compiled kernel's forward
+    assert calls["aclnnMoeTokenUnpermute"] == 4 + 2 and calls["aclnnMoeTokenUnpermuteGrad"] == 4
 
 
 @pytest.mark.parametrize("key, op, arg", [

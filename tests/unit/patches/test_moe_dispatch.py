@@ -376,6 +376,23 @@ def test_expert_major_permute_and_unpermute_match_explicit_order(moe_patched, ti
         torch.testing.assert_close(rows_RD.grad, torch.full_like(rows_RD, 2.0))
 
 
+def test_expert_parallel_unpermute_gathers_under_compile(moe_patched, kernel_calls):
+    """torch_npu 2.14.0's unpermute without probs fails compiled (tests/cann_emu/test_moe.py): compiled, the
+    rank-major unpermutation is a gather, checked against upstream's scatter (out[indices[p]] = rows[p])."""
+    from npu_inject.ops import moe as moe_ops
+
+    rows_RD = _randn(6, 5, seed=15).requires_grad_()
+    permuted_indices_R = torch.tensor([3, 0, 5, 1, 4, 2])
+    compiled = torch.compile(moe_ops.rank_major_unpermutation, backend="aot_eager", fullgraph=True)
+    restored_RD = compiled(rows_RD, permuted_indices_R)
+    expected_RD = torch.zeros(6, 5)
+    expected_RD[permuted_indices_R] = rows_RD.detach()
+    torch.testing.assert_close(restored_RD, expected_RD)
+    (restored_RD * torch.arange(6.0).unsqueeze(1)).sum().backward()
+    torch.testing.assert_close(rows_RD.grad, permuted_indices_R.float().unsqueeze(1).expand(6, 5))
+    assert "npu_moe_token_unpermute" not in kernel_calls
+
+
 def test_all_to_all_dispatcher_on_a_one_rank_ep_group_matches_explicit_math(
     moe_patched, titan_moe, kernel_calls, monkeypatch, tmp_path
 ):
