@@ -29,6 +29,7 @@ import functools
 
 import spmd_types as spmd
 import torch
+from torch._prims_common import is_contiguous_or_false
 from torch.utils._python_dispatch import _disable_current_modes
 from torch.fx.experimental.symbolic_shapes import guard_or_false
 
@@ -91,7 +92,11 @@ class _GroupedMatmulKernelBackward(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad_RO):
         x_RI, weight_EIO, group_list_E = ctx.saved_tensors
-        grad_RO = grad_RO.contiguous()  # e.g. an expanded gradient of .sum() has zero strides
+        # e.g. an expanded gradient of .sum() has zero strides, a split of a fused gradient a row stride twice
+        # its width. Under torch.compile R is data-dependent and .contiguous() would guard on it: unknown
+        # contiguity copies.
+        if not is_contiguous_or_false(grad_RO):
+            grad_RO = grad_RO.clone(memory_format=torch.contiguous_format)
         grad_x_RI = grad_weight_EIO = None
         if ctx.needs_input_grad[0]:
             grad_x_RI = _grouped_matmul_along_m(grad_RO, weight_EIO.transpose(-2, -1), group_list_E)

@@ -25,11 +25,15 @@ def _check(gate_RF: torch.Tensor, up_RF: torch.Tensor) -> None:
         )
 
 
-def swiglu(gate_RF: torch.Tensor, up_RF: torch.Tensor) -> torch.Tensor:
-    """``F.silu(gate_RF) * up_RF`` through npu_swiglu (any leading dims; shapes and dtypes equal)."""
+def swiglu(gate_RF: torch.Tensor, up_RF: torch.Tensor, gate_up_dim: int = GATE_UP_DIM) -> torch.Tensor:
+    """``F.silu(gate_RF) * up_RF`` through npu_swiglu (any leading dims; shapes and dtypes equal).
+
+    ``gate_up_dim=0`` stacks (gate, up) first: their gradients are then the two contiguous halves of
+    the kernel's, where next to the last axis each is strided (rows twice as far apart).
+    """
     _check(gate_RF, up_RF)
-    gate_up_R2F = torch.stack([gate_RF, up_RF], dim=GATE_UP_DIM)
-    return kernels().npu_swiglu(gate_up_R2F, dim=GATE_UP_DIM).squeeze(GATE_UP_DIM)
+    gate_up = torch.stack([gate_RF, up_RF], dim=gate_up_dim)
+    return kernels().npu_swiglu(gate_up, dim=gate_up_dim).squeeze(gate_up_dim)
 
 
 def swiglu_backward(

@@ -44,7 +44,9 @@ def apply(ctx: PatchContext) -> None:
         x_bf16_RD = x_RD.bfloat16()
         gate_RF = experts._grouped_mm(A=x_bf16_RD, B_t=w1_EFD.bfloat16().transpose(-2, -1), offs=offsets_E)
         up_RF = experts._grouped_mm(A=x_bf16_RD, B_t=w3_EFD.bfloat16().transpose(-2, -1), offs=offsets_E)
-        h_RF = swiglu(gate_RF, up_RF)
+        # (gate, up) stacked first: contiguous gradients for the grouped matmuls' backward, whose contiguity
+        # torch.compile cannot check for a data-dependent row count (expert parallelism's R).
+        h_RF = swiglu(gate_RF, up_RF, gate_up_dim=0)
         return experts._grouped_mm(A=h_RF, B_t=w2_EDF.bfloat16().transpose(-2, -1), offs=offsets_E).type_as(x_RD)
 
     ctx.wrap("FeedForward.forward", feed_forward)

@@ -161,6 +161,24 @@ def test_grouped_experts_swiglu_matches_expert_loop_in_bf16(fused):
     assert out.dtype == x.dtype
 
 
+@pytest.mark.parametrize("gate_up_dim, contiguous", [(0, True), (-2, False)])
+def test_swiglu_stacked_first_gives_the_projections_contiguous_gradients(fused, gate_up_dim, contiguous):
+    """The experts stack (gate, up) first: a grouped matmul's backward needs a contiguous gradient, and under
+    torch.compile a data-dependent row count makes a strided one fail (tests/cann_emu/test_compile_emulated.py)."""
+    from npu_inject.ops.swiglu import swiglu
+
+    gate, up = _leaf(5, 4, seed=30), _leaf(5, 4, seed=31)
+    out = swiglu(gate, up, gate_up_dim=gate_up_dim)
+    torch.testing.assert_close(out, F.silu(gate) * up)
+    grad_gate, grad_up = torch.autograd.grad(out, [gate, up], torch.ones(5, 4), retain_graph=True)
+    torch.testing.assert_close([grad_gate, grad_up], list(torch.autograd.grad((F.silu(gate) * up).sum(), [gate, up])))
+    captured = []
+    for leaf in (gate, up):
+        leaf.register_hook(lambda grad: captured.append(grad.is_contiguous()))
+    out.backward(torch.ones(5, 4))
+    assert captured == [contiguous, contiguous]
+
+
 def test_router_gate_computes_in_float32_for_bf16_inputs(fused):
     from torchtitan.models.common.linear import Linear
     from torchtitan.models.common.moe import TokenChoiceTopKRouter
