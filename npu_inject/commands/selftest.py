@@ -194,6 +194,10 @@ def _swiglu(dtype):
     return (_randn(ROWS, 2, I_DIM, dtype=dtype),), {"dim": -2}
 
 
+def _swiglu_stacked_first(dtype):
+    return (_randn(2, ROWS, I_DIM, dtype=dtype),), {"dim": 0}
+
+
 CASES: list[Case] = [
     Case("fusion_attention BSND causal (sparse_mode 2), GQA", "npu_fusion_attention",
          _attention_bsnd({"sparse_mode": 2}), outputs=(0, 1, 2), tolerance_scale=2.0, used_by="ops/attention.py"),
@@ -229,6 +233,8 @@ CASES: list[Case] = [
     Case("rotary_mul half (CosSinRoPE)", "npu_rotary_mul", _rotary("half"), used_by="ops/rotary.py"),
     Case("rotary_mul interleave (ComplexRoPE)", "npu_rotary_mul", _rotary("interleave"), used_by="ops/rotary.py"),
     Case("swiglu dim -2 (gate, up stacked)", "npu_swiglu", _swiglu, used_by="ops/swiglu.py"),
+    Case("swiglu dim 0 (the experts' gate, up stacked first)", "npu_swiglu", _swiglu_stacked_first,
+         used_by="npu_inject/patches/swiglu.py"),
 ]
 
 # Cases allowed to SKIP, per target ("simulated": verification/sim_npu's stand-in, "npu": a real NPU),

@@ -179,7 +179,7 @@ def _fake_torch_npu_without(monkeypatch, op: str):
 
 def test_a_case_that_newly_skips_fails_the_command(monkeypatch, capsys):
     parser = selftest.add_parser(__import__("argparse").ArgumentParser().add_subparsers())
-    args = parser.parse_args(["--device", "cpu", "--dtype", "float32", "--case", "swiglu"])
+    args = parser.parse_args(["--device", "cpu", "--dtype", "float32", "--case", "swiglu dim -2"])
     _fake_torch_npu_without(monkeypatch, "npu_grouped_matmul")  # swiglu is still there
     assert selftest.cmd_selftest(args) == selftest.EXIT_OK
     assert "1 PASS, 0 SKIP, 0 FAIL " in capsys.readouterr().out
