@@ -146,6 +146,27 @@ def _render_scopes(document: dict) -> list[str]:
             _table(["scope", "launches", "operators"], rows)]
 
 
+def launch_sites(step_counts: dict) -> list[tuple[str, str, str, str, str, int]]:
+    """(scope, operator, owner, caller, via, count) per launch site of one step (CANN_EMU_LAUNCH_SITES's
+    operators), most frequent first: who prepared each launch, read as a synchronisation's site."""
+    rows = []
+    for key, count in step_counts.get("launch_sites", {}).items():
+        scope, operator, owner, caller, via = (part.strip() for part in (key.split(" | ") + [""] * 5)[:5])
+        rows.append((scope, operator, owner, caller, via, count))
+    return sorted(rows, key=lambda row: (-row[5], row[0], row[1], row[3]))
+
+
+def _render_launch_sites(document: dict) -> list[str]:
+    steps = [step for step in sorted(document.get("steps", {}), key=_step_key) if step.isdigit()]
+    if not steps or not document["steps"][steps[-1]].get("launch_sites"):
+        return []
+    last = steps[-1]
+    rows = [[count, scope, operator.removeprefix("aclnn"), owner, caller, via]
+            for scope, operator, owner, caller, via, count in launch_sites(document["steps"][last])]
+    return ["", f"Launches of step {last} by source line (the operators CANN_EMU_LAUNCH_SITES names):",
+            _table(["count", "scope", "operator", "owner", "caller", "innermost torch frame"], rows)]
+
+
 def render_cann_emu(document: dict, source: str) -> str:
     """The real torch_npu's calls into the CANN emulation, one row per training step."""
     out = [f"{source} (rank {document.get('rank')}, {document.get('soc')}; the real torch_npu's calls into "
@@ -165,6 +186,7 @@ def render_cann_emu(document: dict, source: str) -> str:
     out.append(_table(["step", "standalone collectives", "inside MC2 operators"], rows))
     out += _render_sync_sites(document)
     out += _render_scopes(document)
+    out += _render_launch_sites(document)
     for key, title in (("aicpu", "Operators CANN runs on AI CPU"), ("aclop", "Operators sent down the legacy aclop path")):
         out.append(f"{title}: {_counted(document.get(key, {}))}")
     return "\n".join(out)

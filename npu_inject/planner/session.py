@@ -40,7 +40,9 @@ presence (no data is read). ``compile`` is planned as eager (noted in the result
 
 from __future__ import annotations
 
+import inspect
 import os
+import sys
 import tempfile
 from dataclasses import dataclass, field
 from typing import Any
@@ -249,7 +251,13 @@ def _planner_changes(recorder, fake_mode, config):
     mesh_targets = tuple(f"torch.distributed.device_mesh:DeviceMesh.{name}" for name, value in vars(DeviceMesh).items()
                          if callable(getattr(value, "__func__", value)) and not isinstance(value, type)
                          and (not name.startswith("__") or name in ("__init__", "__getitem__")))
-    context = PatchContext("planner", "cpu", {}, declared_targets=mesh_targets + (
+    # Every module that bound upstream's varlen metadata maker (the decoders, qwen3_5's gated delta net).
+    from torchtitan.models.common import attention as common_attention
+
+    varlen_makers = tuple(f"{name}:create_varlen_metadata_for_document" for name, module in list(sys.modules.items())
+                          if name.startswith("torchtitan.") and getattr(module, "create_varlen_metadata_for_document",
+                                                                        None) is common_attention.create_varlen_metadata_for_document)
+    context = PatchContext("planner", "cpu", {}, declared_targets=mesh_targets + varlen_makers + (
         "torchtitan.trainer:Trainer.init_distributed",
         "torchtitan.protocols.model:BaseModel.init_weights",
         "npu_inject.patches.attention:document_ends_from_positions",
@@ -264,6 +272,7 @@ def _planner_changes(recorder, fake_mode, config):
         "npu_inject.patches.context_parallel:exchange_positions",
         "torch.distributed.fsdp._fully_shard._fsdp_param:_chunk_with_empty",
         "spmd_types._checker:_ShardPropagator._get_mesh",
+        "npu_inject.ops.gated_delta_net:npu_chunk_gated_delta_rule",
     ))
 
     def init_distributed(original, trainer, *args, **kwargs):
@@ -276,6 +285,33 @@ def _planner_changes(recorder, fake_mode, config):
     def document_ends(positions_BL):
         rows, length = positions_BL.shape
         return tuple(range(length, rows * length + 1, length))
+
+    def varlen_metadata(positions_BL, *, include_host_offsets: bool = False):
+        # The planner's batch is one document per row (positions 0..L-1); upstream finds the boundaries
+        # with nonzero, whose output shape fake tensors cannot know.
+        rows, length = positions_BL.shape
+        ends = tuple(range(0, rows * length + 1, length))
+        cu_seq = torch.tensor(ends, dtype=torch.int32, device=positions_BL.device)
+        return common_attention.VarlenMetadata(cu_seq, cu_seq, length, length,
+                                               ends if include_host_offsets else None)
+
+    for target in varlen_makers:
+        context.replace(target, varlen_metadata)
+
+    def gated_delta_rule(original, query, key, value, *, actual_seq_lengths=None, **kwargs):
+        # The reference loops over the sequences, reading their lengths: here every sequence is one row
+        # of the planner's batch, all of one length, which a fake tensor cannot give back.
+        from torch._subclasses.fake_tensor import unset_fake_temporarily
+
+        if actual_seq_lengths is not None:
+            sequences = actual_seq_lengths.shape[0]
+            with unset_fake_temporarily():
+                actual_seq_lengths = torch.full((sequences,), query.shape[0] // sequences, dtype=torch.int64)
+        return original(query, key, value, actual_seq_lengths=actual_seq_lengths, **kwargs)
+
+    import npu_inject.ops.gated_delta_net  # noqa: F401 (named in the targets)
+
+    context.wrap("npu_chunk_gated_delta_rule", gated_delta_rule)
 
     def monitor_init(original, monitor, *args, **kwargs):
         original(monitor, *args, **kwargs)
@@ -386,13 +422,24 @@ def _planner_changes(recorder, fake_mode, config):
     return context
 
 
-def _batch(rows: int, seq_len: int):
+class _NoSpecialTokens(dict):
+    """A multimodal collator's ``special_tokens`` for the planner's text-only batch: any id asked for is one
+    no planned token has (the batch's tokens are 0), so no image or video placeholder is found."""
+
+    def __missing__(self, name: str) -> int:
+        return -1
+
+
+def _batch(rows: int, seq_len: int, special_tokens: bool = False):
     import torch
 
     tokens = torch.zeros(rows, seq_len, dtype=torch.int64)
     positions = torch.arange(seq_len, dtype=torch.int64).expand(rows, seq_len).contiguous()
     labels = torch.zeros(rows, seq_len, dtype=torch.int64)
-    return {"input": tokens, "positions": positions}, labels
+    inputs = {"input": tokens, "positions": positions}
+    if special_tokens:  # a multimodal model's forward reads them (qwen3_5): a text-only batch
+        inputs["special_tokens"] = _NoSpecialTokens()
+    return inputs, labels
 
 
 def _step(trainer, recorder, step: int, groups_recorded: int) -> None:
@@ -407,9 +454,11 @@ def _step(trainer, recorder, step: int, groups_recorded: int) -> None:
             else config.training.local_batch_size)
     global_valid_tokens = torch.tensor(config.training.global_batch_size * config.training.seq_len,
                                        dtype=torch.int64)
+    special_tokens = "special_tokens" in inspect.signature(trainer.model_parts[0].forward).parameters
     for group in range(groups_recorded):
         recorder.mark(f"microbatch group {group}")
-        batches = [_batch(rows, config.training.seq_len) for _ in range(trainer.num_pipeline_parallel_microbatches)]
+        batches = [_batch(rows, config.training.seq_len, special_tokens)
+                   for _ in range(trainer.num_pipeline_parallel_microbatches)]
         if parallel_dims.pp_enabled:
             trainer.forward_backward_step(input_dict=[b[0] for b in batches], labels=[b[1] for b in batches],
                                           global_valid_tokens=global_valid_tokens)

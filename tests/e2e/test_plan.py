@@ -79,7 +79,12 @@ def test_bad_input_is_one_line_and_exit_2(args, message):
     ["--hardware", "A2", "--ngpu", "2", *DEBUG, "--debug.spmd_typechecking", "activation-checkpoint:none"],
     # --compile.enable is planned as eager (torch 2.14 refuses fullgraph blocks dynamo skipped under the planner)
     ["--hardware", "A2", "--ngpu", "2", *DEBUG, "--compile.enable"],
-], ids=["deepseek_v3_ep2_on_this_host", "llama3_spmd_typechecking", "llama3_compile"])
+    # qwen3_5 (multimodal, gated delta net): the batch's special tokens, varlen documents the planner's
+    # batch defines (upstream finds them with nonzero), the gated delta rule's per-sequence loop
+    ["--hardware", "A2", "--ngpu", "1", "--module", "qwen3_5", "--config", "qwen35_debugmodel_moe",
+     "--training.seq_len", "128", *(f"--parallelism.{axis}_parallel_degree=1" for axis in
+                                    ("tensor", "pipeline", "expert")), "--parallelism.data_parallel_shard_degree=1"],
+], ids=["deepseek_v3_ep2_on_this_host", "llama3_spmd_typechecking", "llama3_compile", "qwen3_5_moe"])
 def test_the_suites_model_and_checker_paths_plan(args, tmp_path):
     json_path = tmp_path / "plan.json"
     run = _plan("--json", str(json_path), *args)

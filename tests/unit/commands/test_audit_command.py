@@ -152,3 +152,21 @@ def test_viewer_imports_neither_torch_nor_torchtitan():
     imported = {alias.name.split(".")[0] for node in ast.walk(tree) if isinstance(node, ast.Import) for alias in node.names}
     imported |= {node.module.split(".")[0] for node in ast.walk(tree) if isinstance(node, ast.ImportFrom) and node.module}
     assert imported <= {"__future__", "argparse", "glob", "json", "os", "sys"}, imported
+
+
+def test_cann_emulation_launch_sites_of_the_last_step_by_source_line(tmp_path, capsys):
+    step = _steps({"aclnnInplaceCopy": 5})
+    step["launch_sites"] = {
+        "forward: layers.1 | aclnnInplaceCopy | torchtitan | torchtitan/models/common/decoder.py:238 Decoder.forward"
+        " | torch/distributed/fsdp/_fully_shard/_fsdp_collectives.py:300 foreach_all_gather_copy_out": 3,
+        "forward: layers.1 | aclnnInplaceCopy | npu_inject | npu_inject/ops/moe.py:204 permute_tokens_by_expert | ": 2}
+    path = tmp_path / "cann_emu_rank0.json"
+    path.write_text(json.dumps(dict(CANN_EMU, steps={"1": _steps({"aclnnMm": 1}), "2": step})))
+    assert main(["audit", str(path)]) == 0
+    out = capsys.readouterr().out
+    table = out[out.index("Launches of step 2 by source line"):].splitlines()
+    assert re.split(r"\s{2,}", table[3].strip()) == [
+        "3", "forward: layers.1", "InplaceCopy", "torchtitan", "torchtitan/models/common/decoder.py:238 Decoder.forward",
+        "torch/distributed/fsdp/_fully_shard/_fsdp_collectives.py:300 foreach_all_gather_copy_out"]
+    assert re.split(r"\s{2,}", table[4].strip()) == [
+        "2", "forward: layers.1", "InplaceCopy", "npu_inject", "npu_inject/ops/moe.py:204 permute_tokens_by_expert"]

@@ -318,7 +318,7 @@ namespace cann_emu {
 aclnnStatus make_executor(const char* op, std::function<aclnnStatus()> run, uint64_t* ws, aclOpExecutor** ex) {
     if (!ws || !ex) return fail(ACLNN_ERR_PARAM_NULLPTR, std::string(op) + ": workspaceSize or executor is null");
     *ws = 0;
-    *ex = new aclOpExecutor{op, std::move(run), false, current_scope()};
+    *ex = new aclOpExecutor{op, std::move(run), false, current_scope(), launch_site(op)};
     return 0;
 }
 }  // namespace cann_emu
@@ -328,7 +328,7 @@ aclnnStatus execute(const char* op, aclOpExecutor* e) {
     if (e->op != op) return fail(ACLNN_ERR_PARAM_INVALID, std::string(op) + ": executor was made by " + e->op);
     static const bool trace = std::getenv("CANN_EMU_TRACE") != nullptr;
     if (trace) std::fprintf(stderr, "cann_emu trace: %s\n", op);
-    count_call(op, e->scope);
+    count_call(op, e->scope, e->site);
     aclnnStatus rc = e->run();
     if (!e->repeatable) delete e;
     return rc;

@@ -41,6 +41,7 @@ struct aclOpExecutor {
     std::function<aclnnStatus()> run;
     bool repeatable = false;
     std::string scope;  // cann_emu::current_scope() when phase one made it
+    std::string site;   // cann_emu::launch_site(op) when phase one made it: "" unless CANN_EMU_LAUNCH_SITES names op
 };
 
 namespace cann_emu {

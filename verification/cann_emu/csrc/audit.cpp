@@ -10,6 +10,8 @@
 // Within a step, scope_ops counts each operator under the model scope the driver marked last
 // (cann_emu_mark_scope: a block's forward or backward, the loss, the optimizer) when the operator was
 // prepared: its GetWorkspaceSize runs on the dispatching thread, in program order, unlike its launch.
+// CANN_EMU_LAUNCH_SITES=<op>,... (or "*") also records, for those operators, the Python caller that prepared
+// each (launch_sites: scope, operator, then a synchronisation site's owner | caller | via): who made a copy.
 //
 // CANN_EMU_COUNTS=<path>: written as JSON when the process exits. "{pid}" in it becomes the process id,
 // "{rank}" the process's RANK (torchrun's); a path with "{rank}" is written only by processes that have one,
@@ -40,6 +42,7 @@ struct StepCounts {
     Counter sync_sites;
     Counter scope_ops;    // "<scope> | <operator>", once the driver has marked a scope
     Counter scope_order;  // scope -> the step's launch number of its first operator (program order)
+    Counter launch_sites;  // "<scope> | <operator> | <owner> | <caller> | <via>", for CANN_EMU_LAUNCH_SITES's operators
     uint64_t launches = 0;
 };
 struct Audit {
@@ -99,6 +102,7 @@ void write_counts() {
         for (const auto& [k, n] : c.hccl_bytes) total.hccl_bytes[k] += n;
         for (const auto& [k, n] : c.sync_sites) total.sync_sites[k] += n;
         for (const auto& [k, n] : c.scope_ops) total.scope_ops[k] += n;
+        for (const auto& [k, n] : c.launch_sites) total.launch_sites[k] += n;
     }
     std::fprintf(f, "{\n  \"schema\": 2,\n  \"soc\": \"%s\",\n  \"pid\": %d,\n  \"rank\": %s,\n",
                  config().soc.c_str(), (int)getpid(),
@@ -111,6 +115,7 @@ void write_counts() {
     dump_counter(f, "hccl_bytes", total.hccl_bytes, "  ", ",");
     dump_counter(f, "sync_sites", total.sync_sites, "  ", ",");
     dump_counter(f, "scope_ops", total.scope_ops, "  ", ",");
+    dump_counter(f, "launch_sites", total.launch_sites, "  ", ",");
     std::fprintf(f, "  \"steps\": {\n");
     size_t i = 0;
     for (const auto& [step, c] : a.steps) {
@@ -124,6 +129,7 @@ void write_counts() {
         dump_counter(f, "hccl_bytes", c.hccl_bytes, "      ", ",");
         dump_counter(f, "sync_sites", c.sync_sites, "      ", ",");
         dump_counter(f, "scope_ops", c.scope_ops, "      ", ",");
+        dump_counter(f, "launch_sites", c.launch_sites, "      ", ",");
         dump_counter(f, "scope_order", c.scope_order, "      ", "");
         std::fprintf(f, "    }%s\n", ++i < a.steps.size() ? "," : "");
     }
@@ -142,18 +148,19 @@ std::string current_scope() {
     return a.scope;
 }
 
-void count_call(const char* op, const std::string& scope) {
+void count_call(const char* op, const std::string& scope, const std::string& site) {
     const char* engine = op_engine(op);
     bool aicpu = engine && std::strcmp(engine, "AiCpu") == 0;
     Audit& a = audit();
     std::lock_guard<std::mutex> lock(a.mutex);
     StepCounts& c = a.steps[a.step];
     ++c.aclnn[op];
+    std::string name = scope.empty() ? "(before any scope)" : scope;
     if (!a.scope.empty() || !scope.empty()) {
-        std::string name = scope.empty() ? "(before any scope)" : scope;
         ++c.scope_ops[name + " | " + op];
         c.scope_order.emplace(name, c.launches);
     }
+    if (!site.empty()) ++c.launch_sites[name + " | " + op + " | " + site];
     ++c.launches;
     if (aicpu) {
         ++c.aicpu[op];
@@ -252,6 +259,15 @@ std::string python_site() {
 }
 
 }  // namespace
+
+std::string launch_site(const char* op) {
+    static const std::string wanted = [] {
+        const char* names = std::getenv("CANN_EMU_LAUNCH_SITES");
+        return std::string(",") + (names ? names : "") + ",";
+    }();
+    if (wanted == ",," || (wanted != ",*," && wanted.find(std::string(",") + op + ",") == std::string::npos)) return "";
+    return python_site();  // on the preparing thread, in program order, as the scope is read
+}
 
 void count_sync(const char* kind) {
     std::string site = std::string(kind) + " | " + python_site();  // before the lock: it may wait for the GIL

@@ -110,8 +110,12 @@ const char* dtype_name(int dtype);
 bool op_arg_dtypes(const char* op, const char* arg, const int** dtypes, int* n);
 const char* op_engine(const char* op);
 // audit.cpp: per training step, what torch_npu asked of CANN (CANN_EMU_COUNTS).
-void count_call(const char* op, const std::string& scope);  // an aclnn operator launched (AI CPU too), and the
-                                                           // model scope current when it was prepared
+// An aclnn operator launched (AI CPU too), the model scope current when it was prepared, and where in Python
+// it was prepared (launch_site; "" when not asked for).
+void count_call(const char* op, const std::string& scope, const std::string& site = "");
+// CANN_EMU_LAUNCH_SITES=<op>,<op>,... (or "*"): for those operators, "<owner> | <caller> | <via>" of the thread
+// preparing one (as a synchronisation's site), counted per step under launch_sites; "" for any other operator.
+std::string launch_site(const char* op);
 // The scope the driver last marked (cann_emu_mark_scope), "" before any: read when an operator is prepared
 // (its GetWorkspaceSize, on the thread that dispatched it), since torch_npu launches later from its queue.
 std::string current_scope();
