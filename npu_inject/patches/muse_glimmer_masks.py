@@ -42,14 +42,15 @@ def apply(ctx: PatchContext) -> None:
     from torchtitan.models.common.vision_encoder import get_vision_block_mask_mod
     from torchtitan.models.muse_glimmer.model import _window_mask_key
 
-    from npu_inject.ops.attention import document_ends_from_positions, document_plan, vision_plan
+    from npu_inject.ops import attention as attention_ops
+    from npu_inject.ops.attention import document_plan, vision_plan
 
     vision_mask_code = get_vision_block_mask_mod(torch.ones(1, dtype=torch.long)).__code__
 
     def get_attention_masks(original, model, positions):
         if not isinstance(model.config.first_attention.inner_attention, FlexAttention.Config):
             return original(model, positions)
-        document_ends = document_ends_from_positions(positions)
+        document_ends = attention_ops.document_ends_from_positions(positions)  # looked up per call: the planner's
         windows = {layer.attention.window_size for layer in model.config.layers} - {None}
         masks = {_window_mask_key(None): document_plan(causal=True, window=None, document_ends=document_ends)}
         for window in sorted(windows):

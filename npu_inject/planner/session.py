@@ -261,6 +261,7 @@ def _planner_changes(recorder, fake_mode, config):
         "torchtitan.trainer:Trainer.init_distributed",
         "torchtitan.protocols.model:BaseModel.init_weights",
         "npu_inject.patches.attention:document_ends_from_positions",
+        "npu_inject.ops.attention:document_ends_from_positions",
         "torchtitan.components.metrics:DeviceMemoryMonitor.reset_peak_stats",
         "torchtitan.components.metrics:DeviceMemoryMonitor.__init__",
         "torch.distributed.tensor._sharding_prop:ShardingPropagator._propagate_tensor_meta_non_cached",
@@ -288,12 +289,12 @@ def _planner_changes(recorder, fake_mode, config):
 
     def varlen_metadata(positions_BL, *, include_host_offsets: bool = False):
         # The planner's batch is one document per row (positions 0..L-1); upstream finds the boundaries
-        # with nonzero, whose output shape fake tensors cannot know.
+        # with nonzero, whose output shape fake tensors cannot know. The host offsets always: without
+        # them the attention patch reads them back (tolist), which fake tensors cannot give either.
         rows, length = positions_BL.shape
         ends = tuple(range(0, rows * length + 1, length))
         cu_seq = torch.tensor(ends, dtype=torch.int32, device=positions_BL.device)
-        return common_attention.VarlenMetadata(cu_seq, cu_seq, length, length,
-                                               ends if include_host_offsets else None)
+        return common_attention.VarlenMetadata(cu_seq, cu_seq, length, length, ends)
 
     for target in varlen_makers:
         context.replace(target, varlen_metadata)
@@ -336,7 +337,8 @@ def _planner_changes(recorder, fake_mode, config):
     context.replace("_chunk_with_empty", chunk_with_empty)
     context.wrap("Trainer.init_distributed", init_distributed)
     context.replace("BaseModel.init_weights", lambda model, *args, **kwargs: None)
-    context.replace("document_ends_from_positions", document_ends)
+    context.replace("npu_inject.patches.attention:document_ends_from_positions", document_ends)
+    context.replace("npu_inject.ops.attention:document_ends_from_positions", document_ends)  # muse_glimmer's masks
     context.wrap("DeviceMemoryMonitor.__init__", monitor_init)
     context.wrap("DeviceMemoryMonitor.reset_peak_stats", reset_peak_stats)
     context.wrap("ShardingPropagator._propagate_tensor_meta_non_cached", propagate_tensor_meta)

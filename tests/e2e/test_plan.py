@@ -84,7 +84,15 @@ def test_bad_input_is_one_line_and_exit_2(args, message):
     ["--hardware", "A2", "--ngpu", "1", "--module", "qwen3_5", "--config", "qwen35_debugmodel_moe",
      "--training.seq_len", "128", *(f"--parallelism.{axis}_parallel_degree=1" for axis in
                                     ("tensor", "pipeline", "expert")), "--parallelism.data_parallel_shard_degree=1"],
-], ids=["deepseek_v3_ep2_on_this_host", "llama3_spmd_typechecking", "llama3_compile", "qwen3_5_moe"])
+    # -m models: gpt_oss (varlen metadata without host offsets, which the attention patch reads back) and
+    # muse_glimmer (its masks find document ends through npu_inject.ops.attention)
+    pytest.param(["--hardware", "A2", "--ngpu", "1", "--module", "gpt_oss", "--config", "gpt_oss_debugmodel",
+                  "--training.seq_len", "256"], marks=pytest.mark.models),
+    pytest.param(["--hardware", "A2", "--ngpu", "1", "--module", "muse_glimmer", "--config",
+                  "muse_glimmer_debugmodel_mm", "--training.seq_len", "256", "--parallelism.data_parallel_shard_degree",
+                  "1", "--parallelism.tensor_parallel_degree", "1"], marks=pytest.mark.models),
+], ids=["deepseek_v3_ep2_on_this_host", "llama3_spmd_typechecking", "llama3_compile", "qwen3_5_moe", "gpt_oss",
+        "muse_glimmer"])
 def test_the_suites_model_and_checker_paths_plan(args, tmp_path):
     json_path = tmp_path / "plan.json"
     run = _plan("--json", str(json_path), *args)
