@@ -271,7 +271,7 @@ def later_operators(tmp_path_factory) -> dict:
         mark_scope(b"")
         print(json.dumps(out))
         """,
-        extra_env={"CANN_EMU_COUNTS": str(counts)},
+        extra_env={"CANN_EMU_COUNTS": str(counts), "CANN_EMU_LAUNCH_SITES": "aclnnMuls"},
     )
     out["counts"] = json.loads(counts.read_text())
     return out
@@ -399,6 +399,16 @@ def test_operators_count_under_the_scope_current_when_dispatched(later_operators
     assert scopes["first | aclnnAdds"] == 50
     assert scopes["second | aclnnMuls"] == 1
     assert not any(key.startswith("second | aclnnAdds") for key in scopes)
+
+
+def test_launch_sites_name_the_python_line_that_prepared_the_operator(later_operators):
+    """CANN_EMU_LAUNCH_SITES=aclnnMuls: the one multiply counts under its scope with the child's own line as its
+    caller (owner "other": neither npu_inject nor torchtitan); the adds, not named, record no site."""
+    sites = later_operators["counts"]["steps"]["outside steps"]["launch_sites"]
+    (key,) = sites
+    scope, operator, owner, caller, _via = key.split(" | ")
+    assert (scope, operator, owner, sites[key]) == ("second", "aclnnMuls", "other", 1), key
+    assert caller.startswith("<string>:") and caller.endswith(" <module>"), key
 
 
 def test_layer_norm_forward_and_backward_through_torch_npu(session):
