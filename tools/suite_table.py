@@ -11,6 +11,9 @@ Usage: python tools/suite_table.py                        # print the blocks
        python tools/suite_table.py --record TARGET DIR    # copy DIR/matrix.json to docs/suite/TARGET.json
                                                           # (TARGET h100/<target>: the advanced suite's block)
        python tools/suite_table.py --rerun TARGET DIR     # replace the rows DIR/matrix.json re-ran
+       python tools/suite_table.py --record-parts full/rehearsal DIR [DIR ...]
+                                                          # the rehearsal at upstream's shapes, run in parts:
+                                                          # later parts add or replace cases
 A re-run (cases run again after a fix) replaces those rows and is listed under the target with
 its own date, commit and command, so every row says which run it comes from.
 """
@@ -37,6 +40,9 @@ TARGETS = {"rehearsal": "CPU rehearsal", "sim_npu": "simulated NPUs", "cann_emu"
 H100_TARGETS = {"h100/rehearsal": "CPU rehearsal", "h100/sim_npu": "simulated NPUs",
                 "h100/cann_emu": "real torch_npu on the CANN emulation"}
 H100_BEGIN, H100_END = doc_blocks.markers("suite-h100", "tools/suite_table.py")
+# The rehearsal at upstream's shapes (no --shrink): its host memory, planned before each case and measured.
+FULL_TARGETS = {"full/rehearsal": "CPU rehearsal at upstream's shapes"}
+FULL_BEGIN, FULL_END = doc_blocks.markers("suite-full-shape", "tools/suite_table.py")
 STATUSES = ("green", "stopped", "red", "timeout", "memory")
 
 
@@ -118,6 +124,57 @@ def render_h100() -> str:
     return render(H100_TARGETS, H100_BEGIN, H100_END)
 
 
+def render_full() -> str:
+    """The rehearsal at upstream's shapes: each case's host memory as planned (npu-inject plan --hardware cpu,
+    before starting it) and as measured (the peak resident memory of all its processes)."""
+    (target, heading), = FULL_TARGETS.items()
+    matrix = load(target)
+    meta, cases = matrix["meta"], matrix["cases"]
+    lines = [FULL_BEGIN, "", f"- **{heading}**: {_counts(cases)}. {meta['date']}, npu_inject "
+             f"{meta.get('npu_inject_commit', 'unknown')}, {meta['machine']}; {_shape(meta)}; `{meta['command']}`"]
+    for part in meta.get("reruns", ()):
+        lines.append(f"  - part: {', '.join(part['cases'])}; {part['date']}, npu_inject "
+                     f"{part.get('npu_inject_commit', 'unknown')}, {part['machine']}; `{part['command']}`")
+    lines += ["", "| case | ranks | result | planned host memory (GiB) | peak resident memory (GiB) | plan's error |",
+              "|---|---|---|---|---|---|"]
+    for case in cases:
+        planned, peak = case.get("planned_gib"), case.get("peak_rss_gib")
+        ran = case["status"] != "memory" or case.get("runs")
+        error = f"{(planned - peak) / peak:+.0%}" if planned and peak and ran and case["status"] == "green" else ""
+        lines.append(f"| {case['suite']}/{case['name']} | {case['ngpu']} | {_cell(case)} | "
+                     f"{'' if planned is None else f'{planned:.1f}'} | {'' if peak is None or not ran else f'{peak:.1f}'} | "
+                     f"{error} |")
+    lines += ["", "Rows that are not green (attributed to):", ""]
+    lines += [f"- {case['suite']}/{case['name']} {case['status']}: {case['cause']} ({case['attributed_to']})"
+              for case in cases if case["status"] != "green"]
+    return "\n".join([*lines, "", FULL_END])
+
+
+def record_parts(target: str, output_dirs: list[str]) -> str:
+    """A suite run made in parts (stopped, then the remaining cases): the first part's matrix, each later
+    part's cases added or replacing the earlier row, and listed with its own date, commit and command."""
+    if target not in FULL_TARGETS:
+        raise SystemExit(f"--record-parts: target {target!r} is not one of {', '.join(FULL_TARGETS)}")
+    parts = []
+    for output_dir in output_dirs:
+        with open(os.path.join(output_dir, "matrix.json"), encoding="utf-8") as handle:
+            parts.append(json.load(handle))
+    base = parts[0]
+    for later in parts[1:]:
+        if later["meta"].get("shrink") or later["meta"].get("steps") != base["meta"].get("steps"):
+            raise SystemExit("--record-parts: every part must run at upstream's shapes with the first part's steps")
+        replaced = {(case["suite"], case["name"]): case for case in later["cases"]}
+        base["cases"] = [replaced.pop((case["suite"], case["name"]), case) for case in base["cases"]]
+        base["cases"] += list(replaced.values())
+        meta = later["meta"]
+        base["meta"].setdefault("reruns", []).append(
+            {"cases": [f"{case['suite']}/{case['name']}" for case in later["cases"]], "date": meta["date"],
+             "npu_inject_commit": meta.get("npu_inject_commit", "unknown"), "machine": meta["machine"],
+             "command": meta["command"]})
+    os.makedirs(os.path.dirname(os.path.join(DATA, target)), exist_ok=True)
+    return _write(target, base)
+
+
 def portable(matrix: dict) -> dict:
     """``matrix`` with every recorded command's machine paths written as variables."""
     from npu_inject.commands.suite import portable_command
@@ -178,6 +235,10 @@ if __name__ == "__main__":
     if len(sys.argv) == 4 and sys.argv[1] in ("--record", "--rerun"):
         print((record if sys.argv[1] == "--record" else rerun)(sys.argv[2], sys.argv[3]))
         sys.exit(0)
+    if len(sys.argv) >= 4 and sys.argv[1] == "--record-parts":
+        print(record_parts(sys.argv[2], sys.argv[3:]))
+        sys.exit(0)
     sys.exit(doc_blocks.main_blocks([(render, DOC, BEGIN, END), (render_h100, DOC, H100_BEGIN, H100_END),
+                                     (render_full, DOC, FULL_BEGIN, FULL_END),
                                      (render_counts, README, COUNTS_BEGIN, COUNTS_END)],
                                     __doc__.splitlines()[0]))

@@ -43,6 +43,35 @@ def test_docs_hold_the_advanced_suites_block():
 
 
 @pytest.mark.skipif(not os.path.isdir(UPSTREAM), reason=f"upstream's suite is not at {UPSTREAM}")
+def test_docs_hold_the_full_shape_block_and_every_case_ran_within_the_hosts_memory():
+    with open(suite_table.DOC, encoding="utf-8") as handle:
+        assert doc_blocks.block(handle.read(), suite_table.FULL_BEGIN, suite_table.FULL_END) == \
+            suite_table.render_full(), "docs/suite.md's full-shape block is stale: python tools/suite_table.py --write"
+    (target,) = suite_table.FULL_TARGETS
+    matrix = suite_table.load(target)
+    assert not matrix["meta"].get("shrink")
+    for case in matrix["cases"]:
+        # Planned before it started, and a case the plan let start was not killed for memory.
+        assert case["status"] != "memory" or case["runs"] == 0, case
+
+
+def test_parts_add_and_replace_cases(tmp_path, monkeypatch):
+    import json
+
+    monkeypatch.setattr(suite_table, "DATA", str(tmp_path / "data"))
+    meta = {"target": "rehearsal", "date": "2026-11-26 00:00 UTC", "machine": "m", "steps": 2, "command": "c"}
+    def case(name, status):
+        return {"suite": "features", "name": name, "ngpu": 4, "status": status, "seconds": 1.0, "cause": "",
+                "attributed_to": "", "runs": 1, "peak_rss_gib": 3.0, "planned_gib": 2.5, "command": "c"}
+    for part, cases in (("one", [case("a", "green"), case("b", "red")]), ("two", [case("b", "green"), case("c", "green")])):
+        (tmp_path / part).mkdir()
+        (tmp_path / part / "matrix.json").write_text(json.dumps({"meta": meta, "cases": cases}))
+    suite_table.record_parts("full/rehearsal", [str(tmp_path / "one"), str(tmp_path / "two")])
+    merged = json.loads((tmp_path / "data" / "full" / "rehearsal.json").read_text())
+    assert [(c["name"], c["status"]) for c in merged["cases"]] == [("a", "green"), ("b", "green"), ("c", "green")]
+    assert merged["meta"]["reruns"][0]["cases"] == ["features/b", "features/c"]
+
+
 @pytest.mark.parametrize("target", list(suite_table.H100_TARGETS))
 def test_each_target_ran_every_enabled_case_of_the_advanced_suite(target):
     from npu_inject.commands import suite
