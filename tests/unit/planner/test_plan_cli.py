@@ -196,6 +196,6 @@ def test_the_rehearsals_ranks_share_the_host_one_verdict_for_all():
     assert asked == int(need * plan_cmd.HOST_MARGIN) > need  # the verdict keeps the measured shortfall's margin
     fits = plan_cmd.host_lines(job, asked, "MemAvailable")
     assert fits[-1].startswith("FITS THIS HOST") and "2 x 3.0 + 2 x 1.0 GiB planned" in fits[0]
-    assert f"{asked / gib:.1f} GiB with the 50% margin" in fits[0]
+    assert f"{asked / gib:.1f} GiB with the 70% margin" in fits[0]
     short = plan_cmd.host_lines(job, need, "MemAvailable")  # the bare plan fits; with the margin it does not
     assert short[-1].startswith("DOES NOT FIT THIS HOST") and f"{(asked - need) / gib:.1f} more than" in short[-1]
