@@ -13,8 +13,12 @@ What the session changes, and why (recorded and undone like a patch's changes):
   ranks from a real tensor).
 * ``BaseModel.init_weights``: initialisation is skipped (its rejection sampling reads values back);
   it allocates only temporaries, which the allocator model does not see as a result.
-* ``document_ends_from_positions`` (attention patch): every sequence is one document, read from the
-  positions' shape instead of their values.
+* ``document_ends_from_positions`` (attention patch and ops) and upstream's
+  ``create_varlen_metadata_for_document`` (wherever torchtitan bound it): every sequence is one document,
+  read from the positions' shape instead of their values (upstream's nonzero has no fake output shape);
+  the varlen metadata carries its host offsets.
+* the gated delta rule's reference (qwen3_5): its sequences, one per row of the batch, all of one length.
+* a multimodal model's ``special_tokens`` (qwen3_5): a text-only batch, every id one no token has.
 * ``DeviceMemoryMonitor``: its ``reset_peak_memory_stats``/``empty_cache`` calls become trace marks, so
   the replay resets its peaks where torchtitan does.
 * the tokenizer and the data loader are not built: the session feeds token batches of the
