@@ -239,6 +239,12 @@ def combine_by_token(
     row_of_slot_N = torch.argsort(token_indices_experts_sorted_N, stable=True)
     probs_TK = topk_scores_experts_sorted_N[row_of_slot_N].view(T, K)
     compute_dtype = torch.promote_types(routed_output_ND.dtype, probs_TK.dtype)
+    if torch.compiler.is_compiling():
+        # torch_npu 2.14.0's unpermute returns its input as its second output (the tokens kept for backward):
+        # torch.compile's custom-op aliasing check warns, and fails where CI is set (torch's coming default).
+        # The same weighted sum of each token's rows: IndexSelect, Mul, ReduceSum.
+        rows_TKD = routed_output_ND.to(compute_dtype).index_select(0, row_of_slot_N).view(T, K, -1)
+        return (rows_TKD * probs_TK.to(compute_dtype).unsqueeze(-1)).sum(1).to(x_TD.dtype)
     out_TD = kernels().npu_moe_token_unpermute(
         routed_output_ND.to(compute_dtype), row_of_slot_N.to(torch.int32), probs_TK.to(compute_dtype)
     )
