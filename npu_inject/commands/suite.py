@@ -474,7 +474,7 @@ def cmd_suite(args: argparse.Namespace) -> int:
                 planned_gib = round(host["need_bytes"] / 2**30, 2)
         if host is not None and not host["fits"]:
             available = host["available_bytes"] / 2**30
-            asked = host.get("asked_bytes", host["need_bytes"]) / 2**30
+            asked = host["asked_bytes"] / 2**30
             result = Result(case.suite, case.name, case.ngpu, "memory", 0.0, None, None,
                             f"planned to need about {planned_gib:.1f} GiB of host memory for its {case.ngpu} ranks "
                             f"({asked:.1f} with the plan's margin), {available:.1f} GiB available: not started "
