@@ -92,13 +92,18 @@ def _mib(count_and_bytes: dict[str, tuple[int, int]]) -> str:
 OWNERS = ("npu_inject", "torchtitan", "other", "torch/torch_npu", "torch_npu", "none")
 
 
+def _site_parts(key: str, count: int) -> list[str]:
+    """The emulation's " | "-joined site key as ``count`` fields (missing trailing ones empty)."""
+    return [part.strip() for part in (key.split(" | ") + [""] * count)[:count]]
+
+
 def sync_sites(step_counts: dict) -> list[tuple[str, str, str, str, int]]:
     """(kind, owner, caller, via, count) per host synchronisation site of one step, most frequent first. The
     caller is the first Python frame outside torch, torch_npu, wrapt and the standard library; its package
     owns the sync (npu_inject, torchtitan, other; torch/torch_npu when there is none)."""
     rows = []
     for key, count in step_counts.get("sync_sites", {}).items():
-        kind, owner, caller, via = (part.strip() for part in (key.split(" | ") + ["", "", ""])[:4])
+        kind, owner, caller, via = _site_parts(key, 4)
         rows.append((kind, owner, caller, via, count))
     return sorted(rows, key=lambda row: (-row[4], OWNERS.index(row[1]) if row[1] in OWNERS else 99, row[2]))
 
@@ -151,7 +156,7 @@ def launch_sites(step_counts: dict) -> list[tuple[str, str, str, str, str, int]]
     operators), most frequent first: who prepared each launch, read as a synchronisation's site."""
     rows = []
     for key, count in step_counts.get("launch_sites", {}).items():
-        scope, operator, owner, caller, via = (part.strip() for part in (key.split(" | ") + [""] * 5)[:5])
+        scope, operator, owner, caller, via = _site_parts(key, 5)
         rows.append((scope, operator, owner, caller, via, count))
     return sorted(rows, key=lambda row: (-row[5], row[0], row[1], row[3]))
 
