@@ -39,6 +39,7 @@ from npu_inject.ops import kernels
 GROUP_ALONG_M = 0
 GROUP_ALONG_K = 2
 CUMULATIVE_GROUP_LIST = 0
+GROUP_LIST_DTYPE = torch.int64  # CANN's group_list; offsets made in it need no cast per grouped matmul
 SINGLE_X_SINGLE_Y = 3
 
 
@@ -150,7 +151,7 @@ def grouped_matmul_RO(
     """``torch._grouped_mm(x_RI, weight_EIO, offs=offsets_E)`` through npu_grouped_matmul.
 
     ``offsets_E`` are torchtitan's cumulative row ends per expert (any integer
-    dtype; the kernel takes int64). The output has x's dtype. With
+    dtype; the kernel takes int64, :data:`GROUP_LIST_DTYPE`: other dtypes cost a cast). The output has x's dtype. With
     ``kernel_backward`` the gradients are kernel calls as well; otherwise they
     come from autograd through the kernel call.
     """
@@ -164,7 +165,7 @@ def grouped_matmul_RO(
             f"grouped_matmul_RO: offsets_E has {offsets_E.shape[0]} experts and x_RI width {x_RI.shape[1]}; "
             f"weight_EIO {tuple(weight_EIO.shape)} needs one offset per expert and width {weight_EIO.shape[1]}"
         )
-    group_list_E = offsets_E.to(torch.int64)
+    group_list_E = offsets_E.to(GROUP_LIST_DTYPE)
     if guard_or_false(x_RI.shape[0] == 0):  # data-dependent under torch.compile: trace the general path
         # No routed rows on this rank: skip the kernel but keep both inputs in the
         # graph, so every rank produces (zero) expert gradients for FSDP to reduce.

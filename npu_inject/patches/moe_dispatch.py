@@ -48,7 +48,10 @@ TARGETS = (
 
 
 def apply(ctx: PatchContext) -> None:
-    ctx.wrap("GroupedExperts._grouped_mm", functools.partial(grouped_mm, ctx))
+    grouped_mm_installed = ctx.wrap("GroupedExperts._grouped_mm", functools.partial(grouped_mm, ctx))
+    # Read by the swiglu patch, which then makes the expert offsets in the kernel's dtype (one cast
+    # fewer per grouped matmul); upstream's torch._grouped_mm, unmarked, keeps int32.
+    grouped_mm_installed.npu_inject_offsets_dtype = moe_ops.GROUP_LIST_DTYPE
     ctx.wrap("LocalTokenDispatcher._local_reorder", local_reorder)
     ctx.wrap("LocalTokenDispatcher.combine", local_combine)
     ctx.wrap("AllToAllTokenDispatcher._dispatch_token_exchange", dispatch_exchange)

@@ -36,7 +36,10 @@ def apply(ctx: PatchContext) -> None:
         w1_EFD, w2_EDF, w3_EFD = experts.w1_EFD, experts.w2_EDF, experts.w3_EFD
         if isinstance(w1_EFD, DTensor):  # as upstream: plain local shards for dynamic-shape inputs
             w1_EFD, w2_EDF, w3_EFD = w1_EFD.to_local(), w2_EDF.to_local(), w3_EFD.to_local()
-        offsets_E = torch.cumsum(num_tokens_per_expert_E, dim=0, dtype=torch.int32)
+        # int32 as upstream, for torch._grouped_mm; int64 where moe_dispatch's grouped matmul says so
+        # (CANN's group_list), which saves a cast per grouped matmul.
+        offsets_dtype = getattr(experts._grouped_mm, "npu_inject_offsets_dtype", torch.int32)
+        offsets_E = torch.cumsum(num_tokens_per_expert_E, dim=0, dtype=offsets_dtype)
         if get_spmd_backend() == "spmd_types" and spmd.is_type_checking() and spmd_mesh_size("ep") == 1:
             # Upstream's typing of the offsets without EP (P on dp/cp cannot meet the V weights).
             for axis in ("dp", "cp"):

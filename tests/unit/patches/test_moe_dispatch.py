@@ -183,6 +183,33 @@ def test_grouped_experts_swiglu_matches_expert_loop(moe_patched, titan_moe):
         torch.testing.assert_close(param.grad, ref.grad, atol=2e-2, rtol=2e-2)
     assert torch.count_nonzero(module.w1_EFD.grad[1]) == 0 and torch.count_nonzero(module.w2_EDF.grad[3]) == 0
 
+@pytest.mark.parametrize("patches, offsets_dtype", [("moe_dispatch,swiglu", torch.int64), ("swiglu", torch.int32)])
+def test_swiglu_makes_the_offsets_in_the_grouped_matmuls_dtype(titan_moe, monkeypatch, patches, offsets_dtype):
+    """With moe_dispatch the offsets are born int64 (CANN's group_list, no cast per grouped matmul); without it
+    int32, as upstream's torch._grouped_mm needs."""
+    seen = []
+
+    def recording_grouped_mm(A, B_t, offs):
+        seen.append(offs.dtype)
+        return torch.cat([A.new_zeros(0, B_t.shape[2])] + [
+            A[start:end].float().matmul(B_t[e].float()).to(A.dtype)
+            for e, (start, end) in enumerate(zip([0] + offs[:-1].tolist(), offs.tolist()))
+        ])
+
+    rt = runtime.activate(clean_env(TORCHTITAN_NPU="cpu", TORCHTITAN_NPU_PATCHES=patches))
+    importlib.import_module(MOE)
+    for patch in patches.split(","):
+        assert rt.report.patches[patch].state == "applied", rt.report.patches[patch].reason
+    if "moe_dispatch" in patches:
+        from npu_inject.ops import moe as moe_ops
+
+        monkeypatch.setattr(moe_ops, "grouped_matmul_RO", lambda A, B_t, offs, **_: recording_grouped_mm(A, B_t, offs))
+    else:
+        monkeypatch.setattr(torch, "_grouped_mm", lambda A, B_t, offs: recording_grouped_mm(A, B_t, offs))
+    module = titan_moe.moe.GroupedExperts(titan_moe.moe.GroupedExperts.Config(dim=16, hidden_dim=8, num_experts=3))
+    module(_randn(7, 16, seed=5), torch.tensor([4, 0, 3]))
+    assert seen == [offsets_dtype] * 3
+
 
 def _recording_kernels(calls, *, groups_along_k=True):
     """The reference kernels, recording each grouped matmul's group_type; optionally without K grouping."""
