@@ -401,6 +401,11 @@ def cmd_plan(args) -> int:
     argv = args.torchtitan
     if not argv:
         raise ConfigError("no torchtitan flags: give the training command's, e.g. --module llama3 --config llama3_8b")
+    if args.search and args.hardware == hardware_mod.CPU:
+        # The search's verdict is one rank's memory against one device's; the rehearsal's ranks share this host.
+        raise ConfigError("--search with --hardware cpu: the rehearsal runs every rank on this host, so a layout's "
+                          "verdict is the host's, which the search does not give; plan each layout without --search "
+                          "(one verdict for all ranks), or search for an NPU (--hardware A2, A3, 950)")
     catalog = hardware_mod.load(args.hardware_file)
     profile = resolve_hardware(args, catalog)
     ranks = world_size(args)

@@ -72,6 +72,13 @@ def test_unknown_hardware_lists_the_known_names_and_exits_2(capsys):
     assert "unknown hardware 'Ascend9000'" in err and "A2" in err and "Ascend910B2" in err and "H100" in err
 
 
+def test_search_on_the_rehearsal_is_refused_with_what_to_run_instead(capsys):
+    assert cli.main(["plan", "--hardware", "cpu", "--ngpu", "4", "--search", *TORCHTITAN]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1, err
+    assert "--search with --hardware cpu" in err and "without --search" in err
+
+
 def test_without_hardware_and_without_an_npu_the_error_lists_the_names(capsys, monkeypatch):
     monkeypatch.setattr(plan_cmd, "visible_device", lambda: None)
     assert cli.main(["plan", "--ngpu", "8", *TORCHTITAN]) == 2
