@@ -169,9 +169,9 @@ def time_lines(plan) -> list[str]:
         f"time per step {timing.step_s:.3f} s = compute {timing.compute_s:.3f} (optimizer {timing.optimizer_s:.3f}) "
         f"+ exposed communication and waits {timing.exposed_comm_s:.3f} + pipeline bubble {timing.bubble_s:.3f}",
         f"  collectives, busy time on their links (s): {comm or '-'}",
-        f"  {timing.kernels} kernel launches per step; "
-        + ("the host issues them slower than the device runs them (host-bound)" if timing.host_bound
-           else "the device, not the host, sets the pace"),
+        f"  {timing.kernels} kernel launches per step, {timing.host_s:.3f} s of the host's time to issue its operators "
+        + ("(more than the device's compute: host-bound, the device waits on launches)" if timing.host_bound
+           else "(less than the device's compute: the device sets the pace)"),
         f"throughput {plan.tokens_per_s_per_npu:,.0f} tokens/s per NPU, MFU {plan.mfu:.1%} "
         f"(of {plan.info['peak_flops'] / 1e12:.1f} TFLOPS BF16 dense)",
     ]
@@ -232,7 +232,8 @@ def plan_dict(plan, candidate=None) -> dict[str, Any]:
         "mfu": plan.mfu,
         "breakdown": {"compute_s": timing.compute_s, "optimizer_s": timing.optimizer_s,
                       "exposed_comm_s": timing.exposed_comm_s, "bubble_s": timing.bubble_s,
-                      "comm_s": timing.comm_s, "kernels": timing.kernels, "host_bound": timing.host_bound},
+                      "comm_s": timing.comm_s, "kernels": timing.kernels, "host_s": timing.host_s,
+                      "host_bound": timing.host_bound},
         "tokens_per_step": plan.tokens_per_step,
         "flops_per_token": plan.info["flops_per_token"],
         "expandable_segments": plan.expandable,

@@ -57,7 +57,8 @@ class Timing:
     exposed_comm_s: float = 0.0  # the rest of the step: waiting on collectives, the host, other streams
     comm_s: dict[str, float] = field(default_factory=dict)  # collective time by kind
     kernels: int = 0
-    host_bound: bool = False
+    host_s: float = 0.0  # the host's time issuing the step's operators (dispatch and launch, host_us each)
+    host_bound: bool = False  # the host needs longer to issue the operators than the compute stream to run them
 
 
 def op_seconds(op, profile, eff) -> float:
@@ -146,6 +147,7 @@ class _Role:
         self.compute_busy = self.optimizer = self.bubble = 0.0
         self.comm: dict[str, float] = defaultdict(float)
         self.kernels = 0
+        self.issue = 0.0
         self.host_syncs = {index for index, event in trace.marks if event == HOST_SYNC_MARK}
         self.end = 0.0
 
@@ -170,12 +172,14 @@ def simulate(traces: dict[int, object], profile, eff, layout: Layout, windows: d
                 inputs_ready = max((role.ready.get(i, 0.0) for i in op.inputs), default=0.0)
                 issued = (view_us if op.kind == "view" else host_us) + op.views * view_us
                 role.host += issued
+                role.issue += issued
                 start = max(role.host, role.stream[op.stream], inputs_ready)
                 if op.collective == "recv":
                     sender = layout.role(op.group[op.peer]) if op.peer is not None and op.group else role_id
                     key = (sender, role_id)
                     if sender != role_id and sender in roles and received[key] >= len(sends[key]):
                         role.host -= issued
+                        role.issue -= issued
                         break  # the sender has not sent yet: play another stage
                     arrival = sends[key][received[key]] if sender != role_id and sender in roles else start
                     received[key] += 1
@@ -221,9 +225,10 @@ def simulate(traces: dict[int, object], profile, eff, layout: Layout, windows: d
     for role in roles.values():
         role.index = role.stop  # a receive whose sender never sent (a trace cut short): nothing more to wait for
     slowest = max(roles.values(), key=lambda r: r.end)
-    device_end = max((max(r.stream.values(), default=0.0) for r in roles.values()), default=0.0)
+    # Host-bound: issuing takes longer than the device's compute, so the device waits for launches (the
+    # host's last issue always precedes the device's end: comparing those two ends says nothing).
     timing = Timing(step_s=slowest.end, compute_s=slowest.compute_busy, optimizer_s=slowest.optimizer,
                     bubble_s=slowest.bubble, comm_s=dict(slowest.comm), kernels=slowest.kernels,
-                    host_bound=slowest.host >= device_end)
+                    host_s=slowest.issue, host_bound=slowest.issue >= slowest.compute_busy)
     timing.exposed_comm_s = max(0.0, timing.step_s - timing.compute_s - timing.bubble_s)
     return timing
