@@ -136,11 +136,13 @@ class _BlockwiseAttention(torch.autograd.Function):
     backward recomputes each tile's probabilities from them, as npu_fusion_attention_grad does,
     so neither pass holds more than one tile of scores. A row with nothing to attend to
     outputs 0, its statistics are 0 and its gradients 0.
+    ``sink`` (1, K, G, 1, 1) or None: one more logit per query head, in every row's softmax with a
+    zero value (gpt_oss's attention sinks); the statistics include it, so such a row is never dead.
     Forward and setup_context are separate so torch.func.vjp (the compiled op's backward) runs it.
     """
 
     @staticmethod
-    def forward(q, k, v, explicit, band, scale, side):
+    def forward(q, k, v, explicit, band, scale, side, sink):
         b, nkv, g, sq, _ = q.shape
         skv, dv = k.shape[3], v.shape[-1]
         out = q.new_zeros(b, nkv, g, sq, dv)
@@ -166,6 +168,12 @@ class _BlockwiseAttention(torch.autograd.Function):
                 l_i = l_i * correction + p.sum(dim=-1, keepdim=True)
                 acc_i = acc_i * correction + torch.matmul(p, v[..., cols[0]:cols[1], :])
                 m_i = m_new
+            if sink is not None:  # the sink's column: exp(sink - max) in the sum, nothing in the output
+                m_new = torch.maximum(m_i, sink)
+                correction = torch.exp(m_i - m_new)
+                l_i = l_i * correction + torch.exp(sink - m_new)
+                acc_i = acc_i * correction
+                m_i = m_new
             # != rather than >: a NaN row stays NaN instead of passing for a dead row.
             live = m_i != float("-inf")
             out[..., rows[0]:rows[1], :] = torch.where(live, acc_i / torch.where(live, l_i, 1.0), 0.0)
@@ -175,15 +183,15 @@ class _BlockwiseAttention(torch.autograd.Function):
 
     @staticmethod
     def setup_context(ctx, inputs, output):
-        q, k, v, explicit, band, scale, side = inputs
+        q, k, v, explicit, band, scale, side, sink = inputs
         out, row_max, row_sum = output
         ctx.band, ctx.scale, ctx.side = band, scale, side
-        ctx.save_for_backward(q, k, v, explicit, out, row_max, row_sum)
+        ctx.save_for_backward(q, k, v, explicit, out, row_max, row_sum, sink)
         ctx.mark_non_differentiable(row_max, row_sum)
 
     @staticmethod
     def backward(ctx, grad_out, _grad_max, _grad_sum):
-        q, k, v, explicit, out, row_max, row_sum = ctx.saved_tensors
+        q, k, v, explicit, out, row_max, row_sum, sink = ctx.saved_tensors
         band, scale, side = ctx.band, ctx.scale, ctx.side
         sq, skv = q.shape[3], k.shape[3]
         # exp(s - logsumexp) gives the probabilities; +inf on dead rows makes them 0.
@@ -211,21 +219,26 @@ class _BlockwiseAttention(torch.autograd.Function):
                 grad_s = p * (torch.matmul(do_i, v_j.transpose(-1, -2)) - delta_i) * scale
                 grad_q[..., r, :] += torch.matmul(grad_s, k_j)
                 grad_k[..., c, :] += torch.matmul(grad_s.transpose(-1, -2), q_i).sum(dim=2, keepdim=True)
-        return grad_q, grad_k, grad_v, None, None, None, None
+        grad_sink = None
+        if sink is not None and ctx.needs_input_grad[7]:
+            # The sink column's value is 0: its score gradient is p_sink * (0 - D), summed over batch and rows.
+            grad_sink = -(torch.exp(sink - lse) * delta).sum(dim=(0, 3), keepdim=True)
+        return grad_q, grad_k, grad_v, None, None, None, None, grad_sink
 
 
-def _attention_core(q_BNSD, k_BKSD, v_BKSD, explicit: Optional[torch.Tensor], band: _Band, scale: float):
+def _attention_core(q_BNSD, k_BKSD, v_BKSD, explicit: Optional[torch.Tensor], band: _Band, scale: float,
+                    sink_N: Optional[torch.Tensor] = None):
     """softmax(scale * q k^T, masked) v, with GQA by grouping query heads, computed by tiles.
 
     Masked: ``explicit`` (4-D, broadcastable to (B, N, Sq, Skv), True = masked; or None) and
-    everything outside the diagonals ``band``.
+    everything outside the diagonals ``band``. ``sink_N``: one extra logit per query head (or None).
     Returns (out_BNSD in the compute dtype, softmax_max_BNS, softmax_sum_BNS).
     """
     b, n, sq, d = q_BNSD.shape
     nkv, skv = k_BKSD.shape[1], k_BKSD.shape[2]
     g = n // nkv
     cdt = compute_dtype(q_BNSD.dtype)
-    if skv == 0:
+    if skv == 0 and sink_N is None:
         # No keys at all: every row is a fully masked row (output 0, still in the graph).
         zeros_BNS = q_BNSD.new_zeros(b, n, sq, dtype=cdt)
         out_BNSD = (q_BNSD.to(cdt).sum(-1, keepdim=True) * 0).expand(b, n, sq, v_BKSD.shape[-1])
@@ -239,8 +252,9 @@ def _attention_core(q_BNSD, k_BKSD, v_BKSD, explicit: Optional[torch.Tensor], ba
             explicit_BKGSS = explicit.reshape(explicit.shape[0], nkv, g, *explicit.shape[2:])
         else:
             explicit_BKGSS = explicit.unsqueeze(2)
+    sink_1KG11 = None if sink_N is None else sink_N.to(cdt).reshape(1, nkv, g, 1, 1)
     out_BKGSD, max_BKGS1, sum_BKGS1 = _BlockwiseAttention.apply(
-        q_BKGSD, k_BK1SD, v_BK1SD, explicit_BKGSS, band, float(scale), _tile_side(b * n)
+        q_BKGSD, k_BK1SD, v_BK1SD, explicit_BKGSS, band, float(scale), _tile_side(b * n), sink_1KG11
     )
     # softmax_max / softmax_sum are backward-only buffers on the NPU; no gradient flows
     # through them there, so they are non-differentiable here too.
@@ -325,6 +339,7 @@ def npu_fusion_attention(
     gen_mask_parallel: bool = True,
     sync: bool = False,
     softmax_layout: str = "",
+    sink: Optional[torch.Tensor] = None,
 ):
     """Reference for ``torch_npu.npu_fusion_attention``.
 
@@ -352,6 +367,11 @@ def npu_fusion_attention(
     - 1: ``atten_mask`` alone;
     - 2: left-up causal ``j <= i``; 3: right-down causal ``j - i <= Skv - Sq``;
     - 4: the band counted from the bottom-right corner.
+
+    ``sink``: float32 (head_num,), one more logit per query head in every row's softmax, its column
+    dropped before ``value`` (torch_npu's example; gpt_oss's attention sinks): the output is the
+    sink-less one times ``sigmoid(lse - sink)``. The statistics include it; its gradient comes back
+    through autograd, as ``dsink`` from torch_npu's backward.
 
     Modes 2, 3, 4 take the compressed mask ``torch.triu(torch.ones(2048, 2048), 1).bool()``;
     its shape and contents are checked, and the effective mask is derived from the mode and
@@ -412,6 +432,11 @@ def npu_fusion_attention(
         raise ValueError(
             f"{fn}: actual_seq_qlen/actual_seq_kvlen only apply to input_layout='TND', got {input_layout!r}"
         )
+    if sink is not None and (sink.dim() != 1 or sink.shape[0] != head_num or sink.dtype != torch.float32):
+        raise ValueError(
+            f"{fn}: sink must be a 1-D float32 tensor of head_num={head_num} logits, got "
+            f"{tuple(sink.shape)} {sink.dtype}"
+        )
     if atten_mask is None and sparse_mode != 0:
         warnings.warn(
             f"{fn}: sparse_mode={sparse_mode} with atten_mask=None computes full (unmasked) attention, as on "
@@ -435,7 +460,7 @@ def npu_fusion_attention(
     if varlen:
         attention_out, softmax_max, softmax_sum = _varlen_attention(
             fn, query, key, value, head_num, atten_mask, scale, pre_tockens, next_tockens,
-            actual_seq_qlen, actual_seq_kvlen, sparse_mode, softmax_layout,
+            actual_seq_qlen, actual_seq_kvlen, sparse_mode, softmax_layout, sink,
         )
     else:
         for name, t in (("query", query), ("key", key), ("value", value)):
@@ -454,7 +479,7 @@ def npu_fusion_attention(
             if sparse_mode in (0, 1):
                 explicit = _full_mask_4d(atten_mask, b, n, sq, skv, sparse_mode)
             band = _band(sparse_mode, sq, skv, pre_tockens, next_tockens)
-        out_BNSD, smax_BNS, ssum_BNS = _attention_core(q_BNSD, k_BKSD, v_BKSD, explicit, band, scale)
+        out_BNSD, smax_BNS, ssum_BNS = _attention_core(q_BNSD, k_BKSD, v_BKSD, explicit, band, scale, sink)
         out_BNSD = out_BNSD.to(query.dtype)
         attention_out = out_BNSD.transpose(1, 2) if input_layout == "BSND" else out_BNSD
         softmax_max = smax_BNS.float().unsqueeze(-1).expand(b, n, sq, 8).contiguous()
@@ -465,7 +490,7 @@ def npu_fusion_attention(
 
 def _varlen_attention(
     fn, query, key, value, head_num, atten_mask, scale, pre_tockens, next_tockens,
-    actual_seq_qlen, actual_seq_kvlen, sparse_mode, softmax_layout,
+    actual_seq_qlen, actual_seq_kvlen, sparse_mode, softmax_layout, sink=None,
 ):
     """TND: every packed sequence attends on its own, with its own Sq and Skv."""
     if actual_seq_qlen is None or actual_seq_kvlen is None:
@@ -516,7 +541,7 @@ def _varlen_attention(
             band = _band(sparse_mode, sq, skv, pre_tockens, next_tockens)
         q_1NSD = query[qs:qe].transpose(0, 1).unsqueeze(0)
         k_1KSD, v_1KSD = (t[ks:ke].transpose(0, 1).unsqueeze(0) for t in (key, value))
-        out_1NSD, smax_1NS, ssum_1NS = _attention_core(q_1NSD, k_1KSD, v_1KSD, explicit, band, scale)
+        out_1NSD, smax_1NS, ssum_1NS = _attention_core(q_1NSD, k_1KSD, v_1KSD, explicit, band, scale, sink)
         pieces.append(out_1NSD[0].transpose(0, 1))
         smax_NT[:, qs:qe] = smax_1NS[0].float()
         ssum_NT[:, qs:qe] = ssum_1NS[0].float()
@@ -561,8 +586,8 @@ def fusion_attention_v3_via(v1, query, key, value, head_num, input_layout, *, ac
                             actual_seq_kvlen=None, sink=None, **arguments):
     """npu_fusion_attention_v3 computed by ``v1`` (an npu_fusion_attention: the reference, or
     selective AC's dispatcher op): the length tensors read to host lists, seed/offset as tensors."""
-    if sink is not None:
-        raise NotImplementedError("npu_fusion_attention_v3: sink is not implemented in the reference; pass None")
+    if sink is not None:  # only then: v1 may be a dispatcher op whose schema predates it
+        arguments["sink"] = sink
     attention_out, softmax_max, softmax_sum, softmax_out, seed, offset, _ = v1(
         query, key, value, head_num, input_layout,
         actual_seq_qlen=_host_cumulative_lengths("actual_seq_qlen", actual_seq_qlen),
@@ -603,7 +628,7 @@ def npu_fusion_attention_v3(
     of the graph), and the six outputs are all tensors: ``(attention_out, softmax_max,
     softmax_sum, softmax_out, seed, offset)``, seed and offset int64 of shape (1,) on
     query's device (torch_npu's fake registration), 0 since no dropout mask is drawn.
-    ``sink`` raises NotImplementedError (npu_inject passes none).
+    ``sink`` as in v1.
     """
     return fusion_attention_v3_via(
         npu_fusion_attention, query, key, value, head_num, input_layout, pse=pse, padding_mask=padding_mask,

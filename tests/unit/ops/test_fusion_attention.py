@@ -33,6 +33,9 @@ DOCUMENTED_SIGNATURE = [
     ("next_tockens", POS, 2147483647), ("inner_precise", POS, 0), ("prefix", POS, None),
     ("actual_seq_qlen", POS, None), ("actual_seq_kvlen", POS, None), ("sparse_mode", POS, 0),
     ("gen_mask_parallel", POS, True), ("sync", POS, False), ("softmax_layout", POS, ""),
+    # The prototype stops there; torch_npu 2.14.0's schema (npu_native_functions_by_codegen.yaml) goes on
+    # with sink, then dropout_mask, seed and offset, which npu_inject does not pass.
+    ("sink", POS, None),
 ]
 
 

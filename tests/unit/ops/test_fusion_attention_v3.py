@@ -152,12 +152,63 @@ def test_lengths_that_torch_npu_rejects_raise_naming_the_argument(lengths, match
     assert "actual_seq_qlen" in str(error.value)
 
 
-def test_sink_is_not_implemented():
+def explicit_sink_attention_BNSD(q, k, v, keep_SS, sinks_N, scale):
+    """float64: softmax over the scores and one appended sink logit per head, that column dropped before v
+    (torch_npu's example for sink)."""
+    groups = q.shape[1] // k.shape[1]
+    k, v = (t.double().repeat_interleave(groups, dim=1) for t in (k, v))
+    scores = (q.double() @ k.transpose(-1, -2) * scale).masked_fill(~keep_SS, float("-inf"))
+    sink_column = sinks_N.double().view(1, -1, 1, 1).expand(*scores.shape[:3], 1)
+    probs = torch.softmax(torch.cat([scores, sink_column], dim=-1), dim=-1)[..., :-1]
+    return probs @ v
+
+
+@pytest.mark.parametrize("layout, n_kv, sparse_mode", [("BNSD", 4, 2), ("BSND", 2, 3), ("BSND", 1, 0)])
+def test_sink_matches_a_softmax_with_one_more_logit_forward_and_backward(layout, n_kv, sparse_mode):
+    B, N, S, D = 2, 4, 11, 8
+    q = randn(B, N, S, D, seed=1, requires_grad=True)
+    k, v = (randn(B, n_kv, S, D, seed=s, requires_grad=True) for s in (2, 3))
+    sinks = (torch.linspace(-1.0, 2.0, N)).requires_grad_()
+    index = torch.arange(S)
+    keep_SS = (index[None, :] <= index[:, None]) if sparse_mode in (2, 3) else torch.ones(S, S, dtype=torch.bool)
+    mask = {} if sparse_mode == 0 else {"atten_mask": COMPRESSED, "sparse_mode": sparse_mode}
+    as_layout = (lambda t: t.transpose(1, 2)) if layout == "BSND" else (lambda t: t)
+    out, smax, ssum, *_ = ref.npu_fusion_attention(*(as_layout(t) for t in (q, k, v)), N, layout, scale=0.3,
+                                                   sink=sinks, **mask)
+    expected = explicit_sink_attention_BNSD(q, k, v, keep_SS, sinks, 0.3)
+    torch.testing.assert_close(as_layout(out).double(), expected, rtol=1e-5, atol=1e-5)
+    weights = randn(*expected.shape, seed=9).double()
+    got = torch.autograd.grad((as_layout(out).double() * weights).sum(), (q, k, v, sinks))
+    want = torch.autograd.grad((expected * weights).sum(), (q, k, v, sinks))
+    for name, g, w in zip(("dq", "dk", "dv", "dsink"), got, want):
+        torch.testing.assert_close(g, w, rtol=1e-4, atol=1e-5, msg=name)
+    # The statistics count the sink: max over the row's scores and the sink, sum of exp(x - max) over both.
+    scores = torch.cat([(q.double() @ k.double().repeat_interleave(N // n_kv, 1).transpose(-1, -2) * 0.3)
+                        .masked_fill(~keep_SS, float("-inf")), sinks.double().view(1, N, 1, 1).expand(B, N, S, 1)], -1)
+    torch.testing.assert_close(smax[..., 0].double(), scores.amax(-1), rtol=1e-6, atol=1e-6)
+    torch.testing.assert_close(ssum[..., 0].double(), torch.exp(scores - scores.amax(-1, keepdim=True)).sum(-1),
+                               rtol=1e-6, atol=1e-6)
+
+
+def test_sink_is_gpt_oss_rescale_of_the_sinkless_output_in_tnd():
+    """TND, two documents: the output with sink equals upstream gpt_oss's out * sigmoid(lse - sink)."""
+    lengths, N = [5, 7], 4
+    q, k, v = (randn(12, N, 8, seed=s) for s in (4, 5, 6))
+    sinks = torch.tensor([0.5, -1.0, 3.0, 0.0])
+    ends = torch.tensor([5, 12])
+    kw = dict(actual_seq_qlen=ends, actual_seq_kvlen=ends, atten_mask=COMPRESSED, sparse_mode=3, scale=0.5)
+    with_sink = ref.npu_fusion_attention_v3(q, k, v, N, "TND", sink=sinks.float(), **kw)[0]
+    out, lse = explicit_attention(q, k, v, lengths, scale=0.5)
+    torch.testing.assert_close(with_sink.double(), out * torch.sigmoid(lse - sinks.double()).unsqueeze(-1),
+                               rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("sink, match", [(torch.zeros(3), "head_num=2"), (torch.zeros(2, dtype=torch.float64), "float32")])
+def test_a_wrong_sink_is_named(sink, match):
     q, k, v = (randn(8, 2, 4, seed=s) for s in (1, 2, 3))
     ends = torch.tensor([8])
-    with pytest.raises(NotImplementedError, match="sink"):
-        ref.npu_fusion_attention_v3(q, k, v, 2, "TND", actual_seq_qlen=ends, actual_seq_kvlen=ends,
-                                    sink=torch.zeros(2))
+    with pytest.raises(ValueError, match=match):
+        ref.npu_fusion_attention_v3(q, k, v, 2, "TND", actual_seq_qlen=ends, actual_seq_kvlen=ends, sink=sink)
 
 
 # -- the fake: our op's real outputs and torch_npu's own fake registration --------------------
