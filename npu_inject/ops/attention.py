@@ -142,8 +142,13 @@ def fusion_attention_BLNH(
     plan: AttentionPlan,
     scale: float | None,
     return_lse: bool = False,
+    sink_N: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Attention output (B, L, N, H) and, when ``return_lse``, log-sum-exp (B, L, N) through npu_fusion_attention.
+
+    ``sink_N``: one more logit per query head in each row's softmax, its column dropped before value
+    (gpt_oss's attention sinks; the kernel's ``sink``, differentiable): the output is the sink-less one
+    times ``sigmoid(lse - sink_N)``. Cast to float32, the kernel's dtype for it.
 
     The log-sum-exp comes from the kernel's softmax statistics, which carry no
     gradient (torch_npu returns them for its own backward): use it for values, not
@@ -154,17 +159,20 @@ def fusion_attention_BLNH(
     # Under spmd_types type checking the kernel is a typing boundary, as upstream's attention kernels:
     # its host metadata (document ends, compressed mask) goes unchecked, the outputs take q's type.
     with spmd_typing.opaque_kernel():
-        out_BLNH, lse_BLN = _fusion_attention_BLNH(q_BLNH, k_BLNH, v_BLNH, plan, scale, return_lse)
+        out_BLNH, lse_BLN = _fusion_attention_BLNH(q_BLNH, k_BLNH, v_BLNH, plan, scale, return_lse, sink_N)
     out_BLNH = spmd_typing.type_like(out_BLNH, q_BLNH)
     return out_BLNH, None if lse_BLN is None else spmd_typing.type_like(lse_BLN, q_BLNH, keep_dims=3)
 
 
-def _fusion_attention_BLNH(q_BLNH, k_BLNH, v_BLNH, plan: AttentionPlan, scale: float | None, return_lse: bool):
+def _fusion_attention_BLNH(q_BLNH, k_BLNH, v_BLNH, plan: AttentionPlan, scale: float | None, return_lse: bool,
+                           sink_N: torch.Tensor | None = None):
     B, L, N, H = q_BLNH.shape
     value_head_dim = v_BLNH.shape[-1]
     scale = 1.0 / math.sqrt(H) if scale is None else scale
     arguments = {"scale": scale, "atten_mask": compressed_causal_mask(q_BLNH.device)}
     arguments.update(_sparse_arguments(plan))
+    if sink_N is not None:  # only then: torch_npu picks the sink kernels (aclnnFlashAttentionScoreV3, ...) for it
+        arguments["sink"] = sink_N.float()
     ops = kernels()
     if not plan.packed:
         out_BLNH, softmax_max_BNL8, softmax_sum_BNL8, *_ = ops.npu_fusion_attention(

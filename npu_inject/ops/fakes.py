@@ -33,7 +33,7 @@ def fusion_attention_fake(query, key, value, head_num, input_layout, pse=None, p
                           atten_mask=None, scale=1.0, keep_prob=1.0, pre_tockens=2147483647,
                           next_tockens=2147483647, inner_precise=0, prefix=None, actual_seq_qlen=None,
                           actual_seq_kvlen=None, sparse_mode=0, gen_mask_parallel=True, sync=False,
-                          softmax_layout=""):
+                          softmax_layout="", sink=None):
     """Shapes of npu_fusion_attention (BSND, BNSD, TND; the layouts npu_inject passes)."""
     if input_layout == "TND":
         tokens = query.shape[0]
@@ -130,12 +130,12 @@ KERNELS: dict[str, KernelSpec] = {
             "Tensor? padding_mask=None, Tensor? atten_mask=None, float scale=1., float keep_prob=1., "
             "int pre_tockens=2147483647, int next_tockens=2147483647, int inner_precise=0, "
             "SymInt[]? prefix=None, SymInt[]? actual_seq_qlen=None, SymInt[]? actual_seq_kvlen=None, "
-            "int sparse_mode=0, bool gen_mask_parallel=True, bool sync=False, str softmax_layout=\"\") "
-            "-> (Tensor, Tensor, Tensor, Tensor)"
+            "int sparse_mode=0, bool gen_mask_parallel=True, bool sync=False, str softmax_layout=\"\", "
+            "Tensor? sink=None) -> (Tensor, Tensor, Tensor, Tensor)"
         ),
         fake=fusion_attention_fake,
         reference_module="fusion_attention",
-        differentiable_inputs=("query", "key", "value"),
+        differentiable_inputs=("query", "key", "value", "sink"),
         differentiable_outputs=(0,),
         extra_outputs=(0, 0, 0),  # seed, offset, numels: no dropout
     ),
@@ -151,7 +151,7 @@ KERNELS: dict[str, KernelSpec] = {
         ),
         fake=fusion_attention_v3_fake,
         reference_module="fusion_attention",
-        differentiable_inputs=("query", "key", "value"),
+        differentiable_inputs=("query", "key", "value", "sink"),
         differentiable_outputs=(0,),
     ),
 }

@@ -14,6 +14,11 @@ CPU backward) and VarlenAttention (CUDA flash attention). This patch:
 * replaces ``VarlenAttention.forward``: TND with the cumulative lengths from
   torchtitan's VarlenMetadata; ``window_size`` maps to causal, band or full.
 
+An ``out_transform`` needs a differentiable log-sum-exp, which the kernel does not return,
+and runs on reference math -- except gpt_oss's ``Attention._apply_sinks`` (``out *
+sigmoid(lse - sinks)``), which is what the kernel's ``sink`` argument computes: those
+layers pass their sinks to the kernel.
+
 Packed documents reach the kernel (``npu_fusion_attention_v3``) as a CPU int64
 tensor of document ends, never as host ints inside a compiled block: dynamo
 would specialize on every offset and recompile each batch. In eager the ends come
@@ -31,8 +36,10 @@ built once per device and cached, whatever the sequence length.
 from __future__ import annotations
 
 import functools
+import sys
 
 import torch
+from torch.distributed.tensor import DTensor
 from torch.nn.attention.flex_attention import create_mask
 
 from npu_inject.ops import spmd_typing
@@ -145,8 +152,9 @@ def flex_forward(ctx, original, flex, q_BLNH, k_BLNH, v_BLNH, *, attention_masks
         out_BlNH, lse_BlN = context_parallel_reference_attention_BLNH(q_BLNH, k_BLNH, v_BLNH, mask,
                                                                        mask.plan, scale)
         return out_transform(out_BlNH, lse_BlN)
-    if isinstance(mask, AttentionPlan) and score_mod is None and out_transform is None:
-        out_BLNH, _ = fusion_attention_BLNH(q_BLNH, k_BLNH, v_BLNH, mask, scale)
+    sinks_N = gpt_oss_sinks(out_transform)
+    if isinstance(mask, AttentionPlan) and score_mod is None and (out_transform is None or sinks_N is not None):
+        out_BLNH, _ = fusion_attention_BLNH(q_BLNH, k_BLNH, v_BLNH, mask, scale, sink_N=sinks_N)
         return out_BLNH
     if score_mod is not None:
         what = "a score_mod"
@@ -202,15 +210,31 @@ def varlen_forward(ctx, original, varlen, q_BLNH, k_BLNH, v_BLNH, *, attention_m
         plan = AttentionPlan(causal=causal, window=window, document_ends=metadata.cu_seq_q_host[1:])
         return context_parallel_attention_BLNH(q_BLNH, k_BLNH, v_BLNH, metadata, plan, scale)
     plan = AttentionPlan(causal=causal, window=window, document_ends_tensor=host_document_ends(metadata))
-    if out_transform is not None:
+    sinks_N = gpt_oss_sinks(out_transform)
+    if out_transform is not None and sinks_N is None:
         ctx.fallback("VarlenAttention with an out_transform runs on reference attention "
                      "(needs a differentiable log-sum-exp, which the kernel does not return)")
         B, L = q_BLNH.shape[:2]
         out_BLNH, lse_BLN = typed_reference_attention(
             q_BLNH, k_BLNH, v_BLNH, lambda: plan_keep_mask(plan, B, L, L, q_BLNH.device), scale)
         return out_transform(out_BLNH, lse_BLN)
-    out_BLNH, _ = fusion_attention_BLNH(q_BLNH, k_BLNH, v_BLNH, plan, scale)
+    out_BLNH, _ = fusion_attention_BLNH(q_BLNH, k_BLNH, v_BLNH, plan, scale, sink_N=sinks_N)
     return out_BLNH
+
+
+def gpt_oss_sinks(out_transform):
+    """gpt_oss's per-head sinks when ``out_transform`` is its ``Attention._apply_sinks``, else None.
+
+    Recognised by the function itself (the bound method of torchtitan's class, from the module
+    already imported), never by calling it; its sinks are taken as it takes them.
+    """
+    model = sys.modules.get("torchtitan.models.gpt_oss.model")
+    if model is None or getattr(out_transform, "__func__", None) is not model.Attention._apply_sinks:
+        return None
+    sinks_N = out_transform.__self__.sinks
+    if isinstance(sinks_N, DTensor):  # as upstream: this rank's heads, gradients kept in the sinks' placement
+        sinks_N = sinks_N.to_local(grad_placements=sinks_N.placements)
+    return sinks_N
 
 
 def host_document_ends(metadata):

@@ -277,6 +277,47 @@ def test_varlen_out_transform_gets_logsumexp(patched):
     assert len(fallbacks) == 1 and "VarlenAttention with an out_transform" in fallbacks[0]
 
 
+def gpt_oss_attention_with_sinks(sinks_N):
+    """A gpt_oss Attention holding only its sinks: its bound ``_apply_sinks`` is what the model passes."""
+    model = importlib.import_module("torchtitan.models.gpt_oss.model")
+    layer = model.Attention.__new__(model.Attention)
+    torch.nn.Module.__init__(layer)
+    layer.sinks = torch.nn.Parameter(sinks_N.clone())
+    return layer
+
+
+@pytest.mark.parametrize("inner", ["flex", "varlen"])
+def test_gpt_oss_sinks_run_on_the_kernel(patched, inner):
+    """gpt_oss's _apply_sinks is the kernel's sink: no fallback, and upstream's out * sigmoid(lse - sinks)
+    computed here from SDPA and explicit log-sum-exps, sinks' gradient included."""
+    rt, attention, decoder = patched
+    positions = positions_with_documents()
+    layer = gpt_oss_attention_with_sinks(torch.tensor([0.5, -1.0, 2.0, 0.0]))
+    if inner == "flex":
+        mods = [attention.get_causal_mask_mod(),
+                attention.get_efficient_causal_mask_mod_for_packed_document(positions)]
+        module, masks = causal_plan(decoder, attention, positions, mods)
+        keep_BLL, scale = explicit_keep(B, L, document_ends=(10, 24, 29, 41, 48)), H**-0.5
+        call = dict(attention_masks=masks, enable_gqa=True)
+    else:
+        module = attention.VarlenAttention(attention.VarlenAttention.Config(window_size=(3, 0)))
+        masks = attention.create_varlen_metadata_for_document(positions)
+        keep_BLL, scale = explicit_keep(B, L, window=4, document_ends=(10, 24, 29, 41, 48)), 0.2
+        call = dict(attention_masks=masks, scale=0.2, enable_gqa=True)
+    q, k, v = qkv(6)
+    out = module(q, k, v, out_transform=layer._apply_sinks, **call)
+    sinks_ref = layer.sinks.detach().clone().requires_grad_()
+    lse_BLN = torch.logsumexp(expected_scores_BNLL(q, k, keep_BLL, scale), dim=-1).transpose(1, 2)
+    expected = sdpa_expected(q, k, v, keep_BLL, scale=scale) * torch.sigmoid(lse_BLN - sinks_ref).unsqueeze(-1)
+    weights = torch.randn(out.shape, generator=torch.Generator().manual_seed(8))
+    got = torch.autograd.grad((out * weights).sum(), (q, k, v, layer.sinks))
+    want = torch.autograd.grad((expected * weights).sum(), (q, k, v, sinks_ref))
+    torch.testing.assert_close(out, expected, atol=2e-6, rtol=1e-5)
+    for name, g, w in zip(("dq", "dk", "dv", "dsinks"), got, want):
+        torch.testing.assert_close(g, w, atol=1e-5, rtol=1e-4, msg=name)
+    assert rt.report.patches["attention"].fallbacks == []
+
+
 # ---- plan_keep_mask: the dense mask of a plan, for the fallbacks ---------------------
 
 
