@@ -61,6 +61,7 @@ class Case:
     tolerance_scale: float = 1.0  # for long reductions (attention backward)
     used_by: str = ""  # which ops/ module calls it this way
     host_kwargs: tuple[str, ...] = ()  # tensor arguments torch_npu reads on the host: never moved to the device
+    grad_kwargs: tuple[str, ...] = ()  # keyword tensors whose gradients are compared too (attention's sink)
 
 
 # -- inputs ---------------------------------------------------------------------------------
@@ -84,16 +85,23 @@ WINDOW = 32
 DOCUMENT_ENDS = [40, 128, 200, 256]  # cumulative ends over B*L = 256 packed tokens
 
 
-def _attention_bsnd(sparse: dict):
+def _sink(sink: bool) -> dict:
+    import torch
+
+    # gpt_oss's attention sinks: one float32 logit per query head, whatever the inputs' dtype.
+    return {"sink": torch.randn(N, dtype=torch.float32)} if sink else {}
+
+
+def _attention_bsnd(sparse: dict, sink: bool = False):
     def make(dtype):
         q, k, v = (_randn(B, L, heads, H, dtype=dtype) for heads in (N, N_KV, N_KV))
-        kwargs = {"scale": 1.0 / math.sqrt(H), "atten_mask": _compressed_mask(), **sparse}
+        kwargs = {"scale": 1.0 / math.sqrt(H), "atten_mask": _compressed_mask(), **sparse, **_sink(sink)}
         return (q, k, v, N, "BSND"), kwargs
 
     return make
 
 
-def _attention_tnd(sparse: dict, lengths_as_tensor: bool = False):
+def _attention_tnd(sparse: dict, lengths_as_tensor: bool = False, sink: bool = False):
     def make(dtype):
         import torch
 
@@ -102,7 +110,8 @@ def _attention_tnd(sparse: dict, lengths_as_tensor: bool = False):
         # v3 takes the lengths as a CPU int64 tensor (torch_npu reads it on the host), v1 as a list.
         ends = torch.tensor(DOCUMENT_ENDS, dtype=torch.int64) if lengths_as_tensor else DOCUMENT_ENDS
         kwargs = {"scale": 1.0 / math.sqrt(H), "atten_mask": _compressed_mask(),
-                  "actual_seq_qlen": ends, "actual_seq_kvlen": ends, "softmax_layout": "TND", **sparse}
+                  "actual_seq_qlen": ends, "actual_seq_kvlen": ends, "softmax_layout": "TND", **sparse,
+                  **_sink(sink)}
         return (q, k, v, N, "TND"), kwargs
 
     return make
@@ -219,6 +228,13 @@ CASES: list[Case] = [
          _attention_tnd({"sparse_mode": 4, "pre_tockens": WINDOW - 1, "next_tockens": 0}, lengths_as_tensor=True),
          outputs=(0, 1, 2), tolerance_scale=2.0, used_by="ops/attention.py",
          host_kwargs=("actual_seq_qlen", "actual_seq_kvlen")),
+    Case("fusion_attention BSND sliding window + sink (gpt_oss)", "npu_fusion_attention",
+         _attention_bsnd({"sparse_mode": 4, "pre_tockens": WINDOW - 1, "next_tockens": 0}, sink=True),
+         outputs=(0, 1, 2), tolerance_scale=2.0, used_by="ops/attention.py", grad_kwargs=("sink",)),
+    Case("fusion_attention_v3 TND documents (sparse_mode 3) + sink (gpt_oss)", "npu_fusion_attention_v3",
+         _attention_tnd({"sparse_mode": 3}, lengths_as_tensor=True, sink=True), outputs=(0, 1, 2),
+         tolerance_scale=2.0, used_by="ops/attention.py", host_kwargs=("actual_seq_qlen", "actual_seq_kvlen"),
+         grad_kwargs=("sink",)),
     Case("grouped_matmul group_type 0 (experts forward, dx)", "npu_grouped_matmul", _gmm_along_m,
          backward=False, used_by="ops/moe.py"),
     Case("grouped_matmul group_type 2 (expert weight gradient)", "npu_grouped_matmul", _gmm_along_k,
@@ -324,9 +340,10 @@ def run_case(case: Case, dtype_name: str, device, torch_npu, reference, simulate
 
     host_args = _map_tensors(args, leaf)
     device_args = _map_tensors(host_args, lambda t: t.detach().to(device).requires_grad_(t.requires_grad))
-    host_kwargs = kwargs
-    device_kwargs = {name: value if name in case.host_kwargs else _map_tensors(value, lambda t: t.to(device))
-                     for name, value in kwargs.items()}
+    host_kwargs = {name: leaf(value) if name in case.grad_kwargs else value for name, value in kwargs.items()}
+    device_kwargs = {name: value if name in case.host_kwargs else
+                     _map_tensors(value, lambda t: t.detach().to(device).requires_grad_(t.requires_grad))
+                     for name, value in host_kwargs.items()}
     try:
         reference_out = _flatten(reference_op(*host_args, **host_kwargs))
     except Exception as exc:  # the host reference itself cannot run this case: the table says so
@@ -342,6 +359,8 @@ def run_case(case: Case, dtype_name: str, device, torch_npu, reference, simulate
     if case.backward:
         host_leaves = [t for t in _flatten(host_args) if isinstance(t, torch.Tensor) and t.requires_grad]
         device_leaves = [t for t in _flatten(device_args) if isinstance(t, torch.Tensor) and t.requires_grad]
+        host_leaves += [host_kwargs[name] for name in case.grad_kwargs]
+        device_leaves += [device_kwargs[name] for name in case.grad_kwargs]
         float_outputs = list(case.grad_outputs)
         weights = [torch.randn(reference_out[i].shape) for i in float_outputs]
         try:

@@ -194,6 +194,55 @@ for dtype in (torch.float32, torch.bfloat16):
     results[f"tnd_v3_{tag}_stats"] = {"shape": list(smax.shape), "lse": err(
         smax[..., 0].t() + ssum[..., 0].t().log(), lse)}
 
+# With sink (gpt_oss's attention sinks): one FLOAT32 logit per query head joins each row's softmax with a zero
+# value. Reference: the explicit softmax over the scores and an appended sink column, dropped before v.
+def sink_BNSD(q, k, v, keep, sink, scale):
+    group = q.shape[1] // k.shape[1]
+    scores = (q @ k.repeat_interleave(group, 1).transpose(-1, -2) * scale).masked_fill(~keep, float("-inf"))
+    column = sink.view(1, -1, 1, 1).expand(*scores.shape[:3], 1)
+    return torch.softmax(torch.cat([scores, column], dim=-1), dim=-1)[..., :-1] @ v.repeat_interleave(group, 1)
+
+def compare_sink(name, dtype, inputs, sink, npu_fn, ref_fn):
+    rounded = [x.detach().to(dtype) for x in inputs]
+    leaves = [x.npu().requires_grad_() for x in rounded]
+    sink_leaf = sink.clone().npu().requires_grad_()
+    out = npu_fn(*leaves, sink_leaf)[0]
+    grad = torch.randn(out.shape).to(dtype)
+    out.backward(grad.npu())
+    refs = [x.float().clone().requires_grad_() for x in rounded]
+    sink_ref = sink.clone().requires_grad_()
+    ref = ref_fn(*refs, sink_ref)
+    ref.backward(grad.float())
+    results[name] = {"out": err(out.detach().cpu(), ref), "dtype": str(out.dtype),
+                     "dsink": err(sink_leaf.grad.cpu(), sink_ref.grad)}
+    for arg, leaf, ref_leaf in zip(("dq", "dk", "dv"), leaves, refs):
+        results[name][arg] = err(leaf.grad.cpu(), ref_leaf.grad)
+
+sink = torch.tensor([0.5, -1.0, 2.0, 0.0])
+for dtype in (torch.float32, torch.bfloat16):
+    q, k, v = torch.randn(B, S, N, D), torch.randn(B, S, NKV, D), torch.randn(B, S, NKV, D)
+    compare_sink(f"bsnd_causal_sink_{str(dtype)[6:]}", dtype, (q, k, v), sink,
+                 lambda q, k, v, s: torch_npu.npu_fusion_attention(q, k, v, N, "BSND", atten_mask=COMPRESSED.npu(),
+                                                                   sparse_mode=2, scale=scale, sink=s),
+                 lambda q, k, v, s: sink_BNSD(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), causal, s,
+                                              scale).transpose(1, 2))
+def tnd_sink_reference(q, k, v, s):
+    pieces, start = [], 0
+    for length in lengths:
+        doc = [t[start:start + length].transpose(0, 1).unsqueeze(0) for t in (q, k, v)]
+        pieces.append(sink_BNSD(*doc, torch.ones(length, length, dtype=torch.bool).tril(), s, scale)[0]
+                      .transpose(0, 1))
+        start += length
+    return torch.cat(pieces)
+q, k, v = torch.randn(T, N, D), torch.randn(T, NKV, D), torch.randn(T, NKV, D)
+ends_T = torch.tensor(ends, dtype=torch.int64)
+compare_sink("tnd_v3_sink_float32", torch.float32, (q, k, v), sink,
+             lambda q, k, v, s: torch_npu.npu_fusion_attention_v3(q, k, v, N, "TND", atten_mask=COMPRESSED.npu(),
+                                                                  sparse_mode=3, scale=scale, actual_seq_qlen=ends_T,
+                                                                  actual_seq_kvlen=ends_T, softmax_layout="TND",
+                                                                  sink=s),
+             tnd_sink_reference)
+
 # Failures: a dtype CANN does not list (161002 naming the operator); dropout.
 def failure(fn):
     try:
@@ -252,6 +301,23 @@ def test_softmax_statistics_in_cann_layout(results):
     assert stats["lse"][0] <= FP32_ATOL
 
 
+SINK_CASES = ["bsnd_causal_sink_float32", "bsnd_causal_sink_bfloat16", "tnd_v3_sink_float32"]
+
+
+@pytest.mark.parametrize("case", SINK_CASES)
+def test_sink_forward_and_backward_match_a_softmax_with_one_more_logit(results, case):
+    """With sink, out, dq, dk, dv and dsink against the explicit softmax over the scores and an appended
+    sink column (its value 0): aclnnFlashAttentionScoreV3 / ScoreGradV3, VarLenScoreV5 / UnpaddingScoreGradV5."""
+    dtype = case.rsplit("_", 1)[1]
+    got = results[case]
+    assert got["dtype"] == f"torch.{dtype}"
+    for name in ("out", "dq", "dk", "dv", "dsink"):
+        # dsink sums over every row of a head: a bf16 run's rounding adds up there.
+        error = got[name] if name != "dsink" or dtype == "float32" else [got[name][0] / 8, got[name][1]]
+        assert _within(error, dtype), \
+            f"{case} {name}: max |diff| {got[name][0]:.3g} (reference max {got[name][1]:.3g})"
+
+
 @pytest.mark.parametrize("case", ["tnd_v1_float32", "tnd_v1_bfloat16", "tnd_v3_float32", "tnd_v3_bfloat16"])
 def test_tnd_statistics_order(results, case):
     """TND: a (T, N, 8) buffer, N-major (NTD) by default (v1), token-major with softmax_layout="TND" (v3)."""
@@ -261,12 +327,15 @@ def test_tnd_statistics_order(results, case):
 
 
 def test_the_operators_torch_npu_reached(results):
-    """The forward and grad operators op-plugin picks on Atlas A2 (no sink): TND with softmax_layout="TND" on
-    the V4 pair, TND without it on VarLenScore / UnpaddingScoreGrad, the rest on Score / ScoreGrad."""
+    """The forward and grad operators op-plugin picks on Atlas A2: without sink, TND with softmax_layout="TND" on
+    the V4 pair, TND without it on VarLenScore / UnpaddingScoreGrad, the rest on Score / ScoreGrad; with sink,
+    the ScoreV3 and VarLenScoreV5 pairs."""
     launched = results["counts"]["aclnn"]
     for name in ("aclnnFlashAttentionScore", "aclnnFlashAttentionScoreGrad", "aclnnFlashAttentionVarLenScore",
                  "aclnnFlashAttentionUnpaddingScoreGrad", "aclnnFlashAttentionVarLenScoreV4",
-                 "aclnnFlashAttentionUnpaddingScoreGradV4"):
+                 "aclnnFlashAttentionUnpaddingScoreGradV4", "aclnnFlashAttentionScoreV3",
+                 "aclnnFlashAttentionScoreGradV3", "aclnnFlashAttentionVarLenScoreV5",
+                 "aclnnFlashAttentionUnpaddingScoreGradV5"):
         assert launched.get(name, 0) >= 1, (name, launched)
 
 

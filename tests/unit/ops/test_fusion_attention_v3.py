@@ -190,17 +190,24 @@ def test_sink_matches_a_softmax_with_one_more_logit_forward_and_backward(layout,
                                rtol=1e-6, atol=1e-6)
 
 
-def test_sink_is_gpt_oss_rescale_of_the_sinkless_output_in_tnd():
-    """TND, two documents: the output with sink equals upstream gpt_oss's out * sigmoid(lse - sink)."""
+@pytest.mark.parametrize("kernel", sorted(KERNELS))
+def test_sink_is_gpt_oss_rescale_of_the_sinkless_output_in_tnd(kernel):
+    """TND, two documents: with sink, upstream gpt_oss's out * sigmoid(lse - sink) of explicit attention, forward
+    and backward (dsink too), from the reference and from the custom op the rehearsal compiles."""
     lengths, N = [5, 7], 4
-    q, k, v = (randn(12, N, 8, seed=s) for s in (4, 5, 6))
-    sinks = torch.tensor([0.5, -1.0, 3.0, 0.0])
+    q, k, v = (randn(12, N, 8, seed=s, requires_grad=True) for s in (4, 5, 6))
+    sinks = torch.tensor([0.5, -1.0, 3.0, 0.0], requires_grad=True)
     ends = torch.tensor([5, 12])
     kw = dict(actual_seq_qlen=ends, actual_seq_kvlen=ends, atten_mask=COMPRESSED, sparse_mode=3, scale=0.5)
-    with_sink = ref.npu_fusion_attention_v3(q, k, v, N, "TND", sink=sinks.float(), **kw)[0]
+    with_sink = KERNELS[kernel](q, k, v, N, "TND", sink=sinks, **kw)[0]
     out, lse = explicit_attention(q, k, v, lengths, scale=0.5)
-    torch.testing.assert_close(with_sink.double(), out * torch.sigmoid(lse - sinks.double()).unsqueeze(-1),
-                               rtol=1e-5, atol=1e-5)
+    expected = out * torch.sigmoid(lse - sinks.double()).unsqueeze(-1)
+    torch.testing.assert_close(with_sink.double(), expected, rtol=1e-5, atol=1e-5)
+    weights = randn(*expected.shape, seed=7).double()
+    got = torch.autograd.grad((with_sink.double() * weights).sum(), (q, k, v, sinks))
+    want = torch.autograd.grad((expected * weights).sum(), (q, k, v, sinks))
+    for name, g, w in zip(("dq", "dk", "dv", "dsink"), got, want):
+        torch.testing.assert_close(g, w, rtol=1e-4, atol=1e-5, msg=name)
 
 
 @pytest.mark.parametrize("sink, match", [(torch.zeros(3), "head_num=2"), (torch.zeros(2, dtype=torch.float64), "float32")])

@@ -1,9 +1,13 @@
 // Flash attention computed by ATen's CPU kernels on the host buffers (aten_support.h): the operators
 // torch_npu 2.14.0's npu_fusion_attention / npu_fusion_attention_v3 and their autograd backward
-// (npu_fusion_attention_grad / _grad_v3) reach on Atlas A2 (op-plugin FlashAttentionKernelNpuOpApi.cpp,
-// no sink): aclnnFlashAttentionScore / ScoreGrad (BSH, SBH, BSND, BNSD), aclnnFlashAttentionVarLenScore /
+// (npu_fusion_attention_grad / _grad_v3) reach on Atlas A2 (op-plugin FlashAttentionKernelNpuOpApi.cpp):
+// aclnnFlashAttentionScore / ScoreGrad (BSH, SBH, BSND, BNSD), aclnnFlashAttentionVarLenScore /
 // UnpaddingScoreGrad (TND, softmax statistics in NTD order) and their V4 (TND, softmaxOutLayout
-// "same_as_input": statistics in TND order, what torch_npu passes for softmax_layout="TND").
+// "same_as_input": statistics in TND order, what torch_npu passes for softmax_layout="TND"); with a sink,
+// aclnnFlashAttentionScoreV3 / ScoreGradV3 and aclnnFlashAttentionVarLenScoreV5 / UnpaddingScoreGradV5.
+// The sink (FLOAT32, one logit per query head) joins every row's softmax with a zero value: the
+// documents' m = max(sink, max(S)), out = e^(S-m) V / (sum e^(S-m) + e^(sink-m)), the statistics count it,
+// and dsink = -sum over rows of P_sink * rowsum(dy * out).
 // Signatures from CANN's headers (hicann/ops-transformer attention/flash_attention_score{,_grad}),
 // semantics from their documents and CANN's sparse_mode table (digested in verification/torch_npu_docs.md).
 //
@@ -127,13 +131,13 @@ at::Tensor head_mask(const at::Tensor& mask, int64_t b, int64_t n) {
 // sum of exp(score - max), (B, N, Sq) FLOAT32.
 std::pair<at::Tensor, at::Tensor> forward_core(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                                                const at::Tensor& mask, const Band& band, double scale,
-                                               const at::Tensor& out) {
+                                               const at::Tensor& sink, const at::Tensor& out) {
     const int64_t B = q.size(0), N = q.size(1), sq = q.size(2), nkv = k.size(1), skv = k.size(2);
     const int64_t group = N / nkv, rows = block_rows(sq, skv);
     const double inf = std::numeric_limits<double>::infinity();
     at::Tensor row_max = at::zeros({B, N, sq}, at::kFloat), row_sum = at::zeros({B, N, sq}, at::kFloat);
     out.zero_();
-    if (skv == 0) return {row_max, row_sum};
+    if (skv == 0 && !sink.defined()) return {row_max, row_sum};
     for (int64_t b = 0; b < B; ++b)
         for (int64_t h = 0; h < nkv; ++h) {
             at::Tensor k_h = k[b][h].to(at::kFloat), v_h = v[b][h].to(at::kFloat);
@@ -144,10 +148,12 @@ std::pair<at::Tensor, at::Tensor> forward_core(const at::Tensor& q, const at::Te
                     at::Tensor s = at::matmul(q_n.slice(0, i0, i1), k_h.t()).mul_(scale);
                     at::Tensor masked = block_mask(band, mask_n, i0, i1, skv);
                     if (masked.defined()) s.masked_fill_(masked, -inf);
-                    at::Tensor m = s.amax(-1, true);
+                    at::Tensor m = skv ? s.amax(-1, true) : at::full({i1 - i0, 1}, -inf, at::kFloat);
+                    if (sink.defined()) m.clamp_min_(sink[n]);  // m = max(sink, max(S))
                     m.masked_fill_(m == -inf, 0.0);  // a row with no key: exp(-inf - 0) = 0 everywhere
                     at::Tensor p = (s - m).exp_();
                     at::Tensor l = p.sum(-1, true);
+                    if (sink.defined()) l.add_((sink[n] - m).exp_());  // the sink's column, value 0
                     at::Tensor o = at::matmul(p, v_h).div_(at::where(l > 0, l, at::ones_like(l)));
                     out[b][n].slice(0, i0, i1).copy_(o);
                     row_max[b][n].slice(0, i0, i1).copy_(m.squeeze(-1));
@@ -162,8 +168,8 @@ std::pair<at::Tensor, at::Tensor> forward_core(const at::Tensor& q, const at::Te
 // FLOAT32 from the forward. Writes dq, dk, dv (k's and v's shapes; GQA heads summed per kv head).
 void backward_core(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& dy,
                    const at::Tensor& out, const at::Tensor& mask, const Band& band, double scale,
-                   const at::Tensor& row_max, const at::Tensor& row_sum, const at::Tensor& dq, const at::Tensor& dk,
-                   const at::Tensor& dv) {
+                   const at::Tensor& row_max, const at::Tensor& row_sum, const at::Tensor& sink,
+                   const at::Tensor& dsink, const at::Tensor& dq, const at::Tensor& dk, const at::Tensor& dv) {
     const int64_t B = q.size(0), N = q.size(1), sq = q.size(2), nkv = k.size(1), skv = k.size(2);
     const int64_t group = N / nkv, rows = block_rows(sq, skv);
     const double inf = std::numeric_limits<double>::infinity();
@@ -182,6 +188,8 @@ void backward_core(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v
                 at::Tensor m_n = row_max[b][n].unsqueeze(-1), l_n = row_sum[b][n].unsqueeze(-1);
                 at::Tensor inv_l = at::where(l_n > 0, l_n.reciprocal(), at::zeros_like(l_n));
                 at::Tensor mask_n = head_mask(mask, b, n);
+                // The sink's column: dS = P_sink * (0 - D), summed over rows into this head's dsink.
+                if (sink.defined()) dsink[n].sub_(((sink[n] - m_n).exp() * inv_l * delta).sum());
                 for (int64_t i0 = 0; i0 < sq; i0 += rows) {
                     const int64_t i1 = std::min(sq, i0 + rows);
                     at::Tensor q_i = q_n.slice(0, i0, i1), dy_i = dy_n.slice(0, i0, i1);
@@ -370,12 +378,12 @@ aclnnStatus softmax_layout(const char* op, const char* what, const char* layout,
 
 // The forward's phase two: every sequence (one per TND document, or the whole batch).
 void run_forward(const Plan& p, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& mask,
-                 const at::Tensor& out, const at::Tensor& max_out, const at::Tensor& sum_out) {
+                 const at::Tensor& sink, const at::Tensor& out, const at::Tensor& max_out, const at::Tensor& sum_out) {
     if (p.layout != "TND") {
         at::Tensor mask4 = sequence_mask(p, mask, p.sq, p.skv);
         auto [row_max, row_sum] = forward_core(to_bnsd(q, p.layout, p.n), to_bnsd(k, p.layout, p.nkv),
                                                to_bnsd(v, p.layout, p.nkv), mask4, band_of(p, p.sq, p.skv), p.scale,
-                                               to_bnsd(out, p.layout, p.n));
+                                               sink, to_bnsd(out, p.layout, p.n));
         max_out.copy_(row_max.unsqueeze(-1).expand(stats_shape(p)));
         sum_out.copy_(row_sum.unsqueeze(-1).expand(stats_shape(p)));
         return;
@@ -390,7 +398,7 @@ void run_forward(const Plan& p, const at::Tensor& q, const at::Tensor& k, const 
         if (sq == 0) continue;
         at::Tensor mask4 = sequence_mask(p, mask, sq, skv);
         auto [row_max, row_sum] = forward_core(tnd_piece(q, qb), tnd_piece(k, kb), tnd_piece(v, kb), mask4,
-                                               band_of(p, sq, skv), p.scale, tnd_piece(out, qb));
+                                               band_of(p, sq, skv), p.scale, sink, tnd_piece(out, qb));
         max_ntc.slice(1, qb.first, qb.second).copy_(row_max[0].unsqueeze(-1).expand({p.n, sq, kStatsColumns}));
         sum_ntc.slice(1, qb.first, qb.second).copy_(row_sum[0].unsqueeze(-1).expand({p.n, sq, kStatsColumns}));
     }
@@ -398,13 +406,18 @@ void run_forward(const Plan& p, const at::Tensor& q, const at::Tensor& k, const 
 
 void run_backward(const Plan& p, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& dy,
                   const at::Tensor& mask, const at::Tensor& max_in, const at::Tensor& sum_in, const at::Tensor& out,
-                  const at::Tensor& dq, const at::Tensor& dk, const at::Tensor& dv) {
+                  const at::Tensor& sink, const at::Tensor& dsink_out, const at::Tensor& dq, const at::Tensor& dk,
+                  const at::Tensor& dv) {
+    // Summed over every batch and sequence in FLOAT32, written once at the end.
+    at::Tensor dsink = sink.defined() ? at::zeros({p.n}, at::kFloat) : at::Tensor();
+    at::Tensor sink_f = sink.defined() ? sink.to(at::kFloat) : at::Tensor();
     if (p.layout != "TND") {
         at::Tensor mask4 = sequence_mask(p, mask, p.sq, p.skv);
         backward_core(to_bnsd(q, p.layout, p.n), to_bnsd(k, p.layout, p.nkv), to_bnsd(v, p.layout, p.nkv),
                       to_bnsd(dy, p.layout, p.n), to_bnsd(out, p.layout, p.n), mask4, band_of(p, p.sq, p.skv), p.scale,
-                      max_in.select(-1, 0), sum_in.select(-1, 0), to_bnsd(dq, p.layout, p.n),
+                      max_in.select(-1, 0), sum_in.select(-1, 0), sink_f, dsink, to_bnsd(dq, p.layout, p.n),
                       to_bnsd(dk, p.layout, p.nkv), to_bnsd(dv, p.layout, p.nkv));
+        if (dsink_out.defined()) dsink_out.copy_(dsink);
         return;
     }
     dq.zero_();  // tokens outside every sequence
@@ -418,23 +431,33 @@ void run_backward(const Plan& p, const at::Tensor& q, const at::Tensor& k, const
         at::Tensor mask4 = sequence_mask(p, mask, sq, skv);
         backward_core(tnd_piece(q, qb), tnd_piece(k, kb), tnd_piece(v, kb), tnd_piece(dy, qb), tnd_piece(out, qb),
                       mask4, band_of(p, sq, skv), p.scale, max_nt.slice(1, qb.first, qb.second).unsqueeze(0),
-                      sum_nt.slice(1, qb.first, qb.second).unsqueeze(0), tnd_piece(dq, qb), tnd_piece(dk, kb),
-                      tnd_piece(dv, kb));
+                      sum_nt.slice(1, qb.first, qb.second).unsqueeze(0), sink_f, dsink, tnd_piece(dq, qb),
+                      tnd_piece(dk, kb), tnd_piece(dv, kb));
     }
+    if (dsink_out.defined()) dsink_out.copy_(dsink);
+}
+
+// The sink's checks (FLOAT32 by op_table.json; one logit per query head).
+aclnnStatus check_sink(const char* op, const char* name, const aclTensor* sink, const Plan& p) {
+    if (sink && (sink->view.size() != 1 || sink->view[0] != p.n))
+        return invalid(op, std::string(name) + " must be 1-D with headNum (" + std::to_string(p.n) +
+                               ") logits, got " + shape_text(sink->view));
+    return 0;
 }
 
 aclnnStatus forward(const char* op, const aclTensor* query, const aclTensor* key, const aclTensor* value,
                     const aclTensor* real_shift, const aclTensor* drop_mask, const aclTensor* padding_mask,
-                    const aclTensor* atten_mask, const aclIntArray* q_lens, const aclIntArray* kv_lens,
+                    const aclTensor* atten_mask, const aclTensor* sink, const aclIntArray* q_lens,
+                    const aclIntArray* kv_lens,
                     double scale, double keep_prob, int64_t pre, int64_t next, int64_t head_num, char* input_layout,
                     int64_t sparse_mode, const char* stats_layout, const aclTensor* softmax_max,
                     const aclTensor* softmax_sum, const aclTensor* softmax_out, const aclTensor* attention_out,
                     uint64_t* ws, aclOpExecutor** ex) {
     if (int rc = check_args(op, {{"query", query}, {"key", key}, {"value", value},
                                  {"realShiftOptional", real_shift, true}, {"dropMaskOptional", drop_mask, true},
-                                 {"attenMaskOptional", atten_mask, true}, {"softmaxMaxOut", softmax_max},
-                                 {"softmaxSumOut", softmax_sum}, {"softmaxOutOut", softmax_out, true},
-                                 {"attentionOutOut", attention_out}}))
+                                 {"attenMaskOptional", atten_mask, true}, {"sinkOptional", sink, true},
+                                 {"softmaxMaxOut", softmax_max}, {"softmaxSumOut", softmax_sum},
+                                 {"softmaxOutOut", softmax_out, true}, {"attentionOutOut", attention_out}}))
         return rc;
     Plan p;
     if (stats_layout)
@@ -446,9 +469,11 @@ aclnnStatus forward(const char* op, const aclTensor* query, const aclTensor* key
     if (int rc = check_shape(op, "attentionOut", attention_out, out_shape(p))) return rc;
     if (int rc = check_stats(op, "softmaxMaxOut", softmax_max, p)) return rc;
     if (int rc = check_stats(op, "softmaxSumOut", softmax_sum, p)) return rc;
+    if (int rc = check_sink(op, "sinkOptional", sink, p)) return rc;
     return aten_executor(op, [p, q = hold(query), k = hold(key), v = hold(value), m = hold(atten_mask),
-                              mx = hold(softmax_max), sm = hold(softmax_sum), o = hold(attention_out)] {
-        run_forward(p, view(q), view(k), view(v), view(m), view(o), view(mx), view(sm));
+                              sk = hold(sink), mx = hold(softmax_max), sm = hold(softmax_sum),
+                              o = hold(attention_out)] {
+        run_forward(p, view(q), view(k), view(v), view(m), view(sk), view(o), view(mx), view(sm));
     }, ws, ex);
 }
 
@@ -456,16 +481,18 @@ aclnnStatus backward(const char* op, const aclTensor* query, const aclTensor* ke
                      const aclTensor* dy, const aclTensor* pse, const aclTensor* drop_mask,
                      const aclTensor* padding_mask, const aclTensor* atten_mask, const aclTensor* softmax_max,
                      const aclTensor* softmax_sum, const aclTensor* softmax_in, const aclTensor* attention_in,
-                     const aclIntArray* q_lens, const aclIntArray* kv_lens, double scale, double keep_prob,
-                     int64_t pre, int64_t next, int64_t head_num, char* input_layout, int64_t sparse_mode,
-                     const char* stats_layout, const aclTensor* dq, const aclTensor* dk, const aclTensor* dv,
-                     const aclTensor* dpse, uint64_t* ws, aclOpExecutor** ex) {
+                     const aclTensor* sink, const aclIntArray* q_lens, const aclIntArray* kv_lens, double scale,
+                     double keep_prob, int64_t pre, int64_t next, int64_t head_num, char* input_layout,
+                     int64_t sparse_mode, const char* stats_layout, const aclTensor* dq, const aclTensor* dk,
+                     const aclTensor* dv, const aclTensor* dpse, const aclTensor* dsink, uint64_t* ws,
+                     aclOpExecutor** ex) {
     if (int rc = check_args(op, {{"query", query}, {"keyIn", key}, {"value", value}, {"dy", dy},
                                  {"pseShiftOptional", pse, true}, {"dropMaskOptional", drop_mask, true},
                                  {"attenMaskOptional", atten_mask, true}, {"softmaxMaxOptional", softmax_max, true},
                                  {"softmaxSumOptional", softmax_sum, true}, {"softmaxInOptional", softmax_in, true},
-                                 {"attentionInOptional", attention_in, true}, {"dqOut", dq}, {"dkOut", dk},
-                                 {"dvOut", dv}, {"dpseOut", dpse, true}}))
+                                 {"attentionInOptional", attention_in, true}, {"sinkInOptional", sink, true},
+                                 {"dqOut", dq}, {"dkOut", dk}, {"dvOut", dv}, {"dpseOut", dpse, true},
+                                 {"dsinkOut", dsink, true}}))
         return rc;
     if (!softmax_max || !softmax_sum || !attention_in)
         return fail(ACLNN_ERR_INNER, std::string(op) + ": without softmaxMax, softmaxSum and attentionIn (the "
@@ -483,11 +510,14 @@ aclnnStatus backward(const char* op, const aclTensor* query, const aclTensor* ke
         if (int rc = check_shape(op, name, t, shape)) return rc;
     if (int rc = check_stats(op, "softmaxMaxOptional", softmax_max, p)) return rc;
     if (int rc = check_stats(op, "softmaxSumOptional", softmax_sum, p)) return rc;
+    if (int rc = check_sink(op, "sinkInOptional", sink, p)) return rc;
+    if (sink && dsink)
+        if (int rc = check_shape(op, "dsinkOut", dsink, sink->view)) return rc;
     return aten_executor(op, [p, q = hold(query), k = hold(key), v = hold(value), g = hold(dy), m = hold(atten_mask),
-                              mx = hold(softmax_max), sm = hold(softmax_sum), o = hold(attention_in), gq = hold(dq),
-                              gk = hold(dk), gv = hold(dv)] {
-        run_backward(p, view(q), view(k), view(v), view(g), view(m), view(mx), view(sm), view(o), view(gq), view(gk),
-                     view(gv));
+                              mx = hold(softmax_max), sm = hold(softmax_sum), o = hold(attention_in), sk = hold(sink),
+                              gs = hold(sink ? dsink : nullptr), gq = hold(dq), gk = hold(dk), gv = hold(dv)] {
+        run_backward(p, view(q), view(k), view(v), view(g), view(m), view(mx), view(sm), view(o), view(sk), view(gs),
+                     view(gq), view(gk), view(gv));
     }, ws, ex);
 }
 
@@ -504,9 +534,9 @@ CANN_API aclnnStatus aclnnFlashAttentionScoreGetWorkspaceSize(
     const char* op = "aclnnFlashAttentionScore";
     if (input_layout && std::string(input_layout) == "TND")
         return invalid(op, "TND is aclnnFlashAttentionVarLenScore's");
-    return forward(op, query, key, value, real_shift, drop_mask, padding_mask, atten_mask, nullptr, nullptr, scale,
-                   keep_prob, pre_tokens, next_tokens, head_num, input_layout, sparse_mode, nullptr, softmax_max,
-                   softmax_sum, softmax_out, attention_out, ws, ex);
+    return forward(op, query, key, value, real_shift, drop_mask, padding_mask, atten_mask, nullptr, nullptr, nullptr,
+                   scale, keep_prob, pre_tokens, next_tokens, head_num, input_layout, sparse_mode, nullptr,
+                   softmax_max, softmax_sum, softmax_out, attention_out, ws, ex);
 }
 CANN_EMU_LAUNCH(aclnnFlashAttentionScore)
 
@@ -520,8 +550,8 @@ CANN_API aclnnStatus aclnnFlashAttentionVarLenScoreGetWorkspaceSize(
     (void)prefix, (void)inner_precise;
     const char* op = "aclnnFlashAttentionVarLenScore";
     if (!input_layout || std::string(input_layout) != "TND") return invalid(op, "inputLayout must be TND");
-    return forward(op, query, key, value, real_shift, drop_mask, padding_mask, atten_mask, q_lens, kv_lens, scale,
-                   keep_prob, pre_tokens, next_tokens, head_num, input_layout, sparse_mode, "", softmax_max,
+    return forward(op, query, key, value, real_shift, drop_mask, padding_mask, atten_mask, nullptr, q_lens, kv_lens,
+                   scale, keep_prob, pre_tokens, next_tokens, head_num, input_layout, sparse_mode, "", softmax_max,
                    softmax_sum, softmax_out, attention_out, ws, ex);
 }
 CANN_EMU_LAUNCH(aclnnFlashAttentionVarLenScore)
@@ -537,11 +567,61 @@ CANN_API aclnnStatus aclnnFlashAttentionVarLenScoreV4GetWorkspaceSize(
     const char* op = "aclnnFlashAttentionVarLenScoreV4";
     if (!input_layout || std::string(input_layout) != "TND") return invalid(op, "inputLayout must be TND");
     if (int rc = check_present(op, "softmaxOutLayout", softmax_out_layout)) return rc;
-    return forward(op, query, key, value, real_shift, drop_mask, padding_mask, atten_mask, q_lens, kv_lens, scale,
-                   keep_prob, pre_tokens, next_tokens, head_num, input_layout, sparse_mode, softmax_out_layout,
+    return forward(op, query, key, value, real_shift, drop_mask, padding_mask, atten_mask, nullptr, q_lens, kv_lens,
+                   scale, keep_prob, pre_tokens, next_tokens, head_num, input_layout, sparse_mode, softmax_out_layout,
                    softmax_max, softmax_sum, softmax_out, attention_out, ws, ex);
 }
 CANN_EMU_LAUNCH(aclnnFlashAttentionVarLenScoreV4)
+
+// The sink's pair (CANN's aclnnFlashAttentionScoreV3 / VarLenScoreV5: op-plugin calls them when sink is given).
+// qStartIdx / kvStartIdx (empty from torch_npu) and the rope inputs (null) are not emulated.
+aclnnStatus refuse_extras(const char* op, const aclIntArray* q_start, const aclIntArray* kv_start,
+                          const aclTensor* q_rope, const aclTensor* k_rope, int64_t pse_type) {
+    if ((q_start && !q_start->v.empty()) || (kv_start && !kv_start->v.empty()))
+        return fail(ACLNN_ERR_INNER, std::string(op) + ": qStartIdx / kvStartIdx are not emulated");
+    if (q_rope || k_rope) return fail(ACLNN_ERR_INNER, std::string(op) + ": queryRope / keyRope are not emulated");
+    if (pse_type != 1) return fail(ACLNN_ERR_INNER, std::string(op) + ": pseType other than 1 is not emulated");
+    return 0;
+}
+
+CANN_API aclnnStatus aclnnFlashAttentionScoreV3GetWorkspaceSize(
+    const aclTensor* query, const aclTensor* key, const aclTensor* value, const aclTensor* real_shift,
+    const aclTensor* drop_mask, const aclTensor* padding_mask, const aclTensor* atten_mask, const aclTensor* sink,
+    const aclIntArray* prefix, const aclIntArray* q_start, const aclIntArray* kv_start, double scale,
+    double keep_prob, int64_t pre_tokens, int64_t next_tokens, int64_t head_num, char* input_layout,
+    int64_t inner_precise, int64_t sparse_mode, int64_t pse_type, const aclTensor* softmax_max,
+    const aclTensor* softmax_sum, const aclTensor* softmax_out, const aclTensor* attention_out, uint64_t* ws,
+    aclOpExecutor** ex) {
+    (void)prefix, (void)inner_precise;
+    const char* op = "aclnnFlashAttentionScoreV3";
+    if (input_layout && std::string(input_layout) == "TND")
+        return invalid(op, "TND is aclnnFlashAttentionVarLenScoreV5's");
+    if (int rc = refuse_extras(op, q_start, kv_start, nullptr, nullptr, pse_type)) return rc;
+    return forward(op, query, key, value, real_shift, drop_mask, padding_mask, atten_mask, sink, nullptr, nullptr,
+                   scale, keep_prob, pre_tokens, next_tokens, head_num, input_layout, sparse_mode, nullptr,
+                   softmax_max, softmax_sum, softmax_out, attention_out, ws, ex);
+}
+CANN_EMU_LAUNCH(aclnnFlashAttentionScoreV3)
+
+CANN_API aclnnStatus aclnnFlashAttentionVarLenScoreV5GetWorkspaceSize(
+    const aclTensor* query, const aclTensor* query_rope, const aclTensor* key, const aclTensor* key_rope,
+    const aclTensor* value, const aclTensor* real_shift, const aclTensor* drop_mask, const aclTensor* padding_mask,
+    const aclTensor* atten_mask, const aclTensor* sink, const aclIntArray* prefix, const aclIntArray* q_lens,
+    const aclIntArray* kv_lens, const aclIntArray* q_start, const aclIntArray* kv_start, double scale,
+    double keep_prob, int64_t pre_tokens, int64_t next_tokens, int64_t head_num, char* input_layout,
+    int64_t inner_precise, int64_t sparse_mode, int64_t pse_type, char* softmax_out_layout,
+    const aclTensor* softmax_max, const aclTensor* softmax_sum, const aclTensor* softmax_out,
+    const aclTensor* attention_out, uint64_t* ws, aclOpExecutor** ex) {
+    (void)prefix, (void)inner_precise;
+    const char* op = "aclnnFlashAttentionVarLenScoreV5";
+    if (!input_layout || std::string(input_layout) != "TND") return invalid(op, "inputLayout must be TND");
+    if (int rc = refuse_extras(op, q_start, kv_start, query_rope, key_rope, pse_type)) return rc;
+    if (int rc = check_present(op, "softmaxOutLayout", softmax_out_layout)) return rc;
+    return forward(op, query, key, value, real_shift, drop_mask, padding_mask, atten_mask, sink, q_lens, kv_lens,
+                   scale, keep_prob, pre_tokens, next_tokens, head_num, input_layout, sparse_mode, softmax_out_layout,
+                   softmax_max, softmax_sum, softmax_out, attention_out, ws, ex);
+}
+CANN_EMU_LAUNCH(aclnnFlashAttentionVarLenScoreV5)
 
 // ---- backward ----------------------------------------------------------------------------------------------
 CANN_API aclnnStatus aclnnFlashAttentionScoreGradGetWorkspaceSize(
@@ -557,8 +637,8 @@ CANN_API aclnnStatus aclnnFlashAttentionScoreGradGetWorkspaceSize(
     if (input_layout && std::string(input_layout) == "TND")
         return invalid(op, "TND is aclnnFlashAttentionUnpaddingScoreGrad's");
     return backward(op, query, key, value, dy, pse, drop_mask, padding_mask, atten_mask, softmax_max, softmax_sum,
-                    softmax_in, attention_in, nullptr, nullptr, scale, keep_prob, pre_tokens, next_tokens, head_num,
-                    input_layout, sparse_mode, nullptr, dq, dk, dv, dpse, ws, ex);
+                    softmax_in, attention_in, nullptr, nullptr, nullptr, scale, keep_prob, pre_tokens, next_tokens,
+                    head_num, input_layout, sparse_mode, nullptr, dq, dk, dv, dpse, nullptr, ws, ex);
 }
 CANN_EMU_LAUNCH(aclnnFlashAttentionScoreGrad)
 
@@ -574,8 +654,8 @@ CANN_API aclnnStatus aclnnFlashAttentionUnpaddingScoreGradGetWorkspaceSize(
     const char* op = "aclnnFlashAttentionUnpaddingScoreGrad";
     if (!input_layout || std::string(input_layout) != "TND") return invalid(op, "inputLayout must be TND");
     return backward(op, query, key, value, dy, pse, drop_mask, padding_mask, atten_mask, softmax_max, softmax_sum,
-                    softmax_in, attention_in, q_lens, kv_lens, scale, keep_prob, pre_tokens, next_tokens, head_num,
-                    input_layout, sparse_mode, "", dq, dk, dv, dpse, ws, ex);
+                    softmax_in, attention_in, nullptr, q_lens, kv_lens, scale, keep_prob, pre_tokens, next_tokens,
+                    head_num, input_layout, sparse_mode, "", dq, dk, dv, dpse, nullptr, ws, ex);
 }
 CANN_EMU_LAUNCH(aclnnFlashAttentionUnpaddingScoreGrad)
 
@@ -592,7 +672,49 @@ CANN_API aclnnStatus aclnnFlashAttentionUnpaddingScoreGradV4GetWorkspaceSize(
     if (!input_layout || std::string(input_layout) != "TND") return invalid(op, "inputLayout must be TND");
     if (int rc = check_present(op, "softmaxInLayout", softmax_in_layout)) return rc;
     return backward(op, query, key, value, dy, pse, drop_mask, padding_mask, atten_mask, softmax_max, softmax_sum,
-                    softmax_in, attention_in, q_lens, kv_lens, scale, keep_prob, pre_tokens, next_tokens, head_num,
-                    input_layout, sparse_mode, softmax_in_layout, dq, dk, dv, dpse, ws, ex);
+                    softmax_in, attention_in, nullptr, q_lens, kv_lens, scale, keep_prob, pre_tokens, next_tokens,
+                    head_num, input_layout, sparse_mode, softmax_in_layout, dq, dk, dv, dpse, nullptr, ws, ex);
 }
 CANN_EMU_LAUNCH(aclnnFlashAttentionUnpaddingScoreGradV4)
+
+CANN_API aclnnStatus aclnnFlashAttentionScoreGradV3GetWorkspaceSize(
+    const aclTensor* query, const aclTensor* key, const aclTensor* value, const aclTensor* dy, const aclTensor* pse,
+    const aclTensor* drop_mask, const aclTensor* padding_mask, const aclTensor* atten_mask,
+    const aclTensor* softmax_max, const aclTensor* softmax_sum, const aclTensor* softmax_in,
+    const aclTensor* attention_in, const aclTensor* sink, const aclIntArray* prefix, const aclIntArray* q_start,
+    const aclIntArray* kv_start, double scale, double keep_prob, int64_t pre_tokens, int64_t next_tokens,
+    int64_t head_num, char* input_layout, int64_t inner_precise, int64_t sparse_mode, int64_t pse_type,
+    const aclTensor* dq, const aclTensor* dk, const aclTensor* dv, const aclTensor* dpse, const aclTensor* dsink,
+    uint64_t* ws, aclOpExecutor** ex) {
+    (void)prefix, (void)inner_precise;
+    const char* op = "aclnnFlashAttentionScoreGradV3";
+    if (input_layout && std::string(input_layout) == "TND")
+        return invalid(op, "TND is aclnnFlashAttentionUnpaddingScoreGradV5's");
+    if (int rc = refuse_extras(op, q_start, kv_start, nullptr, nullptr, pse_type)) return rc;
+    return backward(op, query, key, value, dy, pse, drop_mask, padding_mask, atten_mask, softmax_max, softmax_sum,
+                    softmax_in, attention_in, sink, nullptr, nullptr, scale, keep_prob, pre_tokens, next_tokens,
+                    head_num, input_layout, sparse_mode, nullptr, dq, dk, dv, dpse, dsink, ws, ex);
+}
+CANN_EMU_LAUNCH(aclnnFlashAttentionScoreGradV3)
+
+CANN_API aclnnStatus aclnnFlashAttentionUnpaddingScoreGradV5GetWorkspaceSize(
+    const aclTensor* query, const aclTensor* query_rope, const aclTensor* key, const aclTensor* key_rope,
+    const aclTensor* value, const aclTensor* dy, const aclTensor* pse, const aclTensor* drop_mask,
+    const aclTensor* padding_mask, const aclTensor* atten_mask, const aclTensor* softmax_max,
+    const aclTensor* softmax_sum, const aclTensor* softmax_in, const aclTensor* attention_in, const aclTensor* sink,
+    const aclIntArray* prefix, const aclIntArray* q_lens, const aclIntArray* kv_lens, const aclIntArray* q_start,
+    const aclIntArray* kv_start, double scale, double keep_prob, int64_t pre_tokens, int64_t next_tokens,
+    int64_t head_num, char* input_layout, int64_t inner_precise, int64_t sparse_mode, int64_t pse_type,
+    char* softmax_in_layout, const aclTensor* dq, const aclTensor* dq_rope, const aclTensor* dk,
+    const aclTensor* dk_rope, const aclTensor* dv, const aclTensor* dpse, const aclTensor* dsink, uint64_t* ws,
+    aclOpExecutor** ex) {
+    (void)prefix, (void)inner_precise, (void)dq_rope, (void)dk_rope;
+    const char* op = "aclnnFlashAttentionUnpaddingScoreGradV5";
+    if (!input_layout || std::string(input_layout) != "TND") return invalid(op, "inputLayout must be TND");
+    if (int rc = refuse_extras(op, q_start, kv_start, query_rope, key_rope, pse_type)) return rc;
+    if (int rc = check_present(op, "softmaxInLayout", softmax_in_layout)) return rc;
+    return backward(op, query, key, value, dy, pse, drop_mask, padding_mask, atten_mask, softmax_max, softmax_sum,
+                    softmax_in, attention_in, sink, q_lens, kv_lens, scale, keep_prob, pre_tokens, next_tokens,
+                    head_num, input_layout, sparse_mode, softmax_in_layout, dq, dk, dv, dpse, dsink, ws, ex);
+}
+CANN_EMU_LAUNCH(aclnnFlashAttentionUnpaddingScoreGradV5)
