@@ -56,7 +56,7 @@ ROWS = (
     Row("deepseek_v3", "deepseek_v3", "deepseek_v3_debugmodel", ci=(),
         ci_elsewhere=(("rehearsal", "test_moe_train.py"), ("sim_npu", "test_moe_train.py, EP 2"))),
     Row("gpt_oss", "gpt_oss", "gpt_oss_debugmodel",
-        note="its attention sinks (out_transform) run on reference attention"),
+        note="its attention sinks go to the fused kernel's sink argument (docs/models.md)"),
     Row("muse_glimmer", "muse_glimmer", "muse_glimmer_debugmodel",
         note="loss falls slowly: the final norm's gain starts at 0 (logits are 0 at step 1)"),
     Row("qwen3_5", "qwen3_5", "qwen35_debugmodel",
