@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import functools
 import sys
+import types
 
 import torch
 from torch.distributed.tensor import DTensor
@@ -226,10 +227,12 @@ def gpt_oss_sinks(out_transform):
     """gpt_oss's per-head sinks when ``out_transform`` is its ``Attention._apply_sinks``, else None.
 
     Recognised by the function itself (the bound method of torchtitan's class, from the module
-    already imported), never by calling it; its sinks are taken as it takes them.
+    already imported), never by calling it; its sinks are taken as it takes them. Plain attribute
+    reads: torch.compile does not see a bound method's ``__func__`` through ``getattr`` with a default.
     """
     model = sys.modules.get("torchtitan.models.gpt_oss.model")
-    if model is None or getattr(out_transform, "__func__", None) is not model.Attention._apply_sinks:
+    if model is None or not isinstance(out_transform, types.MethodType) \
+            or out_transform.__func__ is not model.Attention._apply_sinks:
         return None
     sinks_N = out_transform.__self__.sinks
     if isinstance(sinks_N, DTensor):  # as upstream: this rank's heads, gradients kept in the sinks' placement
