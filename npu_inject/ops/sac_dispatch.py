@@ -7,7 +7,7 @@ policy would partly recompute. Registering it as ``npu_inject::reference_fusion_
 lets the rehearsal save it exactly as the NPU saves its kernel. Its backward
 recomputes the attention inside the backward op, as the NPU's
 ``npu_fusion_attention_grad`` does from the saved inputs; the softmax statistics
-carry no gradient (as on the NPU).
+carry no gradient (as on the NPU). A ``sink`` (gpt_oss) gets its gradient there too.
 """
 
 from __future__ import annotations
@@ -25,20 +25,20 @@ _MAX_TOCKENS = 2147483647
 @torch.library.custom_op(FUSION_ATTENTION_OP_NAME, mutates_args=())
 def _fusion_attention(
     query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, atten_mask: Optional[torch.Tensor],
-    head_num: int, input_layout: str, scale: float, pre_tockens: int, next_tockens: int,
-    actual_seq_qlen: Optional[Sequence[int]], actual_seq_kvlen: Optional[Sequence[int]],
+    sink: Optional[torch.Tensor], head_num: int, input_layout: str, scale: float, pre_tockens: int,
+    next_tockens: int, actual_seq_qlen: Optional[Sequence[int]], actual_seq_kvlen: Optional[Sequence[int]],
     sparse_mode: int, softmax_layout: str,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     out, softmax_max, softmax_sum, *_ = reference.npu_fusion_attention(
         query, key, value, head_num, input_layout, atten_mask=atten_mask, scale=scale,
         pre_tockens=pre_tockens, next_tockens=next_tockens, actual_seq_qlen=actual_seq_qlen,
-        actual_seq_kvlen=actual_seq_kvlen, sparse_mode=sparse_mode, softmax_layout=softmax_layout,
+        actual_seq_kvlen=actual_seq_kvlen, sparse_mode=sparse_mode, softmax_layout=softmax_layout, sink=sink,
     )
     return out.contiguous(), softmax_max, softmax_sum
 
 
 @_fusion_attention.register_fake
-def _(query, key, value, atten_mask, head_num, input_layout, scale, pre_tockens, next_tockens,
+def _(query, key, value, atten_mask, sink, head_num, input_layout, scale, pre_tockens, next_tockens,
       actual_seq_qlen, actual_seq_kvlen, sparse_mode, softmax_layout):
     out = query.new_empty(query.shape[:-1] + (value.shape[-1],))
     if input_layout == "TND":
@@ -56,19 +56,21 @@ _NON_TENSOR_ARGUMENTS = ("head_num", "input_layout", "scale", "pre_tockens", "ne
 
 
 def _setup_context(ctx, inputs, output):
-    query, key, value, atten_mask, *rest = inputs
-    ctx.save_for_backward(query, key, value, atten_mask)
+    query, key, value, atten_mask, sink, *rest = inputs
+    ctx.save_for_backward(query, key, value, atten_mask, sink)
     ctx.arguments = dict(zip(_NON_TENSOR_ARGUMENTS, rest))
     ctx.mark_non_differentiable(output[1], output[2])
 
 
 def _backward(ctx, grad_out, _grad_max, _grad_sum):
-    query, key, value, atten_mask = ctx.saved_tensors
+    query, key, value, atten_mask, sink = ctx.saved_tensors
     with torch.enable_grad():
         inputs = [t.detach().requires_grad_(True) for t in (query, key, value)]
-        out, *_ = reference.npu_fusion_attention(*inputs, atten_mask=atten_mask, **ctx.arguments)
-        grads = torch.autograd.grad(out, inputs, grad_out)
-    return (*grads, None, *(None for _ in _NON_TENSOR_ARGUMENTS))
+        sink_leaf = None if sink is None else sink.detach().requires_grad_(True)
+        out, *_ = reference.npu_fusion_attention(*inputs, atten_mask=atten_mask, sink=sink_leaf, **ctx.arguments)
+        grads = torch.autograd.grad(out, inputs + ([] if sink_leaf is None else [sink_leaf]), grad_out)
+    grad_sink = None if sink is None else grads[3]
+    return (*grads[:3], None, grad_sink, *(None for _ in _NON_TENSOR_ARGUMENTS))
 
 
 _fusion_attention.register_autograd(_backward, setup_context=_setup_context)
@@ -79,7 +81,7 @@ def npu_fusion_attention(
     query, key, value, head_num, input_layout, pse=None, padding_mask=None, atten_mask=None,
     scale=1.0, keep_prob=1.0, pre_tockens=_MAX_TOCKENS, next_tockens=_MAX_TOCKENS, inner_precise=0,
     prefix=None, actual_seq_qlen=None, actual_seq_kvlen=None, sparse_mode=0, gen_mask_parallel=True,
-    sync=False, softmax_layout="",
+    sync=False, softmax_layout="", sink=None,
 ):
     """torch_npu's signature; the arguments npu_inject passes go through the dispatcher op.
 
@@ -90,11 +92,11 @@ def npu_fusion_attention(
         return reference.npu_fusion_attention(
             query, key, value, head_num, input_layout, pse, padding_mask, atten_mask, scale, keep_prob,
             pre_tockens, next_tockens, inner_precise, prefix, actual_seq_qlen, actual_seq_kvlen,
-            sparse_mode, gen_mask_parallel, sync, softmax_layout,
+            sparse_mode, gen_mask_parallel, sync, softmax_layout, sink,
         )
     as_list = lambda offsets: None if offsets is None else [int(x) for x in offsets]  # noqa: E731
     out, softmax_max, softmax_sum = _fusion_attention(
-        query, key, value, atten_mask, head_num, input_layout, float(scale), pre_tockens, next_tockens,
+        query, key, value, atten_mask, sink, head_num, input_layout, float(scale), pre_tockens, next_tockens,
         as_list(actual_seq_qlen), as_list(actual_seq_kvlen), sparse_mode, softmax_layout,
     )
     return out, softmax_max, softmax_sum, torch.empty(0, dtype=query.dtype, device=query.device), 0, 0, 0

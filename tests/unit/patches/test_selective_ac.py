@@ -145,3 +145,29 @@ def test_a_linear_reaching_the_policy_as_matmul_is_saved_every_other_time_like_m
     assert upstream_mm == [CheckpointPolicy.MUST_SAVE, CheckpointPolicy.PREFER_RECOMPUTE] * 2
     assert upstream_matmul == [CheckpointPolicy.PREFER_RECOMPUTE] * 2  # the NPU's loss before the patch
     assert patched_matmul == upstream_mm
+
+
+def test_the_dispatcher_op_takes_gpt_oss_sinks_with_their_gradient():
+    """gpt_oss under selective AC: the dispatcher op passes the sink and returns its gradient, against the
+    explicit softmax over the scores and an appended sink column (dropped before v)."""
+    from npu_inject.ops import sac_dispatch
+
+    generator = torch.Generator().manual_seed(3)
+    B, S, N, N_KV, D = 2, 12, 4, 2, 8
+    q = torch.randn(B, S, N, D, generator=generator, requires_grad=True)
+    k, v = (torch.randn(B, S, N_KV, D, generator=generator, requires_grad=True) for _ in range(2))
+    sinks = torch.tensor([0.5, -1.0, 2.0, 0.0], requires_grad=True)
+    compressed = torch.triu(torch.ones(2048, 2048, dtype=torch.bool), diagonal=1)
+    out = sac_dispatch.npu_fusion_attention(q, k, v, N, "BSND", atten_mask=compressed, sparse_mode=2, scale=0.3,
+                                            sink=sinks)[0]
+    scores = (q.transpose(1, 2) @ k.transpose(1, 2).repeat_interleave(2, 1).transpose(-1, -2)) * 0.3
+    scores = scores.masked_fill(~torch.ones(S, S, dtype=torch.bool).tril(), float("-inf"))
+    column = sinks.view(1, N, 1, 1).expand(B, N, S, 1)
+    probs = torch.softmax(torch.cat([scores, column], dim=-1), dim=-1)[..., :-1]
+    expected = (probs @ v.transpose(1, 2).repeat_interleave(2, 1)).transpose(1, 2)
+    weights = torch.randn(out.shape, generator=generator)
+    got = torch.autograd.grad((out * weights).sum(), (q, k, v, sinks))
+    want = torch.autograd.grad((expected * weights).sum(), (q, k, v, sinks))
+    torch.testing.assert_close(out, expected, rtol=1e-5, atol=1e-6)
+    for name, g, w in zip(("dq", "dk", "dv", "dsinks"), got, want):
+        torch.testing.assert_close(g, w, rtol=1e-4, atol=1e-5, msg=name)
