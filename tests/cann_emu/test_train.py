@@ -37,11 +37,17 @@ MODELS = {
     "deepseek_v3_ep2": ["--module", "deepseek_v3", "--config", "deepseek_v3_debugmodel",
                         "--parallelism.expert_parallel_degree", "2"],
     "qwen3_moe_ep2": ["--module", "qwen3", "--config", "qwen3_moe_debug", "--parallelism.expert_parallel_degree", "2"],
+    # Its attention sinks on the real wheel's sink operators (aclnnFlashAttentionVarLenScoreV5 and its gradient).
+    "gpt_oss": ["--module", "gpt_oss", "--config", "gpt_oss_debugmodel"],
 }
 MOE = {"deepseek_v3_ep2", "qwen3_moe_ep2"}
 # CI runs one dense and one MoE model; llama3 varlen and qwen3 MoE (about 2 minutes on the emulation)
 # with -m cann_emu_long.
-LONG = {"llama3_varlen", "qwen3_moe_ep2"}
+LONG = {"llama3_varlen", "qwen3_moe_ep2", "gpt_oss"}
+# Relative loss tolerance against the rehearsal. gpt_oss's router amplifies float-order differences step by step:
+# measured 2026-11-26 over 4 steps, at most 1.0e-4 with its sinks on the sink operators (step 1: 1e-6), and
+# 1.2e-3 before, on reference attention.
+LOSS_RTOL = {"gpt_oss": 3e-4}
 PARAMS = [pytest.param(name, marks=[pytest.mark.cann_emu_long] if name in LONG else []) for name in sorted(MODELS)]
 
 
@@ -74,13 +80,16 @@ def test_trains_with_the_rehearsals_losses_and_counts_every_step(name, tmp_path)
     assert sorted(emulated_losses) == list(range(1, STEPS + 1))
     assert all(map(math.isfinite, emulated_losses.values()))
     for step, loss in rehearsal_losses.items():
-        assert emulated_losses[step] == pytest.approx(loss, rel=1e-4), step
+        assert emulated_losses[step] == pytest.approx(loss, rel=LOSS_RTOL.get(name, 1e-4)), step
     assert emulated_losses[STEPS] < emulated_losses[1]
 
     assert [rank["rank"] for rank in counts] == [0, 1]
     fused = {"aclnnRmsNorm", "aclnnRmsNormGrad", "aclnnRotaryPositionEmbeddingGrad", "aclnnSwiGlu", "aclnnSwiGluGrad"}
     if name in MOE:
         fused |= {"aclnnGroupedMatmulV5", "aclnnMoeTokenPermute", "aclnnMoeTokenUnpermute"}
+    if name == "gpt_oss":  # its own experts' activation and RoPE; its sinks on the sink operators (varlen: TND)
+        fused = {"aclnnRmsNorm", "aclnnRmsNormGrad", "aclnnFlashAttentionVarLenScoreV5",
+                 "aclnnFlashAttentionUnpaddingScoreGradV5"}
     for rank in counts:
         assert rank["aclop"] == {}
         for step in map(str, range(1, STEPS + 1)):
@@ -95,7 +104,7 @@ def test_trains_with_the_rehearsals_losses_and_counts_every_step(name, tmp_path)
             # The runtime's host reads: none, but with varlen torchtitan's cu_seq_q, whose host offsets the kernel
             # takes (torchtitan reads them itself when asked for include_host_offsets): a copy and its sync. The
             # positions' host reads (document lengths, RoPE's bounds check) take the loader's own host tensor.
-            allowed = ("patches/attention.py",) if name == "llama3_varlen" else ()
+            allowed = ("patches/attention.py",) if name in ("llama3_varlen", "gpt_oss") else ()
             assert sum(ours.values()) <= 2 * len(allowed), sites
             assert all(any(where in key for where in allowed) for key in ours), sites
             assert not any("_maybe_check_max_pos" in key for key in sites), sites
