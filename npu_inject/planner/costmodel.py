@@ -58,7 +58,13 @@ class Timing:
     comm_s: dict[str, float] = field(default_factory=dict)  # collective time by kind
     kernels: int = 0
     host_s: float = 0.0  # the host's time issuing the step's operators (dispatch and launch, host_us each)
-    host_bound: bool = False  # the host needs longer to issue the operators than the compute stream to run them
+
+    @property
+    def host_bound(self) -> bool:
+        """The host needs longer to issue the operators than the compute stream to run them, so the device
+        waits for launches (the host's last issue always precedes the device's end: comparing those ends says
+        nothing)."""
+        return self.host_s >= self.compute_s
 
 
 def op_seconds(op, profile, eff) -> float:
@@ -225,10 +231,8 @@ def simulate(traces: dict[int, object], profile, eff, layout: Layout, windows: d
     for role in roles.values():
         role.index = role.stop  # a receive whose sender never sent (a trace cut short): nothing more to wait for
     slowest = max(roles.values(), key=lambda r: r.end)
-    # Host-bound: issuing takes longer than the device's compute, so the device waits for launches (the
-    # host's last issue always precedes the device's end: comparing those two ends says nothing).
     timing = Timing(step_s=slowest.end, compute_s=slowest.compute_busy, optimizer_s=slowest.optimizer,
                     bubble_s=slowest.bubble, comm_s=dict(slowest.comm), kernels=slowest.kernels,
-                    host_s=slowest.issue, host_bound=slowest.issue >= slowest.compute_busy)
+                    host_s=slowest.issue)
     timing.exposed_comm_s = max(0.0, timing.step_s - timing.compute_s - timing.bubble_s)
     return timing

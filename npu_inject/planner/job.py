@@ -168,7 +168,6 @@ def _evaluate(recorded: dict[int, Any], *, profile, efficiency, world_size, expa
         timing.bubble_s += extra_groups * group.bubble_s
         timing.kernels += extra_groups * group.kernels
         timing.host_s += extra_groups * group.host_s
-        timing.host_bound = timing.host_s >= timing.compute_s
         for kind, seconds in group.comm_s.items():
             timing.comm_s[kind] = timing.comm_s.get(kind, 0.0) + extra_groups * seconds
         timing.exposed_comm_s = max(0.0, timing.step_s - timing.compute_s - timing.bubble_s)
@@ -261,7 +260,6 @@ def _extrapolate(shallow: JobPlan, deeper: JobPlan, units: tuple[int, int], seco
         optimizer_s=line(ta.optimizer_s, tb.optimizer_s, target), bubble_s=line(ta.bubble_s, tb.bubble_s, target),
         comm_s={kind: line(ta.comm_s.get(kind, 0.0), seconds_b, target) for kind, seconds_b in tb.comm_s.items()},
         kernels=int(line(ta.kernels, tb.kernels, target)), host_s=line(ta.host_s, tb.host_s, target))
-    timing.host_bound = timing.host_s >= timing.compute_s
     timing.exposed_comm_s = max(0.0, timing.step_s - timing.compute_s - timing.bubble_s)
     info = dict(deeper.info)
     held = [stage for stage in range(len(shape.stages)) if any(n.startswith("layers.") for n in shape.stages[stage])]
