@@ -12,10 +12,12 @@ from __future__ import annotations
 
 import difflib
 import json
+import math
 import os
 from dataclasses import dataclass, field
 from typing import Any
 
+from npu_inject import kernel_rates
 from npu_inject.errors import ConfigError
 
 PACKAGED = os.path.join(os.path.dirname(os.path.abspath(__file__)), "hardware.json")
@@ -25,8 +27,10 @@ CPU = "cpu"
 NUMBERS = ("vector_tflops", "memory_gib", "memory_bandwidth_gbps", "scale_up_devices", "allocator_pad_bytes",
            "comm_buffer_mib", "runtime_reserved_gib")
 LINKS = ("scale_up", "scale_out")
-# The cost model's numbers per family (npu_inject.planner.costmodel): fractions of the peaks, overheads in us.
-EFFICIENCY_KEYS = ("cube", "attention", "memory", "comm", "kernel_us", "host_us", "host_view_us")
+# The cost model's numbers per family (npu_inject.planner.costmodel): fractions of the peaks, overheads in us, and
+# ``overhead``: what published steps take beyond the modelled kernels, communication and host, as a fraction of
+# the modelled step (framework, power limits, communication the model misses), fitted on named rows.
+EFFICIENCY_KEYS = ("cube", "attention", "memory", "comm", "kernel_us", "host_us", "host_view_us", "overhead")
 
 
 @dataclass(frozen=True)
@@ -51,6 +55,7 @@ class Profile:
     comm_buffer_mib: float  # per communicator, outside the caching allocator
     runtime_reserved_gib: float  # outside the caching allocator (runtime, driver, kernels)
     sources: dict[str, str] = field(default_factory=dict)
+    rates: kernel_rates.Rates | None = None  # measured kernel rates (npu-inject calibrate); None: the family's fractions
 
     def peak(self, dtype: str) -> float:
         """Dense matrix FLOP/s for ``dtype`` ("bfloat16", "float32", ...)."""
@@ -58,19 +63,44 @@ class Profile:
         return self.peak_tflops.get(short, self.peak_tflops["bf16"]) * 1e12
 
 
+# Numbers that may be 0 (a part with no padding, no communicator buffer, nothing reserved, no link latency);
+# every other number (peaks, sizes, bandwidths, device counts) must be above 0.
+MAY_BE_ZERO = ("allocator_pad_bytes", "comm_buffer_mib", "runtime_reserved_gib", "latency_us")
+
+
 def _number(where: str, entry: Any) -> tuple[float, str]:
     if not isinstance(entry, dict) or set(entry) != {"value", "source"} or not isinstance(entry["value"], (int, float)) \
             or isinstance(entry["value"], bool) or not isinstance(entry["source"], str) or not entry["source"]:
         raise ConfigError(f"{where} must be {{\"value\": <number>, \"source\": \"<where it comes from>\"}}, got {entry!r}")
-    return float(entry["value"]), entry["source"]
+    value = float(entry["value"])
+    floor_ok = where.endswith(MAY_BE_ZERO)
+    if not math.isfinite(value) or value < 0 or (value == 0 and not floor_ok):
+        raise ConfigError(f"{where}: {entry['value']!r} is not a {'non-negative' if floor_ok else 'positive'} "
+                          "finite number (a bandwidth, peak, size or count must be above 0)")
+    return value, entry["source"]
 
 
-def _profile(where: str, name: str, raw: Any) -> Profile:
+def _rates(where: str, raw: Any, folder: str) -> kernel_rates.Rates:
+    """A profile's ``rates``: the object itself, or the path of a JSON file holding it (relative to the file)."""
+    if isinstance(raw, str):
+        path = os.path.join(folder, raw)
+        try:
+            with open(path, encoding="utf-8") as handle:
+                raw = json.load(handle)
+        except OSError as exc:
+            raise ConfigError(f"{where}.rates: cannot read {path}: {exc.strerror}") from None
+        except json.JSONDecodeError as exc:
+            raise ConfigError(f"{path}:{exc.lineno}:{exc.colno}: malformed JSON: {exc.msg}") from None
+        where = path
+    return kernel_rates.parse(f"{where}.rates" if not where.endswith(".json") else where, raw)
+
+
+def _profile(where: str, name: str, raw: Any, folder: str) -> Profile:
     if not isinstance(raw, dict):
         raise ConfigError(f"{where}: a profile is an object, got {type(raw).__name__}")
     required = {"family", "description", "peak_tflops", *NUMBERS, *LINKS}
     missing = sorted(required - set(raw))
-    unknown = sorted(set(raw) - required)
+    unknown = sorted(set(raw) - required - {"rates"})
     if missing or unknown:
         raise ConfigError(f"{where}: " + "; ".join(filter(None, [
             f"missing key(s) {', '.join(missing)}" if missing else "",
@@ -96,7 +126,8 @@ def _profile(where: str, name: str, raw: Any) -> Profile:
     return Profile(name, str(raw["family"]), str(raw["description"]), peak_tflops, values["vector_tflops"],
                    values["memory_gib"], values["memory_bandwidth_gbps"], int(values["scale_up_devices"]),
                    links["scale_up"], links["scale_out"], int(values["allocator_pad_bytes"]),
-                   values["comm_buffer_mib"], values["runtime_reserved_gib"], sources)
+                   values["comm_buffer_mib"], values["runtime_reserved_gib"], sources,
+                   _rates(where, raw["rates"], folder) if "rates" in raw else None)
 
 
 @dataclass
@@ -111,7 +142,8 @@ class Catalog:
     def find(self, name: str) -> Profile:
         """The profile for a SoC name, an alias, or ``cpu`` (measured on this host)."""
         if name == CPU:
-            return measure_host()
+            # A calibrated file's profile of this host (npu-inject calibrate on the CPU), else measured now.
+            return self.profiles[CPU] if CPU in self.profiles else measure_host()
         name = self.aliases.get(name, name)
         if name in self.profiles:
             return self.profiles[name]
@@ -137,6 +169,7 @@ def _merge(catalog_raw: dict, document: Any, source: str) -> None:
 
 def load(user_file: str | None = None) -> Catalog:
     raw: dict = {}
+    origins: dict[str, str] = {}  # profile -> the file it comes from (its errors name it)
     paths = [PACKAGED] + [path for path in (os.environ.get(ENV_FILE), user_file) if path]
     for path in paths:
         try:
@@ -147,7 +180,10 @@ def load(user_file: str | None = None) -> Catalog:
         except json.JSONDecodeError as exc:
             raise ConfigError(f"{path}:{exc.lineno}:{exc.colno}: malformed JSON: {exc.msg}") from None
         _merge(raw, document, path)
-    profiles = {name: _profile(f"hardware profile {name!r}", name, value) for name, value in raw["profiles"].items()}
+        origins.update({name: path for name in document.get("profiles", {})})
+    profiles = {name: _profile(f"{origins.get(name, PACKAGED)}: profile {name!r}", name, value,
+                               os.path.dirname(origins.get(name, PACKAGED)))
+                for name, value in raw["profiles"].items()}
     for alias, target in raw.get("aliases", {}).items():
         if target not in profiles:
             raise ConfigError(f"hardware alias {alias!r} names {target!r}, which is not a profile")
@@ -170,6 +206,12 @@ def _efficiency(family: str, values: Any) -> dict[str, float]:
         raise ConfigError(f"efficiency {family!r}: " + "; ".join(
             ([f"missing {', '.join(missing)}"] if missing else []) + ([f"not a number: {', '.join(wrong)}"] if wrong else []))
             + f" (it needs numbers for {', '.join(EFFICIENCY_KEYS)})")
+    fractions = ("cube", "attention", "memory", "comm")
+    bad = [f"{name}={value!r}" for name, value in numbers.items()
+           if not math.isfinite(value) or value < 0 or (name in fractions and not 0 < value <= 1)]
+    if bad:
+        raise ConfigError(f"efficiency {family!r}: {', '.join(bad)} out of range (fractions of a peak "
+                          f"({', '.join(fractions)}) are in (0, 1]; times and the overhead are finite and not negative)")
     return {name: float(value) for name, value in numbers.items()}
 
 

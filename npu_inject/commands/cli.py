@@ -214,6 +214,9 @@ def build_parser() -> argparse.ArgumentParser:
     from npu_inject.commands import plan  # stdlib only; the planner runs in worker processes
 
     plan.add_parser(commands)
+    from npu_inject.commands import calibrate  # imports torch only when the command runs
+
+    calibrate.add_parser(commands)
     return parser
 
 

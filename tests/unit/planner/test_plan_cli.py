@@ -131,7 +131,8 @@ def test_a_hardware_number_without_a_source_is_refused(tmp_path):
     mine = dict(raw["profiles"]["Ascend910B2"], memory_gib=64)
     path = tmp_path / "bad.json"
     path.write_text(json.dumps({"profiles": {"Bad": mine}}))
-    with pytest.raises(ConfigError, match=r"hardware profile 'Bad'.memory_gib must be \{\"value\": <number>, \"source\""):
+    # The file and the key: the user's file is where to look.
+    with pytest.raises(ConfigError, match=r"bad\.json: profile 'Bad'\.memory_gib must be \{\"value\": <number>, \"source\""):
         hardware.load(str(path))
 
 

@@ -1,0 +1,141 @@
+"""Measured kernel rates: parsed strictly, looked up by shape, and used by the cost model in place of fractions."""
+
+import json
+import math
+from types import SimpleNamespace
+
+import pytest
+
+from npu_inject import hardware, kernel_rates
+from npu_inject.errors import ConfigError
+from npu_inject.planner import costmodel
+
+SOURCE = "measured 2026-11-26 on a test device"
+
+
+def _grid(values):
+    """Matmul points of a 2 x 2 x 2 grid, TFLOP/s from ``values(m, n, k)``."""
+    return [{"dtype": "bf16", "m": m, "n": n, "k": k, "tflops": values(m, n, k), "source": SOURCE}
+            for m in (128, 2048) for n in (128, 2048) for k in (128, 2048)]
+
+
+def _rates(**extra):
+    raw = {"about": SOURCE, "matmul": _grid(lambda m, n, k: 100.0 + m / 128 + n / 64 + k / 32), **extra}
+    return kernel_rates.parse("test.rates", raw)
+
+
+def test_a_grid_point_is_its_measurement_and_between_points_interpolates_in_log2():
+    rates = _rates()
+    assert rates.matmul_tflops("bf16", 2048, 128, 2048) == pytest.approx(100 + 16 + 2 + 64)
+    # Halfway in log2 along m (512 = sqrt(128 * 2048)): the mean of the two measured ends.
+    low, high = 100 + 1 + 2 + 4, 100 + 16 + 2 + 4
+    assert rates.matmul_tflops("bf16", 512, 128, 128) == pytest.approx((low + high) / 2)
+    # Beyond the grid: the nearest edge, not an extrapolation.
+    assert rates.matmul_tflops("bf16", 1 << 20, 128, 128) == pytest.approx(high)
+    # Another dtype without a grid takes bf16's.
+    assert rates.matmul_tflops("fp32", 2048, 128, 2048) == pytest.approx(100 + 16 + 2 + 64)
+
+
+def test_a_grid_with_a_hole_is_refused_naming_the_missing_point():
+    points = _grid(lambda m, n, k: 100.0)[:-1]
+    with pytest.raises(ConfigError, match=r"test.rates.matmul: the bf16 points are not a full grid .*1 missing, "
+                                          r"e.g. m=2048 n=2048 k=2048"):
+        kernel_rates.parse("test.rates", {"about": SOURCE, "matmul": points})
+
+
+@pytest.mark.parametrize("value", [0, -3.0, float("inf"), float("nan"), True, "fast"])
+def test_a_rate_must_be_a_positive_finite_number(value):
+    points = _grid(lambda m, n, k: 100.0)
+    points[3]["tflops"] = value
+    with pytest.raises(ConfigError, match=r"test.rates.matmul\[3\].tflops must be a finite number above 0"):
+        kernel_rates.parse("test.rates", {"about": SOURCE, "matmul": points})
+
+
+def test_every_point_says_where_it_comes_from():
+    points = _grid(lambda m, n, k: 100.0)
+    del points[0]["source"]
+    with pytest.raises(ConfigError, match=r"test.rates.matmul\[0\].source must say where"):
+        kernel_rates.parse("test.rates", {"about": SOURCE, "matmul": points})
+
+
+def test_attention_by_kernel_direction_and_length_and_the_planned_kernel_must_be_measured():
+    points = [{"kernel": "fa", "direction": direction, "causal": True, "head_dim": 128, "seq": seq, "tflops": tflops,
+               "source": SOURCE} for direction, seq, tflops in
+              (("forward", 1024, 200.0), ("forward", 4096, 400.0), ("backward", 1024, 100.0))]
+    rates = _rates(attention=points, attention_kernel="fa")
+    assert rates.attention_tflops("forward", 2048, 128, True) == pytest.approx(300.0)
+    assert rates.attention_tflops("backward", 99999, 128, True) == pytest.approx(100.0)
+    with pytest.raises(ConfigError, match=r"attention_kernel 'other' is not a measured kernel \(measured: fa\)"):
+        _rates(attention=points, attention_kernel="other")
+
+
+def _op(name, flops, nbytes, shape=(), dtype="bfloat16"):
+    return SimpleNamespace(kind="compute", name=name, flops=flops, bytes=nbytes, dtype=dtype, shape=shape)
+
+
+def test_the_cost_model_times_a_matmul_at_its_measured_rate_not_the_family_fraction():
+    rates = _rates()
+    profile = SimpleNamespace(rates=rates, memory_bandwidth_gbps=1000.0, vector_tflops=10.0, peak=lambda dtype: 1e15)
+    eff = {"kernel_us": 1.0, "memory": 1.0, "cube": 0.1, "attention": 0.1}
+    flops = 2.0 * 2048 * 2048 * 2048
+    seconds = costmodel.op_seconds(_op("aten.mm", flops, 3 * 2048 * 2048 * 2, (2048, 2048, 2048)), profile, eff)
+    assert seconds == pytest.approx(flops / ((100 + 16 + 32 + 64) * 1e12))
+    # The same operator without rates: the family's fraction of the peak (0.1 x 1 PFLOP/s).
+    plain = SimpleNamespace(rates=None, memory_bandwidth_gbps=1000.0, vector_tflops=10.0, peak=lambda dtype: 1e15)
+    assert costmodel.op_seconds(_op("aten.mm", flops, 0, (2048, 2048, 2048)), plain, eff) == pytest.approx(flops / 1e14)
+
+
+def test_memory_bound_kernels_take_the_measured_bandwidth_of_their_size_and_dtype():
+    memory = [{"op": "add", "dtype": "bf16", "bytes": size, "gbps": gbps, "source": SOURCE}
+              for size, gbps in ((1 << 10, 10.0), (1 << 30, 1000.0))]
+    rates = _rates(memory=memory)
+    profile = SimpleNamespace(rates=rates, memory_bandwidth_gbps=5000.0, vector_tflops=10.0, peak=lambda dtype: 1e15)
+    eff = {"kernel_us": 0.0, "memory": 1.0}
+    seconds = costmodel.op_seconds(_op("aten.add.Tensor", 0, 1 << 20), profile, eff)
+    gbps = 10.0 + (1000.0 - 10.0) * (10 / 20)  # 2^20 is halfway between 2^10 and 2^30 in log2
+    assert seconds == pytest.approx((1 << 20) / (gbps * 1e9))
+
+
+def test_a_profile_may_name_a_rates_file_beside_it_and_its_errors_name_that_file(tmp_path):
+    raw = json.load(open(hardware.PACKAGED))
+    mine = dict(raw["profiles"]["Ascend910B2"], rates="mine_rates.json")
+    (tmp_path / "mine.json").write_text(json.dumps({"profiles": {"Mine": mine}}))
+    (tmp_path / "mine_rates.json").write_text(json.dumps({"about": SOURCE, "host_us": {"value": -1, "source": SOURCE}}))
+    with pytest.raises(ConfigError, match=r"mine_rates\.json\.host_us\.value must be a finite number above 0"):
+        hardware.load(str(tmp_path / "mine.json"))
+    (tmp_path / "mine_rates.json").write_text(json.dumps({"about": SOURCE, "host_us": {"value": 7.5, "source": SOURCE}}))
+    assert hardware.load(str(tmp_path / "mine.json")).find("Mine").rates.host_us == 7.5
+
+
+@pytest.mark.parametrize("key, value, message", [
+    ("memory_bandwidth_gbps", -1600, r"memory_bandwidth_gbps: -1600 is not a positive finite number"),
+    ("memory_bandwidth_gbps", 0, r"memory_bandwidth_gbps: 0 is not a positive finite number"),
+    ("memory_gib", float("inf"), r"memory_gib: inf is not a positive finite number"),
+])
+def test_a_bad_hardware_number_is_refused_naming_the_file_and_key(tmp_path, key, value, message):
+    raw = json.load(open(hardware.PACKAGED))
+    mine = dict(raw["profiles"]["Ascend910B2"])
+    mine[key] = {"value": value, "source": "mine"}
+    path = tmp_path / "bad.json"
+    path.write_text(json.dumps({"profiles": {"Bad": mine}}))
+    with pytest.raises(ConfigError, match=r"bad\.json: profile 'Bad'\." + message):
+        hardware.load(str(path))
+
+
+def test_a_negative_link_bandwidth_is_refused(tmp_path):
+    raw = json.load(open(hardware.PACKAGED))
+    mine = json.loads(json.dumps(raw["profiles"]["Ascend910B2"]))
+    mine["scale_out"]["bandwidth_gbps"]["value"] = -25
+    path = tmp_path / "bad.json"
+    path.write_text(json.dumps({"profiles": {"Bad": mine}}))
+    with pytest.raises(ConfigError, match=r"profile 'Bad'\.scale_out\.bandwidth_gbps: -25 is not a positive"):
+        hardware.load(str(path))
+
+
+def test_the_packaged_measured_profile_reaches_what_its_measurements_say():
+    """H100-SXM's rates (npu-inject calibrate on a real H100): a large bf16 matmul near the 0.75-0.8 of the
+    989 TFLOP/s peak the device showed, far above the old fitted 0.416."""
+    profile = hardware.load().find("H100")
+    tflops = profile.rates.matmul_tflops("bf16", 16384, 4096, 4096)
+    assert 0.6 * 989 < tflops < 0.9 * 989
+    assert math.isfinite(profile.rates.host_us) and profile.rates.host_us > 0
