@@ -162,12 +162,57 @@ def memory_lines(plan) -> list[str]:
     return lines
 
 
+def time_by_module(timing) -> dict[str, float]:
+    """Seconds per step by torchtitan's module names, in the model's order (embeddings, layers, norm, output),
+    then the loss and the optimizer: the compute stream's busy time on the slowest role."""
+    def order(name: str):
+        if name.startswith("layers."):
+            return (1, int(name.split(".")[1]), name)
+        return ({"loss": 3, "optimizer": 4}.get(name, 0 if name in ("tok_embeddings", "embeddings") else 2), 0, name)
+    return {name: timing.by_module[name] for name in sorted(timing.by_module, key=order)}
+
+
+def time_by_class(timing) -> dict[str, dict[str, float]]:
+    """Seconds per step by operator class, then phase (forward, backward, optimizer; recomputation is backward)."""
+    classes: dict[str, dict[str, float]] = {}
+    for (op_class, phase), seconds in sorted(timing.by_class.items(), key=lambda item: -item[1]):
+        classes.setdefault(op_class, {})[phase] = seconds
+    return classes
+
+
+def where_lines(timing) -> list[str]:
+    """Where the time goes: the largest modules (a layer block's repeats summed) and operator classes."""
+    modules = time_by_module(timing)
+    layers = [seconds for name, seconds in modules.items() if name.startswith("layers.")]
+    grouped = {name: seconds for name, seconds in modules.items() if not name.startswith("layers.")}
+    if layers:
+        grouped[f"layers (x{len(layers)}, {max(layers) * 1e3:.1f} ms the slowest)"] = sum(layers)
+    total = sum(grouped.values()) or 1.0
+    by_module = ", ".join(f"{name} {seconds:.3f} ({seconds / total:.0%})"
+                          for name, seconds in sorted(grouped.items(), key=lambda item: -item[1]))
+    by_class = ", ".join(f"{name} {sum(phases.values()):.3f}" for name, phases in
+                         sorted(time_by_class(timing).items(), key=lambda item: -sum(item[1].values())))
+    return [f"  compute by module (s): {by_module}", f"  compute by operator class (s): {by_class}"]
+
+
+def rates_line(profile, efficiency: dict[str, float]) -> str:
+    """Which kernel rates the plan's times come from, and the overhead term's origin."""
+    if profile.rates is not None:
+        kernels = f"kernel rates measured ({profile.rates.about}" + (", PARTIAL" if profile.rates.partial else "") + ")"
+    else:
+        kernels = (f"kernel rates: the {profile.family} family's fractions of the peaks (matmul {efficiency['cube']:.3f}, "
+                   f"attention {efficiency['attention']:.3f}); npu-inject calibrate measures them on the machine")
+    return f"  {kernels}"
+
+
 def time_lines(plan) -> list[str]:
     timing = plan.timing
     comm = ", ".join(f"{kind} {seconds:.3f}" for kind, seconds in sorted(timing.comm_s.items(), key=lambda kv: -kv[1]))
     lines = [
         f"time per step {timing.step_s:.3f} s = compute {timing.compute_s:.3f} (optimizer {timing.optimizer_s:.3f}) "
-        f"+ exposed communication and waits {timing.exposed_comm_s:.3f} + pipeline bubble {timing.bubble_s:.3f}",
+        f"+ exposed communication and waits {timing.exposed_comm_s:.3f} + pipeline bubble {timing.bubble_s:.3f}"
+        + (f" + overhead {timing.overhead_s:.3f}" if timing.overhead_s else ""),
+        *where_lines(timing),
         f"  collectives, busy time on their links (s): {comm or '-'}",
         f"  {timing.kernels} kernel launches per step, {timing.host_s:.3f} s of the host's time to issue its operators "
         + ("(more than the device's compute: host-bound, the device waits on launches)" if timing.host_bound
@@ -232,8 +277,13 @@ def plan_dict(plan, candidate=None) -> dict[str, Any]:
         "mfu": plan.mfu,
         "breakdown": {"compute_s": timing.compute_s, "optimizer_s": timing.optimizer_s,
                       "exposed_comm_s": timing.exposed_comm_s, "bubble_s": timing.bubble_s,
+                      "overhead_s": timing.overhead_s,
                       "comm_s": timing.comm_s, "kernels": timing.kernels, "host_s": timing.host_s,
                       "host_bound": timing.host_bound},
+        "time_by_module": time_by_module(timing),
+        "time_by_class": time_by_class(timing),
+        "time_by_module_class": {module: {name: seconds for (owner, name), seconds in timing.by_module_class.items()
+                                          if owner == module} for module in time_by_module(timing)},
         "tokens_per_step": plan.tokens_per_step,
         "flops_per_token": plan.info["flops_per_token"],
         "expandable_segments": plan.expandable,
@@ -431,6 +481,7 @@ def cmd_plan(args) -> int:
         print(header(plan, profile, argv))
         print(*memory_lines(plan), sep="\n")
         print(*time_lines(plan), sep="\n")
+        print(rates_line(profile, efficiency))
         for note in notes(plan) + ([why] if rehearsal else []):
             print(f"note: {note}")
         extra: dict[str, Any] = {}

@@ -55,9 +55,15 @@ class Timing:
     optimizer_s: float = 0.0
     bubble_s: float = 0.0  # time the compute stream waited on a pipeline receive
     exposed_comm_s: float = 0.0  # the rest of the step: waiting on collectives, the host, other streams
+    overhead_s: float = 0.0  # the family's fitted overhead beyond all that (hardware.json efficiency "overhead")
     comm_s: dict[str, float] = field(default_factory=dict)  # collective time by kind
     kernels: int = 0
     host_s: float = 0.0  # the host's time issuing the step's operators (dispatch and launch, host_us each)
+    # Busy time of the compute stream by module (torchtitan's names: "tok_embeddings", "layers.0", "norm",
+    # "output", plus "loss" and "optimizer") and by (operator class, phase): forward, backward and recomputation.
+    by_module: dict[str, float] = field(default_factory=dict)
+    by_class: dict[tuple[str, str], float] = field(default_factory=dict)
+    by_module_class: dict[tuple[str, str], float] = field(default_factory=dict)  # (module, class) -> seconds
 
     @property
     def host_bound(self) -> bool:
@@ -67,22 +73,72 @@ class Timing:
         return self.host_s >= self.compute_s
 
 
+SHORT_DTYPES = {"bfloat16": "bf16", "float16": "fp16", "float32": "fp32"}
+
+
+def op_class(op) -> str:
+    """The class an operator's time is reported under: matmul, grouped matmul, attention, memory-bound (every
+    other kernel), communication, view."""
+    if op.kind != "compute":
+        return "communication" if op.kind == "collective" else "view"
+    if op.name in ATTENTION_OPS:
+        return "attention"
+    if op.name in CUBE_OPS:
+        return "grouped matmul" if "grouped" in op.name else "matmul"
+    return "memory-bound"
+
+
+def _measured_tflops(op, rates) -> float | None:
+    """The measured TFLOP/s of a matrix or attention operator at its shape; None where none was measured."""
+    if not op.shape:
+        return None
+    if op.name in ATTENTION_OPS:
+        sequence, head_dim, causal = op.shape
+        return rates.attention_tflops("backward" if op.name.endswith("_backward") else "forward", sequence, head_dim,
+                                      causal)
+    dtype = SHORT_DTYPES.get(op.dtype, op.dtype)
+    if "grouped" in op.name:
+        return rates.grouped_tflops(dtype, *op.shape)
+    return rates.matmul_tflops(dtype, *op.shape)
+
+
 def op_seconds(op, profile, eff) -> float:
+    """An operator's device time: a roofline with the profile's measured rates where it has them (by class and
+    shape), else the family's fractions of the peaks."""
     if op.kind == "view":
         return 0.0
     if op.kind == "collective":
         raise ValueError("collectives are timed by collective_seconds")
+    rates = profile.rates
     kernel = eff["kernel_us"] * 1e-6
-    memory = op.bytes / (profile.memory_bandwidth_gbps * 1e9 * eff["memory"])
+    measured_gbps = rates.memory_gbps_at(op.bytes, SHORT_DTYPES.get(op.dtype, op.dtype)) if rates is not None else None
+    bandwidth = measured_gbps * 1e9 if measured_gbps else profile.memory_bandwidth_gbps * 1e9 * eff["memory"]
+    memory = op.bytes / bandwidth
     if op.name in CUBE_OPS or op.name in ATTENTION_OPS:
+        tflops = _measured_tflops(op, rates) if rates is not None else None
+        if tflops is not None:
+            # A measured rate already holds the kernel's own memory traffic.
+            return max((op.flops or 0.0) / (tflops * 1e12), kernel)
         fraction = eff["attention"] if op.name in ATTENTION_OPS else eff["cube"]
-        flops = op.flops if op.flops else 0.0
-        if op.name.endswith("_backward") and op.name in ATTENTION_OPS:
-            flops = flops or 0.0
-        compute = flops / (profile.peak(op.dtype) * fraction)
+        compute = (op.flops or 0.0) / (profile.peak(op.dtype) * fraction)
         return max(compute, memory, kernel)
+    if rates is not None and op.name.startswith("npu_inject."):
+        name = op.name.removeprefix("npu_inject.")
+        gbps = rates.fused_gbps(name.removesuffix("_backward"), "backward" if name.endswith("_backward") else "forward",
+                                op.bytes)
+        if gbps is not None:
+            return max(op.bytes / (gbps * 1e9), kernel)
     vector = op.flops / (profile.vector_tflops * 1e12 * eff["memory"]) if op.flops else 0.0
     return max(memory, vector, kernel)
+
+
+def efficiency_with_rates(profile, eff: dict[str, float]) -> dict[str, float]:
+    """The family's numbers with the launch and host times the profile measured in their place."""
+    rates = profile.rates
+    if rates is None:
+        return eff
+    measured = {"kernel_us": rates.kernel_us, "host_us": rates.host_us}
+    return {**eff, **{key: value for key, value in measured.items() if value is not None}}
 
 
 def collective_seconds(op, profile, eff, layout: Layout) -> float:
@@ -103,6 +159,12 @@ def collective_seconds(op, profile, eff, layout: Layout) -> float:
         return size / bandwidth + latency
     if n == 1:
         return 0.0
+    measured = profile.rates.collective(op.collective, size) if profile.rates is not None and not spans else None
+    if measured is not None:
+        # Measured within one scale-up domain: bus bandwidth at this size (nccl-tests' convention).
+        bus_gbps, latency_us = measured
+        factor = 2 * (n - 1) / n if op.collective == "all_reduce" else (n - 1) / n
+        return max(factor * size / (bus_gbps * 1e9), latency_us * 1e-6)
     if spans and profile.family == "ascend" and op.collective in ("all_gather", "reduce_scatter", "all_reduce"):
         return _hierarchical_seconds(op, profile, eff, layout)
     # Latency steps: within a scale-up domain HCCL's Mesh algorithms send to every peer at once (one
@@ -152,6 +214,9 @@ class _Role:
         self.ready: dict[int, float] = {}
         self.compute_busy = self.optimizer = self.bubble = 0.0
         self.comm: dict[str, float] = defaultdict(float)
+        self.by_module: dict[str, float] = defaultdict(float)
+        self.by_class: dict[tuple[str, str], float] = defaultdict(float)
+        self.by_module_class: dict[tuple[str, str], float] = defaultdict(float)
         self.kernels = 0
         self.issue = 0.0
         self.host_syncs = {index for index, event in trace.marks if event == HOST_SYNC_MARK}
@@ -161,8 +226,23 @@ class _Role:
         return self.index >= self.stop
 
 
+def module_key(op) -> str:
+    """The top-level module an op's time is reported under: ``layers.<i>`` for a layer's ops, the first name of
+    any other module's, ``optimizer`` for the optimizer step, ``loss`` for what runs outside the model."""
+    if op.phase == "optimizer":
+        return "optimizer"
+    if not op.module:
+        return "loss"
+    parts = op.module.split(".")
+    return ".".join(parts[:2]) if parts[0] == "layers" and len(parts) > 1 else parts[0]
+
+
 def simulate(traces: dict[int, object], profile, eff, layout: Layout, windows: dict[int, tuple[int, int]]) -> Timing:
-    """Play out every role's window [start, stop) together; the step ends when the last stream does."""
+    """Play out every role's window [start, stop) together; the step ends when the last stream does.
+    On the CPU (the rehearsal's host) the thread that issues an operator also runs it, and a collective's
+    copies and reductions take the same core: the host waits for each."""
+    eff = efficiency_with_rates(profile, eff)
+    serial = profile.family == "cpu"
     durations = {role: _durations(trace, profile, eff, layout) for role, trace in traces.items()}
     roles = {role: _Role(trace, durations[role], *windows[role], eff) for role, trace in traces.items()}
     sends: dict[tuple[int, int], list[float]] = defaultdict(list)  # (from role, to role) -> arrival times
@@ -207,6 +287,8 @@ def simulate(traces: dict[int, object], profile, eff, layout: Layout, windows: d
                         sends[(role_id, layout.role(op.group[op.peer]))].append(end)
                     if op.blocking:
                         role.stream[op.stream] = end
+                    if serial:  # gloo's threads share the rank's one core with its compute
+                        role.host = max(role.host, end)
                 elif op.kind == "view":
                     # Metadata on the host: neither waits for its input's data nor holds a stream.
                     end = role.host
@@ -221,8 +303,13 @@ def simulate(traces: dict[int, object], profile, eff, layout: Layout, windows: d
                         role.kernels += 1
                         if op.stream == 0:
                             role.compute_busy += d
+                            role.by_module[module_key(op)] += d
+                            role.by_class[(op_class(op), op.phase)] += d
+                            role.by_module_class[(module_key(op), op_class(op))] += d
                             if op.phase == "optimizer":
                                 role.optimizer += d
+                        if serial:
+                            role.host = max(role.host, end)
                 if role.index in role.host_syncs:
                     role.host = max(role.host, end)
                 role.end = max(role.end, end, role.host)
@@ -233,6 +320,13 @@ def simulate(traces: dict[int, object], profile, eff, layout: Layout, windows: d
     slowest = max(roles.values(), key=lambda r: r.end)
     timing = Timing(step_s=slowest.end, compute_s=slowest.compute_busy, optimizer_s=slowest.optimizer,
                     bubble_s=slowest.bubble, comm_s=dict(slowest.comm), kernels=slowest.kernels,
-                    host_s=slowest.issue)
+                    host_s=slowest.issue, by_module=dict(slowest.by_module), by_class=dict(slowest.by_class),
+                    by_module_class=dict(slowest.by_module_class))
     timing.exposed_comm_s = max(0.0, timing.step_s - timing.compute_s - timing.bubble_s)
     return timing
+
+
+def add_overhead(timing: Timing, eff: dict[str, float]) -> None:
+    """The family's fitted overhead on top of the modelled step, as its own term (never in a kernel's rate)."""
+    timing.overhead_s = eff.get("overhead", 0.0) * timing.step_s
+    timing.step_s += timing.overhead_s

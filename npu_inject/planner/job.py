@@ -170,7 +170,14 @@ def _evaluate(recorded: dict[int, Any], *, profile, efficiency, world_size, expa
         timing.host_s += extra_groups * group.host_s
         for kind, seconds in group.comm_s.items():
             timing.comm_s[kind] = timing.comm_s.get(kind, 0.0) + extra_groups * seconds
+        for name, seconds in group.by_module.items():
+            timing.by_module[name] = timing.by_module.get(name, 0.0) + extra_groups * seconds
+        for key, seconds in group.by_class.items():
+            timing.by_class[key] = timing.by_class.get(key, 0.0) + extra_groups * seconds
+        for key, seconds in group.by_module_class.items():
+            timing.by_module_class[key] = timing.by_module_class.get(key, 0.0) + extra_groups * seconds
         timing.exposed_comm_s = max(0.0, timing.step_s - timing.compute_s - timing.bubble_s)
+    costmodel.add_overhead(timing, efficiency)
     batch_degree = world_size // (pp * info["parallel"]["cp"] * info["parallel"]["tp"])
     global_batch = info["global_batch_size"] if info["global_batch_size"] > 0 else info["local_batch_size"] * batch_degree
     info["peak_flops"] = profile.peak("bf16")
@@ -232,6 +239,32 @@ def plan_job(argv: list[str], *, profile, efficiency: dict[str, float], world_si
     return evaluate(recording, profile=profile, efficiency=efficiency, expandable=expandable)
 
 
+def _full_depth_modules(recorded: dict[str, float], shape: depth.Shape, pp: int, optimizer_s: float) -> dict[str, float]:
+    """Time by module of the full model's slowest pipeline rank, from a shallow recording's: each real layer
+    takes the recorded time of the layer it repeats (a prefix layer its own, a block layer the mean of the
+    recorded layers at its place in the block); the other modules as recorded, the optimizer extrapolated."""
+    layers = {name: seconds for name, seconds in recorded.items() if name.startswith("layers.")}
+    others = {name: seconds for name, seconds in recorded.items() if not name.startswith("layers.")}
+    by_place: dict[int, list[float]] = {}
+    for name, seconds in layers.items():
+        index = int(name.split(".")[1])
+        if index >= shape.prefix:
+            by_place.setdefault((index - shape.prefix) % shape.period, []).append(seconds)
+    slowest = max(range(pp), key=lambda rank: shape.rank_units(rank, pp))
+    names = [name for stage, held in enumerate(shape.stages) if stage % pp == slowest for name in held]
+    full: dict[str, float] = {}
+    for name in names:
+        if not name.startswith("layers."):
+            continue
+        index = int(name.split(".")[1])
+        if index < shape.prefix:
+            full[name] = layers.get(name, 0.0)
+        else:
+            place = by_place.get((index - shape.prefix) % shape.period, [])
+            full[name] = sum(place) / len(place) if place else 0.0
+    return {**others, **full, **({"optimizer": optimizer_s} if "optimizer" in others else {})}
+
+
 def _extrapolate(shallow: JobPlan, deeper: JobPlan, units: tuple[int, int], seconds: float) -> JobPlan:
     shape: depth.Shape = deeper.info["shape"]
     pp = deeper.parallel["pp"]
@@ -259,8 +292,12 @@ def _extrapolate(shallow: JobPlan, deeper: JobPlan, units: tuple[int, int], seco
         step_s=line(ta.step_s, tb.step_s, target), compute_s=line(ta.compute_s, tb.compute_s, target),
         optimizer_s=line(ta.optimizer_s, tb.optimizer_s, target), bubble_s=line(ta.bubble_s, tb.bubble_s, target),
         comm_s={kind: line(ta.comm_s.get(kind, 0.0), seconds_b, target) for kind, seconds_b in tb.comm_s.items()},
-        kernels=int(line(ta.kernels, tb.kernels, target)), host_s=line(ta.host_s, tb.host_s, target))
-    timing.exposed_comm_s = max(0.0, timing.step_s - timing.compute_s - timing.bubble_s)
+        kernels=int(line(ta.kernels, tb.kernels, target)), host_s=line(ta.host_s, tb.host_s, target),
+        overhead_s=line(ta.overhead_s, tb.overhead_s, target), by_module_class=dict(tb.by_module_class),
+        by_class={key: line(ta.by_class.get(key, 0.0), seconds_b, target) for key, seconds_b in tb.by_class.items()},
+        by_module=_full_depth_modules(tb.by_module, shape, pp, line(ta.by_module.get("optimizer", 0.0),
+                                                                     tb.by_module.get("optimizer", 0.0), target)))
+    timing.exposed_comm_s = max(0.0, timing.step_s - timing.compute_s - timing.bubble_s - timing.overhead_s)
     info = dict(deeper.info)
     held = [stage for stage in range(len(shape.stages)) if any(n.startswith("layers.") for n in shape.stages[stage])]
     total_units = sum(shape.units(stage) for stage in range(len(shape.stages)))

@@ -69,6 +69,9 @@ class Op:
     peer: int | None = None  # send/recv: the other end's rank within the group
     blocking: bool = False  # a c10d collective issued with async_op=False: its stream waits for it
     views: int = 0  # view operators issued since the previous op (host time only; not recorded one by one)
+    # The kernel's shape as its measured rates are looked up (npu_inject.kernel_rates): a matmul's (M, N, K),
+    # a grouped matmul's (rows per group, N, K), the fused attention's (sequence, head dim, causal).
+    shape: tuple = ()
 
 
 @dataclass
@@ -100,18 +103,41 @@ def _storage(tensor: torch.Tensor):
 class Recorder(TorchDispatchMode):
     """Records ops and allocations under the active FakeTensorMode (see module docstring)."""
 
-    def __init__(self, fake_mode, stream_ids: dict[Any, int], module_of=lambda: "") -> None:
+    def __init__(self, fake_mode, stream_ids: dict[Any, int]) -> None:
         super().__init__()
         self.fake_mode = fake_mode
         self.trace = Trace()
         self.phase = "setup"
         self._stream_ids = stream_ids  # torch.cpu.Stream -> small int (0: the default stream)
-        self._module_of = module_of
+        # Which module each op runs in, forward, backward and recomputation: torch's module tracker (hooks on
+        # every module's forward and on the gradients of its inputs and outputs).
+        from torch.distributed._tools.mod_tracker import ModTracker
+
+        self._modules = ModTracker()
         self._ids: dict[int, int] = {}  # storage _cdata -> allocation id, while alive
         self.paused = 0  # > 0 inside DTensor's sharding propagation (global shapes, not this rank's work)
         self._refs: dict[int, weakref.ref] = {}  # storage _cdata -> weakref whose callback records the free
         self._group_cache: dict[Any, tuple[int, ...]] = {}
         self._views = 0  # views since the last recorded op
+
+    def __enter__(self):
+        self._modules.__enter__()
+        return super().__enter__()
+
+    def __exit__(self, *exc_info):
+        try:
+            return super().__exit__(*exc_info)
+        finally:
+            self._modules.__exit__(*exc_info)
+
+    def _module_of(self) -> str:
+        """The innermost module running, by its name in the model ("layers.0.attention.wq"); "" outside any."""
+        parents = self._modules.parents
+        if len(parents) == 1:  # only ModTracker's "Global"
+            return ""
+        innermost = max((name for name in parents if name != "Global"), key=lambda name: name.count("."))
+        # The first component is the root's class name (FSDPTransformer, Decoder, ...): the model's own names follow.
+        return innermost.partition(".")[2]
 
     # -- storages ---------------------------------------------------------------------------
     def _stream(self) -> int:
@@ -225,7 +251,8 @@ class Recorder(TorchDispatchMode):
         op = Op(index, name, kind, self._flops(func, args, kwargs, out) if kind == "compute" else 0.0, nbytes,
                 str(out_tensors[0].dtype).removeprefix("torch.") if out_tensors else "",
                 "backward" if torch._C._current_graph_task_id() != -1 else self.phase,
-                self._stream(), self._module_of(), inputs, outputs, collective, views=self._views)
+                self._stream(), self._module_of(), inputs, outputs, collective, views=self._views,
+                shape=_kernel_shape(func, args, kwargs) if kind == "compute" else ())
         self._views = 0
         if collective is not None:
             op.group, op.comm_bytes = self._collective(func, args, kwargs, in_tensors, out_tensors)
@@ -266,6 +293,47 @@ class Recorder(TorchDispatchMode):
             self._group_cache[group] = ranks
         sizes = [t.numel() * t.element_size() for t in (*in_tensors, *out_tensors)]
         return ranks, max(sizes, default=0)
+
+
+def _kernel_shape(func, args, kwargs) -> tuple:
+    """The shape a kernel's measured rate is looked up by (:class:`Op`'s ``shape``); () for other ops."""
+    short = func._schema.name.split("::")[-1]
+    if func.namespace == "aten":
+        if short == "mm":
+            a, b = args[0], args[1]
+            return (a.shape[0], b.shape[1], a.shape[1])
+        if short == "addmm":
+            a, b = args[1], args[2]
+            return (a.shape[0], b.shape[1], a.shape[1])
+        if short in ("bmm", "baddbmm"):
+            a, b = (args[0], args[1]) if short == "bmm" else (args[1], args[2])
+            return (a.shape[0] * a.shape[1], b.shape[2], a.shape[2])  # the batch as more rows
+        if short == "_grouped_mm":
+            a, b = args[0], args[1]
+            groups = b.shape[0] if b.dim() == 3 else max(a.shape[0], 1)
+            return (max(a.shape[0] // groups, 1), b.shape[-1], a.shape[-1]) if b.dim() == 3 else (a.shape[0], b.shape[-1], a.shape[-1] // groups)
+        return ()
+    if func.namespace != "npu_inject":
+        return ()
+    values = _by_name(func, args, kwargs)
+    if short.startswith("npu_grouped_matmul"):
+        x, weight = values["x"][0], values["weight"][0]
+        groups = weight.shape[0] if weight.dim() == 3 else max(values["group_list"].shape[0], 1)
+        if weight.dim() == 3:  # along M: x (rows, K), weight (E, K, N)
+            return (max(x.shape[0] // groups, 1), weight.shape[-1], x.shape[-1])
+        return (x.shape[0], weight.shape[-1], max(x.shape[-1] // groups, 1))  # along K: per-expert dW
+    if short.startswith("npu_fusion_attention"):
+        query, layout = values["query"], values["input_layout"]
+        head_dim = query.shape[-1] if layout in ("TND", "BSND", "BNSD") else query.shape[-1] // values["head_num"]
+        if layout == "TND":
+            lengths = values.get("actual_seq_qlen")
+            documents = lengths.numel() if isinstance(lengths, torch.Tensor) else len(lengths or ()) or 1
+            sequence = query.shape[0] // documents
+        else:
+            sequence = {"BSND": query.shape[1], "BSH": query.shape[1], "SBH": query.shape[0]}.get(layout, query.shape[-2])
+        causal = values.get("sparse_mode", 0) in (2, 3, 4) or layout == "TND"
+        return (sequence, head_dim, causal)
+    return ()
 
 
 def _by_name(func, args, kwargs) -> dict[str, Any]:

@@ -51,7 +51,7 @@ def test_this_host_as_a_device_is_measured():
 def _compute_op(index: int, nbytes: int):
     return SimpleNamespace(kind="compute", name="aten.add.Tensor", flops=0, bytes=nbytes, dtype="fp32", stream=0,
                            inputs=(index - 1,) if index else (), outputs=(index,), views=0, collective=None,
-                           phase="forward", blocking=False, peer=None, group=())
+                           phase="forward", blocking=False, peer=None, group=(), module="", shape=())
 
 
 @pytest.mark.parametrize("nbytes, host_bound", [(1_000, True), (10**9, False)])
@@ -59,7 +59,8 @@ def test_host_bound_when_issuing_takes_longer_than_the_devices_compute(nbytes, h
     """100 dependent operators issued at 20 us each: 4 us kernels leave the device waiting on the host
     (the step is the host's 2 ms); 1 GB ones (1 ms each at 1000 GB/s) keep it busy and the host ahead."""
     trace = SimpleNamespace(ops=[_compute_op(i, nbytes) for i in range(100)], marks=[])
-    profile = SimpleNamespace(memory_bandwidth_gbps=1000.0, vector_tflops=100.0, peak=lambda dtype: 1e15)
+    profile = SimpleNamespace(memory_bandwidth_gbps=1000.0, vector_tflops=100.0, peak=lambda dtype: 1e15, rates=None,
+                              family="ascend")
     eff = {"kernel_us": 4.0, "memory": 1.0, "host_us": 20.0, "host_view_us": 1.0}
     layout = costmodel.Layout(world_size=1, pp=1, scale_up_devices=8)
     timing = costmodel.simulate({0: trace}, profile, eff, layout, {0: (0, 100)})
