@@ -9,7 +9,7 @@ import textwrap
 
 import pytest
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "support"))  # testkit, forklaunch, sim_audit
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "support"))  # testkit, kernelkit, gloo, sim_audit
 
 from testkit import (  # noqa: E402
     NO_ACTIVATION_CHECKPOINTING,
@@ -41,6 +41,36 @@ def _run_group(item) -> str | None:
         if fixture in fixtures:
             return group
     return item.path.name if item.path.name in MODULE_GROUPS else None
+
+
+def _names_only_files_in_marked_folders(config) -> bool:
+    """Whether the command line names paths, each a file or node id (not a folder) inside a folder whose
+    conftest.py marks every test there (declares FOLDER_MARKER: tests/e2e, tests/cann_emu)."""
+    folders = [os.path.dirname(os.path.abspath(plugin.__file__)) for plugin in config.pluginmanager.get_plugins()
+               if hasattr(plugin, "FOLDER_MARKER") and getattr(plugin, "__file__", None)]
+    paths = [os.path.abspath(os.path.join(config.invocation_params.dir, arg.split("::")[0])) for arg in config.args]
+    return (config.args_source == pytest.Config.ArgsSource.ARGS and bool(paths)
+            and all(os.path.isfile(path) and any(path.startswith(folder + os.sep) for folder in folders)
+                    for path in paths))
+
+
+def _addopts_mark_expression(config) -> str | None:
+    """The -m of pyproject.toml's addopts (the default selection)."""
+    expression, addopts = None, config.getini("addopts")
+    for index, token in enumerate(addopts):
+        if token == "-m" and index + 1 < len(addopts):
+            expression = addopts[index + 1]
+        elif token.startswith("-m") and token != "-m":
+            expression = token[2:]
+    return expression
+
+
+def pytest_configure(config):
+    # pyproject.toml's addopts leave the folder markers out (plain `pytest` runs the unit tests). A run
+    # that names only files or node ids inside marked folders, with no -m of its own, runs them whole,
+    # as a named file runs anywhere else (docs/development.md, Markers).
+    if config.option.markexpr == _addopts_mark_expression(config) and _names_only_files_in_marked_folders(config):
+        config.option.markexpr = ""
 
 
 @pytest.hookimpl(tryfirst=True)  # before xdist reads the marks

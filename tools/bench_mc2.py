@@ -36,6 +36,7 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from npu_inject.commands.audit import collectives  # noqa: E402
+from tools.training_runs import parse_losses  # noqa: E402
 from verification.cann_emu import DEFAULT_VENV, cann_env  # noqa: E402
 
 SHAPE = ["--training.seq_len", "256", "--training.local_batch_size", "2", "--training.steps", "3",
@@ -55,8 +56,6 @@ ROWS = {
 
 def run(arguments: list[str], workdir: Path, python: str) -> tuple[dict, dict[int, float]]:
     """Rank 0's counts and the losses of one 2-rank run on the emulation."""
-    from testkit import parse_losses  # tests/support: the loss lines as the tests read them
-
     counts = workdir / "cann_emu_rank{rank}.json"
     env = cann_env({**os.environ, "TORCHTITAN_NPU": "1", "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1",
                     "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))},
@@ -81,7 +80,6 @@ def main() -> int:
     parser.add_argument("--python", default=str(REPO / DEFAULT_VENV / "bin" / "python"),
                         help="the emulation venv's python (bash verification/cann_emu/setup.sh)")
     args = parser.parse_args()
-    sys.path.insert(0, str(REPO / "tests" / "support"))
     unknown = sorted(set(args.rows.split(",")) - set(ROWS))
     if unknown:
         parser.error(f"--rows {', '.join(unknown)}: not one of {', '.join(ROWS)}")

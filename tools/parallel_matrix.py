@@ -28,10 +28,12 @@ from dataclasses import dataclass, field
 from datetime import datetime
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, os.path.join(REPO, "tests", "support"))
+if REPO not in sys.path:
+    sys.path.insert(0, REPO)  # tools/ and verification/ are not installed
 
-from testkit import PLUGINS, clean_env, parse_losses, sim_env, torchrun  # noqa: E402
-from verification.cann_emu import BUILD_DIR, DEFAULT_VENV, cann_env  # noqa: E402  (testkit put the repo on sys.path)
+from tools.training_runs import clean_env, parse_losses, torchrun  # noqa: E402
+from verification.cann_emu import BUILD_DIR, DEFAULT_VENV, cann_env  # noqa: E402
+from verification.sim_npu import sim_env  # noqa: E402
 
 # The real torch_npu 2.14.0 wheel on the CANN emulation (verification/cann_emu): its venv.
 CANN_PYTHON = os.path.join(os.environ.get("CANN_EMU_VENV") or os.path.join(REPO, DEFAULT_VENV), "bin", "python")
@@ -170,7 +172,6 @@ def _environment(target: str, ranks: int, options: dict, workdir: str) -> dict[s
         overrides["TORCHTITAN_NPU_REGISTRY"] = registry
     if target == "sim":
         base = clean_env(TORCHTITAN_NPU="1", TORCHTITAN_NPU_SIM_DTENSOR_RNG="philox", **overrides)
-        base["PYTHONPATH"] = os.pathsep.join(filter(None, [PLUGINS, base.get("PYTHONPATH")]))
         return sim_env(base, devices=max(ranks, 2))
     if target == "cann":
         return cann_env(clean_env(TORCHTITAN_NPU="1", OMP_NUM_THREADS="1", **overrides))

@@ -6,6 +6,8 @@
 #   bash tools/test.sh --unit          # unit tests only: pyproject.toml's default marker selection
 #   bash tools/test.sh -m parallel     # a long matrix by its marker (pyproject.toml lists them)
 #   bash tools/test.sh -m "cann_emu or cann_emu_long"   # everything on the CANN emulation
+# The tests of torchtitan's own integration suite read a torchtitan checkout (release/0.3) from
+# TORCHTITAN_SRC and skip, saying so, without it (.ci/run passes CI's copy).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 VENV=${VENV:-.venv}

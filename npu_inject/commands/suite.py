@@ -11,7 +11,8 @@ CANN/hardware, host memory). Writes Markdown and JSON. In the rehearsal at upstr
 (no ``--shrink``) each case's host memory is planned first (``npu-inject plan --hardware cpu``): a
 case that would not fit this host is reported as ``memory`` without being started.
 
-Stdlib only. The case lists are upstream's own files, read from ``--torchtitan-src``.
+Stdlib only. The case lists are upstream's own files, read from a torchtitan checkout (release/0.3):
+``--torchtitan-src``, or ``TORCHTITAN_SRC``.
 """
 
 from __future__ import annotations
@@ -31,6 +32,8 @@ import subprocess
 import sys
 import time
 from typing import Any, Sequence
+
+from npu_inject.process_memory import process_tree_rss_kib
 
 SUITES = ("features", "models")
 # Upstream's debug configs train 10 steps; --steps N scales a variant's own --training.steps by N/10.
@@ -99,9 +102,8 @@ def load_cases(torchtitan_src: str, suites: Sequence[str]) -> list[Case]:
     """Upstream's enabled cases, read from its own case lists (``tests/integration_tests``)."""
     package = os.path.join(torchtitan_src, "tests", "integration_tests")
     if not os.path.isfile(os.path.join(package, "features.py")):
-        raise SystemExit(f"npu-inject suite: --torchtitan-src {torchtitan_src!r} has no "
-                         "tests/integration_tests/features.py (a torchtitan 0.3 checkout, or the copy in "
-                         "shared/upstream/torchtitan-0.3)")
+        raise SystemExit(f"npu-inject suite: {torchtitan_src!r} (--torchtitan-src or TORCHTITAN_SRC) has no "
+                         "tests/integration_tests/features.py: give a torchtitan checkout (release/0.3)")
     sys.path.insert(0, os.path.abspath(torchtitan_src))
     try:
         cases = []
@@ -160,29 +162,6 @@ def with_flags(args: list[str], flags: list[str]) -> list[str]:
     return [*args[:position], *flags, *args[position:]]
 
 
-def _descendants_rss_kib(root: int) -> int:
-    """Resident memory of ``root`` and every process below it (Linux /proc), KiB."""
-    children: dict[int, list[int]] = {}
-    rss: dict[int, int] = {}
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/stat", encoding="utf-8") as handle:
-                fields = handle.read().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        pid = int(entry)
-        children.setdefault(int(fields[1]), []).append(pid)
-        rss[pid] = int(fields[21]) * (os.sysconf("SC_PAGE_SIZE") // 1024)
-    total, stack = 0, [root]
-    while stack:
-        pid = stack.pop()
-        total += rss.get(pid, 0)
-        stack.extend(children.get(pid, ()))
-    return total
-
-
 def _run(command: list[str], env: dict[str, str], cwd: str, timeout: float | None, log_path: str
          ) -> tuple[int | None, str, int]:
     """(exit code or None on timeout, output, peak RSS KiB); the whole process group ends on timeout."""
@@ -191,7 +170,7 @@ def _run(command: list[str], env: dict[str, str], cwd: str, timeout: float | Non
                                    start_new_session=True)
         started, peak, timed_out = time.monotonic(), 0, False
         while process.poll() is None:
-            peak = max(peak, _descendants_rss_kib(process.pid))
+            peak = max(peak, process_tree_rss_kib(process.pid))
             if timeout is not None and time.monotonic() - started > timeout:
                 timed_out = True
                 os.killpg(process.pid, signal.SIGTERM)
@@ -410,6 +389,11 @@ def cmd_suite(args: argparse.Namespace) -> int:
         print("npu-inject suite: set TORCHTITAN_NPU (1 for NPUs, cpu for the rehearsal) in the environment "
               "the cases should run in", file=sys.stderr)
         return 2
+    args.torchtitan_src = args.torchtitan_src or os.environ.get("TORCHTITAN_SRC", "")
+    if not args.torchtitan_src:
+        print("npu-inject suite: give --torchtitan-src (or set TORCHTITAN_SRC): a torchtitan checkout (release/0.3) "
+              "holding tests/integration_tests and run_train.sh", file=sys.stderr)
+        return 2
     args.run_train = os.path.abspath(args.run_train or os.path.join(args.torchtitan_src, "run_train.sh"))
     if not os.path.isfile(args.run_train):
         print(f"npu-inject suite: no run_train.sh at {args.run_train} (--run-train)", file=sys.stderr)
@@ -504,8 +488,9 @@ def add_parser(commands) -> None:
     parser = commands.add_parser(
         "suite", help="run torchtitan's integration suite through the runtime; print the capability matrix",
         description=__doc__.splitlines()[0] + " Exit 0 when every case is green or stops clearly.")
-    parser.add_argument("--torchtitan-src", required=True,
-                        help="a torchtitan 0.3 source tree holding tests/integration_tests and run_train.sh")
+    parser.add_argument("--torchtitan-src", default="",
+                        help="a torchtitan checkout (release/0.3) holding tests/integration_tests and run_train.sh "
+                             "(default: $TORCHTITAN_SRC)")
     parser.add_argument("--suite", default="features,models", help="comma list of features, models, h100 (the advanced cases: async TP, dist_gemm, "
                              "MoE comm backends, float8, symmetric-memory FSDP) (default features,models)")
     parser.add_argument("--cases", default="", help="comma list of case names (default: every enabled case)")

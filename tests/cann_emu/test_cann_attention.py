@@ -14,38 +14,10 @@ error up to 2**-7 of the largest reference magnitude plus 2**-8 absolute is acce
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
-import textwrap
-from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(REPO))
-from verification.cann_emu import BUILD_DIR, DEFAULT_VENV, cann_env  # noqa: E402
-
-pytestmark = pytest.mark.cann_emu
-
-# The child-process pattern of test_cann_emu.py: the emulation's venv, this worktree's build.
-VENV = Path(os.environ.get("CANN_EMU_VENV") or REPO / DEFAULT_VENV)
-PYTHON = VENV / "bin" / "python"
-if not PYTHON.exists() or not (BUILD_DIR / "libascendcl.so").exists():
-    pytestmark = [pytestmark, pytest.mark.skip(
-        reason=f"the CANN emulation's venv {VENV} or its libraries in {BUILD_DIR} are absent "
-               "(make both with `bash verification/cann_emu/setup.sh`)")]
-
-
-def child_json(code: str, *, timeout: int = 600, extra_env: dict | None = None, **config) -> dict:
-    env = cann_env({k: v for k, v in os.environ.items() if not k.startswith("CANN_EMU_")}, **config)
-    env["OMP_NUM_THREADS"] = "1"
-    env.update(extra_env or {})
-    result = subprocess.run([str(PYTHON), "-c", textwrap.dedent(code)], env=env, cwd=REPO, capture_output=True,
-                            text=True, timeout=timeout)
-    assert result.returncode == 0, \
-        f"child failed ({result.returncode}):\n{result.stdout[-3000:]}\n{result.stderr[-6000:]}"
-    return json.loads(result.stdout.strip().splitlines()[-1])
+from cann_emu_child import child_json
 
 FP32_ATOL = 1e-4
 BF16_RTOL, BF16_ATOL = 2.0**-7, 2.0**-8
@@ -265,7 +237,7 @@ print(json.dumps(results))
 @pytest.fixture(scope="module")
 def results(tmp_path_factory) -> dict:
     counts = tmp_path_factory.mktemp("cann_fa") / "counts.json"
-    out = child_json(CHILD, extra_env={"CANN_EMU_COUNTS": str(counts)}, devices=1)
+    out = child_json(CHILD, timeout=600, extra_env={"CANN_EMU_COUNTS": str(counts)}, devices=1)
     out["counts"] = json.loads(counts.read_text())
     return out
 

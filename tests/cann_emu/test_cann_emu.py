@@ -1,8 +1,8 @@
 """The real torch_npu 2.14.0 wheel on the CANN emulation (verification/cann_emu, issue 20).
 
 Every check runs in a child process of the emulation's venv (``.venv-cann``, or ``$CANN_EMU_VENV``)
-under ``cann_env``; the tests skip, saying why, when that venv or the built libraries are absent
-(make both with ``bash verification/cann_emu/setup.sh``). Expected values come from plain CPU
+under ``cann_env`` (tests/support/cann_emu_child.py); the tests skip, saying why, when that venv or the
+built libraries are absent (make both with ``bash verification/cann_emu/setup.sh``; tests/cann_emu/conftest.py). Expected values come from plain CPU
 PyTorch math or from CANN's documents, never from the emulation itself.
 
     .venv-cann/bin/python -m pytest -m cann_emu tests/cann_emu
@@ -11,51 +11,15 @@ PyTorch math or from CANN's documents, never from the emulation itself.
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
-import textwrap
 from pathlib import Path
 
 import pytest
 import torch
 
-REPO = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(REPO))
-from verification.cann_emu import BUILD_DIR, DEFAULT_VENV, cann_env  # noqa: E402
-
-pytestmark = pytest.mark.cann_emu
-
-VENV = Path(os.environ.get("CANN_EMU_VENV") or REPO / DEFAULT_VENV)
-PYTHON = VENV / "bin" / "python"
-SETUP = "bash verification/cann_emu/setup.sh"
-
-
-def _missing() -> str | None:
-    if not PYTHON.exists():
-        return f"the CANN emulation's venv {VENV} is absent (make it with `{SETUP}`)"
-    if not (BUILD_DIR / "libascendcl.so").exists():
-        return f"the emulated CANN libraries are not built in {BUILD_DIR} (run `{SETUP}`)"
-    return None
-
-
-if _missing():
-    pytestmark = [pytestmark, pytest.mark.skip(reason=_missing())]
-
-
-def run_child(code: str, *, timeout: int = 300, extra_env: dict | None = None, **config) -> subprocess.CompletedProcess:
-    """Runs code in the emulation's venv, with the emulation's environment; returns the result."""
-    env = cann_env({k: v for k, v in os.environ.items() if not k.startswith("CANN_EMU_")}, **config)
-    env["OMP_NUM_THREADS"] = "1"
-    env.update(extra_env or {})
-    return subprocess.run([str(PYTHON), "-c", textwrap.dedent(code)], env=env, cwd=REPO,
-                          capture_output=True, text=True, timeout=timeout)
-
-
-def child_json(code: str, **kwargs) -> dict:
-    result = run_child(code, **kwargs)
-    assert result.returncode == 0, f"child failed ({result.returncode}):\n{result.stdout[-3000:]}\n{result.stderr[-6000:]}"
-    return json.loads(result.stdout.strip().splitlines()[-1])
+from cann_emu_child import PYTHON, REPO, child_json
+from verification.cann_emu import BUILD_DIR
 
 
 @pytest.fixture(scope="module")

@@ -19,7 +19,6 @@ import json
 
 import pytest
 
-from test_cann_emu import pytestmark  # noqa: F401  (the marker, and the skip when the emulation is absent)
 from test_train import MODELS, RUN, STEPS, emulated
 from testkit import NO_ACTIVATION_CHECKPOINTING, clean_env, parse_losses, torchrun
 

@@ -32,8 +32,9 @@ from pathlib import Path
 
 import pytest
 
-from test_cann_emu import PYTHON, REPO, cann_env, child_json, pytestmark  # noqa: F401  (skips when absent)
+from cann_emu_child import PYTHON, REPO, child_json
 from testkit import clean_env, parse_losses
+from verification.cann_emu import cann_env
 
 HERE = Path(__file__).resolve().parent
 STALL_STEP = 3

@@ -13,33 +13,14 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(REPO))
-from verification.cann_emu import BUILD_DIR, DEFAULT_VENV, cann_env  # noqa: E402
+from cann_emu_child import PYTHON, REPO
+from verification.cann_emu import cann_env
 
-pytestmark = pytest.mark.cann_emu
-
-VENV = Path(os.environ.get("CANN_EMU_VENV") or REPO / DEFAULT_VENV)
-PYTHON = VENV / "bin" / "python"
 WORKER = Path(__file__).with_name("hccl_worker.py")
-SETUP = "bash verification/cann_emu/setup.sh"
-
-
-def _missing() -> str | None:
-    if not PYTHON.exists():
-        return f"the CANN emulation's venv {VENV} is absent (make it with `{SETUP}`)"
-    if not (BUILD_DIR / "libhccl.so").exists():
-        return f"the emulated CANN libraries are not built in {BUILD_DIR} (run `{SETUP}`)"
-    return None
-
-
-if _missing():
-    pytestmark = [pytestmark, pytest.mark.skip(reason=_missing())]
 
 # What a healthy run never prints: torch_npu's watchdog giving up or aborting, a C++ abort, an HCCL
 # call failing, a CANN function the emulation lacks.

@@ -19,7 +19,6 @@ import sys
 
 import pytest
 
-from test_cann_emu import pytestmark  # noqa: F401  (skips when the emulation is absent)
 from testkit import REPO
 
 TOLERANCE = 0.10

@@ -26,8 +26,9 @@ from pathlib import Path
 
 import pytest
 
-from test_cann_emu import PYTHON, REPO, cann_env, child_json, pytestmark  # noqa: F401  (skips without .venv-cann)
+from cann_emu_child import PYTHON, REPO, child_json
 from testkit import clean_env, parse_losses
+from verification.cann_emu import cann_env
 
 PROFILE = """
 import ctypes, glob, json, os, shutil, time

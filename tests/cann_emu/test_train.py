@@ -24,8 +24,9 @@ import sys
 
 import pytest
 
-from test_cann_emu import PYTHON, REPO, cann_env, pytestmark  # noqa: F401  (skips when the emulation is absent)
+from cann_emu_child import PYTHON, REPO
 from testkit import clean_env, parse_losses, torchrun
+from verification.cann_emu import cann_env
 
 STEPS = 4
 RUN = ["--training.steps", str(STEPS), "--training.seq_len", "128", "--training.local_batch_size", "1",

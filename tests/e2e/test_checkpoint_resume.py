@@ -25,8 +25,6 @@ import torch
 from sim_audit import assert_audit_saw_training, load_audits
 from testkit import REPO, clean_env, parse_losses, sim_env, torchrun
 
-pytestmark = pytest.mark.e2e
-
 STEPS = 6
 RESUME_ARGS = ["--module", "llama3", "--config", "llama3_debugmodel", "--training.seq_len", "128",
                "--training.local_batch_size", "1", "--validator.no-enable", "--debug.seed", "42",

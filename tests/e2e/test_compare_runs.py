@@ -16,8 +16,6 @@ import pytest
 
 from testkit import REPO, clean_env, train_llama
 
-pytestmark = pytest.mark.e2e
-
 STEPS = 4
 LR_FLAG = "--optimizer.param-groups.0.optimizer-kwargs.lr"  # torchtitan 0.3.0; llama3_debugmodel has 8e-4
 

@@ -67,17 +67,14 @@ def _llama_compiled_vs_eager(llama_runs, seed_checkpoint, tmp_path, config: str)
     assert worst <= 1e-4
 
 
-@pytest.mark.e2e
 def test_llama3_compiled_in_the_rehearsal_trains_like_eager(llama_runs, seed_checkpoint, tmp_path):
     _llama_compiled_vs_eager(llama_runs, seed_checkpoint, tmp_path, "llama3_debugmodel")
 
 
-@pytest.mark.e2e
 def test_llama3_varlen_compiled_in_the_rehearsal_trains_like_eager(llama_runs, seed_checkpoint, tmp_path):
     _llama_compiled_vs_eager(llama_runs, seed_checkpoint, tmp_path, "llama3_debugmodel_varlen_attn")
 
 
-@pytest.mark.e2e
 def test_llama3_compiled_on_simulated_npus_falls_back_to_aot_eager_and_trains_like_eager(
         llama_runs, seed_checkpoint, tmp_path):
     eager, _, _ = llama_runs("llama3_debugmodel", "cpu")
@@ -115,12 +112,11 @@ def test_deepseek_v3_moe_compiled_four_steps(moe_rehearsal_runs, tmp_path):
     _moe_compiled_vs_eager(moe_rehearsal_runs, tmp_path, "deepseek_v3", "deepseek_v3_debugmodel", MOE_SHORT_STEPS)
 
 
-@pytest.mark.e2e
 def test_qwen3_moe_ep2_compiled_in_the_rehearsal_trains_like_eager(moe_rehearsal_runs, tmp_path):
     _moe_compiled_vs_eager(moe_rehearsal_runs, tmp_path, "qwen3", "qwen3_moe_debug", MOE_STEPS,
                            ["--parallelism.expert_parallel_degree", "2"])
 
 
-@pytest.mark.e2e  # its CI failure (2026-11-23) was a stale inductor cache entry; see npu_inject/patches/compile.py
+# Its CI failure (2026-11-23) was a stale inductor cache entry; see npu_inject/patches/compile.py.
 def test_deepseek_v3_moe_compiled_in_the_rehearsal_trains_like_eager(moe_rehearsal_runs, tmp_path):
     _moe_compiled_vs_eager(moe_rehearsal_runs, tmp_path, "deepseek_v3", "deepseek_v3_debugmodel", MOE_STEPS)

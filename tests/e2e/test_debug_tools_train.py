@@ -15,13 +15,9 @@ import pickle
 import subprocess
 import sys
 
-import pytest
-
 import torch_npu_source
 from testkit import REPO, SHORT_RUN, clean_env, parse_losses, sim_npu_env, torchrun
 from verification.sim_npu import torch_npu_wheel
-
-pytestmark = pytest.mark.e2e
 
 
 def _report(dump: str, rank: int = 0) -> dict:

@@ -5,7 +5,7 @@ group); ``COMM_MODE=local_tensor`` sets the job up with every rank's tensors in 
 skips training (upstream's behaviour: in 0.3.0 ``torchtitan.train`` returns before it builds the
 trainer, so no process group is made at all). Both must work with ``TORCHTITAN_NPU=1`` on simulated NPUs
 (torch registers the fake group for cpu/cuda/hpu/xpu only: patch ``collectives`` adds npu) and on
-the rehearsal. The script is upstream's own copy (../shared/upstream/torchtitan-0.3/run_train.sh).
+the rehearsal. The script is upstream's own, from a torchtitan checkout (release/0.3): $TORCHTITAN_SRC/run_train.sh.
 """
 
 from __future__ import annotations
@@ -17,11 +17,9 @@ import sys
 
 import pytest
 
-from testkit import REPO, SHORT_RUN, clean_env, sim_npu_env
+from testkit import REPO, SHORT_RUN, TORCHTITAN_SRC, clean_env, needs_torchtitan_src, sim_npu_env
 
-pytestmark = pytest.mark.e2e
-
-RUN_TRAIN = os.path.join(os.path.dirname(REPO), "shared", "upstream", "torchtitan-0.3", "run_train.sh")
+RUN_TRAIN = os.path.join(TORCHTITAN_SRC or "", "run_train.sh")
 EXPECTED_LINE = {"fake_backend": "Training completed", "local_tensor": "Local tensor mode enabled - skipping training"}
 
 
@@ -42,7 +40,7 @@ def _report(env: dict[str, str], dump: str) -> dict:
     raise AssertionError(f"no report_rank0.json under {dump} or {env['TORCHTITAN_NPU_REPORT_DIR']}")
 
 
-@pytest.mark.skipif(not os.path.isfile(RUN_TRAIN), reason=f"upstream's run_train.sh is not at {RUN_TRAIN}")
+@needs_torchtitan_src("run_train.sh")
 @pytest.mark.parametrize("mode", sorted(EXPECTED_LINE))
 @pytest.mark.parametrize("target", ["npu", "cpu"])
 def test_upstream_dry_run_works_on_the_target(tmp_path, target, mode):

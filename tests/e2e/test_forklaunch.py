@@ -1,8 +1,8 @@
-"""The test suite's warm launcher (tests/support/forklaunch.py) runs a training like torchrun does.
+"""The test suite's warm launcher (tools/forklaunch.py) runs a training like torchrun does.
 
 Every other end-to-end test relies on it, so it is checked against the real torchrun on the
 path with the most start-up work: the bootstrap, the simulated torch_npu, hccl and the runtime
-on 2 simulated NPUs.
+on 2 simulated NPUs. (Which runs it takes: tests/unit/tools/test_forklaunch_import_variables.py.)
 """
 
 from __future__ import annotations
@@ -11,21 +11,7 @@ import json
 import os
 import re
 
-import pytest
-
-import forklaunch
 from testkit import DETERMINISTIC, SHORT_RUN, clean_env, parse_losses, sim_npu_env, torchrun
-
-
-def test_variables_read_at_import_keep_a_run_on_torchrun():
-    server = {"PATH": "/bin", "HF_HUB_OFFLINE": "1"}
-    assert forklaunch.import_time_differences(
-        {**server, "TORCHTITAN_NPU": "1", "TORCHTITAN_NPU_SIM_DEVICES": "2", "PYTHONPATH": "/x", "CKPT_TEST": "1"},
-        server) == []
-    assert forklaunch.import_time_differences(
-        {**server, "TORCHINDUCTOR_CACHE_DIR": "/c", "OMP_NUM_THREADS": "4"}, server) == [
-            "OMP_NUM_THREADS", "TORCHINDUCTOR_CACHE_DIR"]
-    assert forklaunch.import_time_differences({"PATH": "/bin"}, server) == ["HF_HUB_OFFLINE"]
 
 
 def run(launcher_is_real: bool, dump: str):
@@ -38,7 +24,6 @@ def run(launcher_is_real: bool, dump: str):
     return parse_losses(result.stdout), result.stdout, reports
 
 
-@pytest.mark.e2e
 def test_forked_ranks_train_like_torchrun_on_simulated_npus(tmp_path):
     forked, forked_log, forked_reports = run(False, str(tmp_path / "forked"))
     real, real_log, real_reports = run(True, str(tmp_path / "real"))
@@ -51,7 +36,6 @@ def test_forked_ranks_train_like_torchrun_on_simulated_npus(tmp_path):
     assert summary == [line.split(" - ")[-1] for line in real_log.splitlines() if "npu_inject: target=npu" in line]
 
 
-@pytest.mark.e2e
 def test_a_failing_rank_fails_the_launch_with_its_exit_code(tmp_path):
     result = torchrun(["--module", "llama3", "--config", "no_such_config"], clean_env(TORCHTITAN_NPU="cpu"))
     assert result.returncode == 1, result.stdout[-3000:]

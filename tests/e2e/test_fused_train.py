@@ -30,8 +30,6 @@ import pytest
 
 from testkit import PLUGINS, clean_env, from_seed, parse_losses, sim_npu_env, torchrun
 
-pytestmark = pytest.mark.e2e
-
 FUSED_PATCHES = ("rms_norm", "rotary", "swiglu", "router_fp32")
 FUSED_OFF = ",".join(f"-{patch}" for patch in FUSED_PATCHES)
 PROBE_REGISTRY = os.path.join(PLUGINS, "fused_step_probe_registry.json")

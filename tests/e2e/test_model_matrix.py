@@ -81,7 +81,6 @@ def stops_on(target: str) -> dict[str, str | None]:
     return json.loads(line[len("STOPS "):])
 
 
-@pytest.mark.e2e
 @pytest.mark.parametrize("target", TARGETS)
 def test_unsupported_rows_stop_with_one_clear_line(target):
     stops = stops_on(target)
@@ -95,7 +94,6 @@ def test_unsupported_rows_stop_with_one_clear_line(target):
         assert "\n" not in message and ("npu-inject[models]" in message or "target" in message), message
 
 
-@pytest.mark.e2e
 @pytest.mark.parametrize("row,target", [(row, target) for row in ROWS if row.trains for target in row.ci],
                          ids=lambda value: getattr(value, "config", value))
 def test_row_trains_in_ci(row, target, tmp_path):

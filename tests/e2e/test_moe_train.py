@@ -26,12 +26,8 @@ from __future__ import annotations
 import json
 import os
 
-import pytest
-
 from sim_audit import assert_audit_clean, expected_step_syncs
 from testkit import MOE_STEPS, NO_ACTIVATION_CHECKPOINTING, REPO, clean_env, sim_env, train_moe
-
-pytestmark = pytest.mark.e2e
 
 MOE_EP2 = ["--parallelism.expert_parallel_degree", "2", "--training.disable_cuda_graphs"]
 MOE_PLUGINS = os.path.join(REPO, "tests", "support", "plugins")

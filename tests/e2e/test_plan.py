@@ -16,8 +16,6 @@ import pytest
 
 from testkit import REPO, clean_env
 
-pytestmark = pytest.mark.e2e
-
 DEBUG = ["--module", "llama3", "--config", "llama3_debugmodel", "--training.seq_len", "256"]
 PLAN_KEYS = {"fits", "peak_bytes_per_rank", "step_s", "tokens_per_s_per_npu", "mfu", "breakdown"}
 

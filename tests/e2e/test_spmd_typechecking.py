@@ -15,8 +15,6 @@ import pytest
 
 from testkit import DETERMINISTIC, SHORT_RUN, clean_env, parse_losses, sim_npu_env, torchrun
 
-pytestmark = pytest.mark.e2e
-
 CP2 = ["--parallelism.context_parallel_degree", "2"]
 TYPECHECKING = ["--debug.spmd_typechecking"]
 TAIL = ["activation-checkpoint:none"]  # a subcommand: must come last

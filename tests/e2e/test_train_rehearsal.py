@@ -18,8 +18,6 @@ import pytest
 
 from testkit import LLAMA_STEPS, PLUGINS, REPO, SHORT_RUN, clean_env, from_seed, parse_losses, torchrun, train_llama
 
-pytestmark = pytest.mark.e2e
-
 CONFIGS = ("llama3_debugmodel", "llama3_debugmodel_varlen_attn")
 
 

@@ -19,8 +19,6 @@ import pytest
 from sim_audit import assert_audit_clean, expected_step_syncs
 from testkit import LLAMA_STEPS, SHORT_RUN
 
-pytestmark = pytest.mark.e2e
-
 CONFIGS = ("llama3_debugmodel", "llama3_debugmodel_varlen_attn")
 ATTENTION = {"llama3_debugmodel": "flex", "llama3_debugmodel_varlen_attn": "varlen"}
 LLAMA_LAYERS = 6  # llama3_debugmodel's n_layers

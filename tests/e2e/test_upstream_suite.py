@@ -18,11 +18,10 @@ import sys
 
 import pytest
 
-from testkit import REPO, clean_env, sim_npu_env  # first: puts the repository root on sys.path
+from testkit import REPO, TORCHTITAN_SRC, clean_env, needs_torchtitan_src, sim_npu_env  # first: repo on sys.path
 from tools.parallel_matrix import CANN_PYTHON, cann_missing
 from verification.cann_emu import cann_env
 
-UPSTREAM = os.path.join(os.path.dirname(REPO), "shared", "upstream", "torchtitan-0.3")
 NPU_INJECT = os.path.join(os.path.dirname(sys.executable), "npu-inject")
 # (suite, case): what each stands for in CI.
 CI_CASES = {
@@ -50,11 +49,11 @@ SUITE_COMMANDS = {"cpu": [NPU_INJECT, "suite"], "npu": [NPU_INJECT, "suite"],
                   "cann": [CANN_PYTHON, "-m", "npu_inject", "suite"]}
 needs_cann = pytest.mark.skipif(cann_missing() is not None, reason=cann_missing() or "")
 
-needs_upstream = pytest.mark.skipif(not os.path.isdir(UPSTREAM), reason=f"upstream's suite is not at {UPSTREAM}")
+needs_upstream = needs_torchtitan_src("tests/integration_tests, run_train.sh")
 
 
 def _suite(tmp_path, suites: str, cases: str, timeout: int, target: str = "cpu") -> dict:
-    command = [*SUITE_COMMANDS[target], "--torchtitan-src", UPSTREAM, "--suite", suites, "--steps", "2",
+    command = [*SUITE_COMMANDS[target], "--torchtitan-src", TORCHTITAN_SRC, "--suite", suites, "--steps", "2",
                "--shrink", "256,2", "--case-timeout", "900", "--output", str(tmp_path / "matrix")]
     if cases:
         command += ["--cases", cases]
@@ -66,7 +65,6 @@ def _suite(tmp_path, suites: str, cases: str, timeout: int, target: str = "cpu")
 
 
 @needs_upstream
-@pytest.mark.e2e
 @pytest.mark.parametrize("suite", ["features", "models"])
 def test_ci_cases_are_green_on_the_rehearsal(tmp_path, suite):
     cases = ",".join(name for case_suite, name in CI_CASES if case_suite == suite)
@@ -81,7 +79,6 @@ def test_ci_cases_are_green_on_the_rehearsal(tmp_path, suite):
 
 
 @needs_upstream
-@pytest.mark.e2e
 def test_ci_cases_are_green_on_simulated_npus(tmp_path):
     cases = ",".join(name for _, name in SIM_CI_CASES)
     result = _suite(tmp_path, "features", cases, timeout=3600, target="npu")
@@ -102,7 +99,6 @@ def test_every_enabled_case_is_green_or_stops_clearly(tmp_path, target):
 
 @needs_upstream
 @needs_cann
-@pytest.mark.e2e
 @pytest.mark.cann_emu
 def test_ci_cases_are_green_on_the_cann_emulation(tmp_path):
     """The MC2 path through the real wheel, launched as upstream launches (run_train.sh, expandable segments)."""

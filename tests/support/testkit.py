@@ -1,4 +1,5 @@
-"""Helpers shared by the tests: environments, fresh interpreters, torchrun runs, loss parsing.
+"""Helpers shared by the tests: environments, fresh interpreters, torchrun runs and loss parsing
+(tools/training_runs.py's, which the tools use too), the debug runs the tests compare.
 
 A module of its own (not conftest.py): several conftest.py files live under tests/, and
 ``from conftest import`` would pick whichever was imported last.
@@ -8,7 +9,6 @@ from __future__ import annotations
 
 import math
 import os
-import re
 import subprocess
 import sys
 import textwrap
@@ -18,15 +18,22 @@ PLUGINS = os.path.join(REPO, "tests", "support", "plugins")
 if REPO not in sys.path:
     sys.path.insert(0, REPO)  # tools/ is not installed
 
-import forklaunch  # noqa: E402  (tests/support is on sys.path wherever testkit is imported)
+from tools.training_runs import clean_env, parse_losses, torchrun  # noqa: E402, F401  (the tools' launch, for the tests)
 from verification.sim_npu import sim_env  # noqa: E402  (the one simulated-NPU environment)
 
 
-def clean_env(**overrides: str) -> dict[str, str]:
-    """The current environment without TORCHTITAN_NPU*, plus overrides."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith("TORCHTITAN_NPU")}
-    env.update(overrides)
-    return env
+# torchtitan's release/0.3 source tree (tests/integration_tests, run_train.sh), which the upstream-suite
+# tests read: an input, never a path outside the repository (.ci/run passes CI's copy).
+TORCHTITAN_SRC = os.path.abspath(os.environ["TORCHTITAN_SRC"]) if os.environ.get("TORCHTITAN_SRC") else None
+
+
+def needs_torchtitan_src(what: str):
+    """Skips a test that reads ``what`` of torchtitan's source tree where TORCHTITAN_SRC is unset, in one line
+    saying how to provide it (a TORCHTITAN_SRC that is set is used, and its errors fail the test)."""
+    import pytest
+
+    return pytest.mark.skipif(TORCHTITAN_SRC is None, reason=f"needs torchtitan's release/0.3 source tree ({what}): "
+                                                             "set TORCHTITAN_SRC=<checkout>")
 
 
 def run_python(code: str, env: dict[str, str], cwd: str | None = None, timeout: int = 300):
@@ -40,52 +47,6 @@ def run_python(code: str, env: dict[str, str], cwd: str | None = None, timeout: 
 def fake_entry(module: str, triggers=("faketitan.core",), **extra) -> dict:
     """A registry entry for a test patch in tests/support/plugins (its TARGETS and docstring are the module's)."""
     return {"module": module, "triggers": list(triggers), **extra}
-
-
-# -- torchrun end-to-end helpers ------------------------------------------------
-
-LOSS_LINE = re.compile(r"step:\s*(\d+)\s+(?:\x1b\[[0-9;]*m)?loss:\s*([-+0-9.naif]+)")
-
-
-def parse_losses(log: str) -> dict[int, float]:
-    """step -> loss from torchtitan's metric lines (every rank logs the same global loss)."""
-    return {int(m.group(1)): float(m.group(2)) for m in LOSS_LINE.finditer(log)}
-
-
-def torchrun(args: list[str], env: dict[str, str], nproc: int = 2, timeout: int = 600, real: bool = False,
-             python: str | None = None):
-    """Run ``torchrun -m torchtitan.train`` from the repo root (where the debug configs find
-    tests/assets). Returns the CompletedProcess; stdout holds both streams.
-
-    The ranks are forked from a warm process (tests/support/forklaunch.py: the same bootstrap and
-    imports, without paying torch's import per rank) unless ``real`` is set, ``python`` names
-    another interpreter (e.g. the CANN emulation's venv), the run changes a variable read at
-    import time, or NPU_INJECT_TEST_LAUNCHER=torchrun."""
-    env = {"HF_HUB_OFFLINE": "1", **env}
-    port = _free_port()
-    if python is None and not real and os.environ.get(forklaunch.LAUNCHER_VAR, "fork") != "torchrun":
-        if _LAUNCHER.process is None:
-            _LAUNCHER.start(clean_env(HF_HUB_OFFLINE="1"))
-        differences = forklaunch.import_time_differences(env, _LAUNCHER.server_env)
-        if not differences:
-            return _LAUNCHER.run(list(args), env, REPO, nproc, port, timeout)
-        print(f"testkit.torchrun: real torchrun, the run sets {differences} differently from the warm launcher",
-              file=sys.stderr)
-    command = [python or sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(nproc),
-               "--master_port", str(port), "-m", "torchtitan.train", *args]
-    return subprocess.run(command, env=env, cwd=REPO, timeout=timeout,
-                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-
-
-_LAUNCHER = forklaunch.Launcher()
-
-
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def reference_attention_env(**overrides: str) -> dict[str, str]:

@@ -10,14 +10,14 @@ import sys
 import pytest
 
 from npu_inject.commands import suite
-from testkit import REPO
+from testkit import REPO, TORCHTITAN_SRC, needs_torchtitan_src
 
-UPSTREAM = os.path.join(os.path.dirname(REPO), "shared", "upstream", "torchtitan-0.3")
+needs_case_lists = needs_torchtitan_src("tests/integration_tests")
 
 
-@pytest.mark.skipif(not os.path.isdir(UPSTREAM), reason=f"upstream's suite is not at {UPSTREAM}")
+@needs_case_lists
 def test_cases_come_from_upstreams_lists_without_the_disabled_ones():
-    cases = suite.load_cases(UPSTREAM, ["features", "models"])
+    cases = suite.load_cases(TORCHTITAN_SRC, ["features", "models"])
     names = {case.name for case in cases}
     assert {"default", "full_checkpoint", "pp_1f1b", "ddp", "cp", "1d_compile"} <= names
     assert "2d_asynctp_compile" not in names  # disabled upstream
@@ -148,7 +148,23 @@ def test_a_shrunk_case_accumulates_as_many_microbatches_as_upstreams():
         suite.shrink(["--training.global_batch_size", "36"], 256, 3)
 
 
-@pytest.mark.skipif(not os.path.isdir(UPSTREAM), reason=f"upstream's suite is not at {UPSTREAM}")
+def test_the_torchtitan_checkout_is_an_input_flag_or_variable(tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("TORCHTITAN_NPU", "cpu")
+    monkeypatch.setenv("RUNNER_TEMP", str(tmp_path))  # restored afterwards: cmd_suite sets it
+    monkeypatch.delenv("TORCHTITAN_SRC", raising=False)
+    parser = argparse.ArgumentParser()
+    suite.add_parser(parser.add_subparsers())
+    assert suite.cmd_suite(parser.parse_args(["suite", "--output", str(tmp_path / "out")])) == 2
+    (line,) = capsys.readouterr().err.splitlines()
+    assert "--torchtitan-src" in line and "TORCHTITAN_SRC" in line and "torchtitan checkout (release/0.3)" in line
+    # The variable stands in for the flag; a folder without upstream's case lists says so in one line.
+    monkeypatch.setenv("TORCHTITAN_SRC", str(tmp_path))
+    with pytest.raises(SystemExit, match=r"has no tests/integration_tests/features.py: give a torchtitan checkout"):
+        suite.cmd_suite(parser.parse_args(["suite", "--run-train", _fake_run_train(tmp_path, ""),
+                                           "--output", str(tmp_path / "out")]))
+
+
+@needs_case_lists
 def test_a_case_planned_not_to_fit_the_host_is_memory_without_starting(tmp_path, monkeypatch, capsys):
     """The rehearsal at upstream's shapes: a case npu-inject plan says would not fit is never started."""
     started = tmp_path / "started"
@@ -159,7 +175,7 @@ def test_a_case_planned_not_to_fit_the_host_is_memory_without_starting(tmp_path,
     output = tmp_path / "out"
     parser = argparse.ArgumentParser()
     suite.add_parser(parser.add_subparsers())
-    args = parser.parse_args(["suite", "--torchtitan-src", UPSTREAM, "--suite", "features", "--cases", "default",
+    args = parser.parse_args(["suite", "--torchtitan-src", TORCHTITAN_SRC, "--suite", "features", "--cases", "default",
                               "--run-train", run_train, "--output", str(output),
                               "--assets", os.path.join(REPO, "tests", "assets")])
     assert suite.cmd_suite(args) == 1
@@ -170,7 +186,7 @@ def test_a_case_planned_not_to_fit_the_host_is_memory_without_starting(tmp_path,
     assert case["planned_gib"] == 30.0 and not started.exists()
     # With --shrink (or --no-memory-check) nothing is planned and the case runs.
     monkeypatch.setattr(suite, "plan_host_memory", lambda *a: pytest.fail("planned a shrunk case"))
-    args = parser.parse_args(["suite", "--torchtitan-src", UPSTREAM, "--suite", "features", "--cases", "default",
+    args = parser.parse_args(["suite", "--torchtitan-src", TORCHTITAN_SRC, "--suite", "features", "--cases", "default",
                               "--run-train", run_train, "--output", str(tmp_path / "shrunk"), "--shrink", "256,2",
                               "--assets", os.path.join(REPO, "tests", "assets")])
     assert suite.cmd_suite(args) == 0 and started.exists()

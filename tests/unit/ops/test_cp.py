@@ -10,14 +10,12 @@ checked the same way, its log-sum-exp against ``torch.logsumexp`` of the masked 
 
 from __future__ import annotations
 
-import os
-import tempfile
-
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 import torch.nn.functional as F
+
+from gloo import run_on_gloo_ranks
 
 B, L, N, H, WORLD = 2, 16, 4, 8, 2
 DOCUMENT_ENDS = (5, 16, 16 + 9, 32)  # row 0: documents of 5 and 11 tokens; row 1: 9 and 7
@@ -69,11 +67,10 @@ def sinks_transformed_BLNH(q, k, v, keep_BLL, sinks_N):
     return sdpa_BLNH(q, k, v, keep_BLL) * torch.sigmoid(lse_BLN - sinks_N).unsqueeze(-1)
 
 
-def _worker(rank: int, init_file: str, results: dict) -> None:
+def _worker(rank: int) -> list[str]:
     from npu_inject import selection
 
     selection.establish({"TORCHTITAN_NPU": "cpu"})  # the rehearsal's kernels, as a training run's plan picks
-    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=WORLD)
     from npu_inject.ops.attention import AttentionPlan
     from npu_inject.ops.cp import (
         ContextParallelPlan,
@@ -141,16 +138,12 @@ def _worker(rank: int, init_file: str, results: dict) -> None:
                 if not torch.allclose(got, want, rtol=1e-5, atol=1e-5):
                     failures.append(f"{name}/reference+sinks/n_kv={n_kv}/{label}: "
                                     f"max diff {(got - want).abs().max().item():.2e}")
-    results[rank] = failures
-    dist.destroy_process_group()
+    return failures
 
 
 def test_context_parallel_attention_matches_whole_sequence_sdpa():
-    with tempfile.TemporaryDirectory() as directory:
-        manager = mp.Manager()
-        results = manager.dict()
-        mp.spawn(_worker, args=(os.path.join(directory, "init"), results), nprocs=WORLD, join=True)
-        failures = [f for rank in range(WORLD) for f in results[rank]]
+    results = run_on_gloo_ranks(_worker, WORLD)
+    failures = [f for rank in range(WORLD) for f in results[rank]]
     assert not failures, "\n".join(failures)
 
 

@@ -11,12 +11,9 @@ as torchtitan builds attention masks before the forward.
 
 from __future__ import annotations
 
-import os
-import tempfile
-
 import torch
-import torch.distributed as dist
-import torch.multiprocessing as mp
+
+from gloo import run_on_gloo_ranks
 
 WORLD, B, L, N, H = 2, 2, 16, 4, 8
 
@@ -46,11 +43,10 @@ def _type_on(mesh, tensor):
         return [str(t) for t in spmd.get_local_type(tensor).values()]
 
 
-def _worker(rank: int, init_file: str, results: dict) -> None:  # noqa: C901
+def _worker(rank: int) -> list[str]:  # noqa: C901
     from npu_inject import selection
 
     selection.establish({"TORCHTITAN_NPU": "cpu"})
-    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=WORLD)
     import spmd_types as spmd
     from torch.distributed.device_mesh import init_device_mesh
 
@@ -150,14 +146,10 @@ def _worker(rank: int, init_file: str, results: dict) -> None:  # noqa: C901
     if got is not None:
         check("grouped_matmul", got, want, _type_on(mesh, got), [V])
 
-    results[rank] = failures
-    dist.destroy_process_group()
+    return failures
 
 
 def test_ops_under_spmd_type_checking_keep_upstream_types_and_values():
-    with tempfile.TemporaryDirectory() as directory:
-        manager = mp.Manager()
-        results = manager.dict()
-        mp.spawn(_worker, args=(os.path.join(directory, "init"), results), nprocs=WORLD, join=True)
-        failures = [f"rank {rank}: {f}" for rank in range(WORLD) for f in results[rank]]
+    results = run_on_gloo_ranks(_worker, WORLD)
+    failures = [f"rank {rank}: {f}" for rank in range(WORLD) for f in results[rank]]
     assert not failures, "\n".join(failures)

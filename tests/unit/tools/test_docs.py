@@ -46,6 +46,25 @@ def test_the_machine_path_check_can_fail():
         assert not MACHINE_PATH.search(line), line
 
 
+# A folder beside the checkout, named in code: "../shared/", or os.path.join(<repo's parent>, "shared", ...).
+NEIGHBOUR_FOLDER = re.compile(r"\.\./shared/|[\"']shared[\"'],\s*[\"']upstream")
+
+
+def test_no_code_reaches_a_folder_beside_the_checkout():
+    """A clone stands alone: torchtitan's source tree is an input (TORCHTITAN_SRC); .ci/run alone passes CI's copy."""
+    found = []
+    for folder in ("npu_inject", "tools", "tests", "verification"):
+        for root, _, files in os.walk(os.path.join(REPO, folder)):
+            for name in files:
+                path = os.path.join(root, name)
+                if name.endswith((".py", ".sh")) and path != os.path.abspath(__file__):
+                    found += [f"{os.path.relpath(path, REPO)}:{number}" for number, line
+                              in enumerate(open(path, encoding="utf-8").read().splitlines(), start=1)
+                              if NEIGHBOUR_FOLDER.search(line)]
+    assert not found, found
+    assert NEIGHBOUR_FOLDER.search('os.path.join(os.path.dirname(REPO), "shared", "upstream")')
+
+
 def test_every_linked_document_exists():
     sources = [path for path in _documents() if path.endswith(".md")]
     missing = []

@@ -4,14 +4,12 @@ every target."""
 
 from __future__ import annotations
 
-import os
-
 import pytest
 
-from testkit import REPO  # first: puts the repository root on sys.path for tools/
+from testkit import TORCHTITAN_SRC, needs_torchtitan_src  # first: puts the repository root on sys.path
 from tools import doc_blocks, suite_table
 
-UPSTREAM = os.path.join(os.path.dirname(REPO), "shared", "upstream", "torchtitan-0.3")
+needs_case_lists = needs_torchtitan_src("tests/integration_tests")
 
 
 def test_docs_hold_the_rendered_matrix_and_the_readme_its_counts():
@@ -24,12 +22,12 @@ def test_docs_hold_the_rendered_matrix_and_the_readme_its_counts():
     assert len(counts.splitlines()) == 2 + len(suite_table.TARGETS)
 
 
-@pytest.mark.skipif(not os.path.isdir(UPSTREAM), reason=f"upstream's suite is not at {UPSTREAM}")
+@needs_case_lists
 @pytest.mark.parametrize("target", list(suite_table.TARGETS))
 def test_each_target_ran_every_enabled_case_of_both_suites(target):
     from npu_inject.commands import suite
 
-    expected = {f"{case.suite}/{case.name}" for case in suite.load_cases(UPSTREAM, ["features", "models"])}
+    expected = {f"{case.suite}/{case.name}" for case in suite.load_cases(TORCHTITAN_SRC, ["features", "models"])}
     matrix = suite_table.load(target)
     assert {f"{case['suite']}/{case['name']}" for case in matrix["cases"]} == expected
     assert matrix["meta"]["target"] == ("cpu" if target == "rehearsal" else "npu")
@@ -42,7 +40,6 @@ def test_docs_hold_the_advanced_suites_block():
             suite_table.render_h100(), "docs/suite.md's h100 block is stale: python tools/suite_table.py --write"
 
 
-@pytest.mark.skipif(not os.path.isdir(UPSTREAM), reason=f"upstream's suite is not at {UPSTREAM}")
 def test_docs_hold_the_full_shape_block_and_every_case_ran_within_the_hosts_memory():
     with open(suite_table.DOC, encoding="utf-8") as handle:
         assert doc_blocks.block(handle.read(), suite_table.FULL_BEGIN, suite_table.FULL_END) == \
@@ -72,11 +69,12 @@ def test_parts_add_and_replace_cases(tmp_path, monkeypatch):
     assert merged["meta"]["reruns"][0]["cases"] == ["features/b", "features/c"]
 
 
+@needs_case_lists
 @pytest.mark.parametrize("target", list(suite_table.H100_TARGETS))
 def test_each_target_ran_every_enabled_case_of_the_advanced_suite(target):
     from npu_inject.commands import suite
 
-    expected = {f"h100/{case.name}" for case in suite.load_cases(UPSTREAM, ["h100"])}
+    expected = {f"h100/{case.name}" for case in suite.load_cases(TORCHTITAN_SRC, ["h100"])}
     matrix = suite_table.load(target)
     assert {f"{case['suite']}/{case['name']}" for case in matrix["cases"]} == expected
     assert matrix["meta"]["target"] == ("cpu" if target == "h100/rehearsal" else "npu")

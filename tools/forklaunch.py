@@ -1,9 +1,9 @@
-"""A torchrun stand-in for the test suite: ranks are forked from a warm process.
+"""A torchrun stand-in for the test suite and tools/parallel_matrix.py: ranks are forked from a warm process.
 
 Every end-to-end test launches ``torchrun -m torchtitan.train``. On a 2-core machine each rank
 then spends 8-10 s importing what torchtitan imports (torch, dynamo, inductor, DTensor,
 pipelining, datasets): all upstream, and the same in every run. This module keeps one server
-process per test session that has imported those modules -- never torchtitan, never
+process per session (a pytest run, a tool run) that has imported those modules -- never torchtitan, never
 npu_inject's runtime, never torch_npu -- and forks the ranks from it. A rank then does what a
 torchrun worker's interpreter does, in the same order:
 
@@ -19,7 +19,7 @@ in each rank, after the bootstrap, exactly as under torchrun. What differs: torc
 upstream modules were imported before the run's environment was set. A run whose environment
 differs from the server's in a variable those modules could read at import (TORCH*, HF_*,
 OMP_*, ...) is therefore launched with the real torchrun, as is any run that asks for it
-(``testkit.torchrun(..., real=True)``, for tests about torchrun's own behaviour) and every run
+(``training_runs.torchrun(..., real=True)``, for tests about torchrun's own behaviour) and every run
 when NPU_INJECT_TEST_LAUNCHER=torchrun. The bootstrap tests always use fresh interpreters.
 
 Failure handling follows torchrun: when a rank fails, the others get SIGTERM, then SIGKILL
@@ -67,7 +67,7 @@ def import_time_differences(env: dict[str, str], server_env: dict[str, str]) -> 
                   and not key.startswith("TORCHTITAN_NPU") and key not in RUN_VARIABLES)
 
 
-# -- client side (the pytest process) --------------------------------------------------------
+# -- client side (the pytest or tool process) --------------------------------------------------------
 
 class Launcher:
     """One warm server per test session, started on first use."""
@@ -86,7 +86,7 @@ class Launcher:
         ready = self.process.stdout.readline()
         if ready.strip() != "ready":
             rest = self.process.stdout.read()
-            raise RuntimeError(f"tests/support/forklaunch.py: the server did not start: {ready}{rest}")
+            raise RuntimeError(f"tools/forklaunch.py: the server did not start: {ready}{rest}")
         atexit.register(self.stop)
 
     def stop(self) -> None:
@@ -234,7 +234,7 @@ def _run_bootstrap_line() -> None:
         if os.path.exists(os.path.join(folder, PTH_NAME)):
             site.addpackage(folder, PTH_NAME, set())
             return
-    raise RuntimeError(f"tests/support/forklaunch.py: {PTH_NAME} is not in {site.getsitepackages()}")
+    raise RuntimeError(f"tools/forklaunch.py: {PTH_NAME} is not in {site.getsitepackages()}")
 
 
 if __name__ == "__main__":

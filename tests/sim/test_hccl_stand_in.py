@@ -1,4 +1,4 @@
-"""Parallelism on simulated NPUs: the "hccl" stand-in behaves like HCCL where bugs would hide."""
+"""The simulated NPU's "hccl" stand-in behaves like HCCL where parallelism bugs would hide."""
 
 from __future__ import annotations
 
