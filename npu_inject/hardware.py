@@ -56,6 +56,7 @@ class Profile:
     runtime_reserved_gib: float  # outside the caching allocator (runtime, driver, kernels)
     sources: dict[str, str] = field(default_factory=dict)
     rates: kernel_rates.Rates | None = None  # measured kernel rates (npu-inject calibrate); None: the family's fractions
+    overhead: float | None = None  # its own fitted overhead (0 once calibrated on the machine); None: the family's
 
     def peak(self, dtype: str) -> float:
         """Dense matrix FLOP/s for ``dtype`` ("bfloat16", "float32", ...)."""
@@ -65,7 +66,7 @@ class Profile:
 
 # Numbers that may be 0 (a part with no padding, no communicator buffer, nothing reserved, no link latency);
 # every other number (peaks, sizes, bandwidths, device counts) must be above 0.
-MAY_BE_ZERO = ("allocator_pad_bytes", "comm_buffer_mib", "runtime_reserved_gib", "latency_us")
+MAY_BE_ZERO = ("allocator_pad_bytes", "comm_buffer_mib", "runtime_reserved_gib", "latency_us", "overhead")
 
 
 def _number(where: str, entry: Any) -> tuple[float, str]:
@@ -80,17 +81,26 @@ def _number(where: str, entry: Any) -> tuple[float, str]:
     return value, entry["source"]
 
 
+def _read_json(path: str, unreadable: str) -> Any:
+    """``path``'s JSON; ConfigError with ``unreadable`` and the reason, or the line and column of malformed JSON."""
+    try:
+        with open(path, encoding="utf-8") as handle:
+            return json.load(handle)
+    except OSError as exc:
+        raise ConfigError(f"{unreadable}: {exc.strerror}") from None
+    except json.JSONDecodeError as exc:
+        raise ConfigError(f"{path}:{exc.lineno}:{exc.colno}: malformed JSON: {exc.msg}") from None
+
+
 def _rates(where: str, raw: Any, folder: str) -> kernel_rates.Rates:
-    """A profile's ``rates``: the object itself, or the path of a JSON file holding it (relative to the file)."""
+    """A profile's ``rates``: the object itself, or the path of a JSON file holding it: relative to the hardware
+    file, else to the packaged catalog (a profile copied from hardware.json keeps its packaged rates)."""
     if isinstance(raw, str):
         path = os.path.join(folder, raw)
-        try:
-            with open(path, encoding="utf-8") as handle:
-                raw = json.load(handle)
-        except OSError as exc:
-            raise ConfigError(f"{where}.rates: cannot read {path}: {exc.strerror}") from None
-        except json.JSONDecodeError as exc:
-            raise ConfigError(f"{path}:{exc.lineno}:{exc.colno}: malformed JSON: {exc.msg}") from None
+        packaged = os.path.join(os.path.dirname(PACKAGED), raw)
+        if not os.path.isabs(raw) and not os.path.exists(path) and os.path.exists(packaged):
+            path = packaged
+        raw = _read_json(path, f"{where}.rates: cannot read {path}")
         where = path
     return kernel_rates.parse(f"{where}.rates" if not where.endswith(".json") else where, raw)
 
@@ -100,7 +110,7 @@ def _profile(where: str, name: str, raw: Any, folder: str) -> Profile:
         raise ConfigError(f"{where}: a profile is an object, got {type(raw).__name__}")
     required = {"family", "description", "peak_tflops", *NUMBERS, *LINKS}
     missing = sorted(required - set(raw))
-    unknown = sorted(set(raw) - required - {"rates"})
+    unknown = sorted(set(raw) - required - {"rates", "overhead"})
     if missing or unknown:
         raise ConfigError(f"{where}: " + "; ".join(filter(None, [
             f"missing key(s) {', '.join(missing)}" if missing else "",
@@ -127,7 +137,8 @@ def _profile(where: str, name: str, raw: Any, folder: str) -> Profile:
                    values["memory_gib"], values["memory_bandwidth_gbps"], int(values["scale_up_devices"]),
                    links["scale_up"], links["scale_out"], int(values["allocator_pad_bytes"]),
                    values["comm_buffer_mib"], values["runtime_reserved_gib"], sources,
-                   _rates(where, raw["rates"], folder) if "rates" in raw else None)
+                   _rates(where, raw["rates"], folder) if "rates" in raw else None,
+                   _number(f"{where}.overhead", raw["overhead"])[0] if "overhead" in raw else None)
 
 
 @dataclass
@@ -172,13 +183,7 @@ def load(user_file: str | None = None) -> Catalog:
     origins: dict[str, str] = {}  # profile -> the file it comes from (its errors name it)
     paths = [PACKAGED] + [path for path in (os.environ.get(ENV_FILE), user_file) if path]
     for path in paths:
-        try:
-            with open(path, encoding="utf-8") as handle:
-                document = json.load(handle)
-        except OSError as exc:
-            raise ConfigError(f"{path}: cannot read hardware file: {exc.strerror}") from None
-        except json.JSONDecodeError as exc:
-            raise ConfigError(f"{path}:{exc.lineno}:{exc.colno}: malformed JSON: {exc.msg}") from None
+        document = _read_json(path, f"{path}: cannot read hardware file")
         _merge(raw, document, path)
         origins.update({name: path for name in document.get("profiles", {})})
     profiles = {name: _profile(f"{origins.get(name, PACKAGED)}: profile {name!r}", name, value,
