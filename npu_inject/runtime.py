@@ -212,6 +212,11 @@ class Runtime:
     def set_dump_folder(self, dump_folder: str) -> None:
         self.dump_dir = os.path.join(dump_folder, "npu_inject")
 
+    def clear_dump_folder(self) -> None:
+        """Forget the job's dump folder (one about to be removed): a later report goes to the settings' report
+        folder, if any."""
+        self.dump_dir = None
+
 
 _RUNTIME: Runtime | None = None
 

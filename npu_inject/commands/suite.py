@@ -34,6 +34,7 @@ import time
 from typing import Any, Sequence
 
 from npu_inject.process_memory import process_tree_rss_kib
+from npu_inject.torchtitan_argv import with_flags
 
 SUITES = ("features", "models")
 # Upstream's debug configs train 10 steps; --steps N scales a variant's own --training.steps by N/10.
@@ -51,7 +52,6 @@ STOP_LINE = re.compile(r"(npu_inject model_guard: .+|npu_inject: configuration e
                        r"(?:npu_inject\.errors\.)?ConfigError: .+)")
 CUDA_ONLY = re.compile(r"\b(cuda|nccl|triton|helion|cutlass|sm_?90|hopper|nvidia)\b", re.IGNORECASE)
 IGNORED_ERRORS = ("ChildFailedError", "SignalException")
-SUBCOMMAND = re.compile(r"^[A-Za-z][\w-]*:[\w.-]+$")  # activation-checkpoint:none; must follow every flag
 RECIPES_MISSING = re.compile(r"Config function '[^']+' not found in torchtitan_recipes\.tests")
 # torchtitan's config parser (tyro) reports bad arguments in a box, not as an exception.
 PARSER_ERROR = re.compile(r"(Unrecognized or misplaced options|Required options|Invalid value for \S+|"
@@ -154,12 +154,6 @@ def shrink(args: list[str], seq_len: int, local_batch: int) -> list[str]:
                              f"whole number for local batch {local_batch} (upstream's {upstream_local})")
         out[at] = str(scaled)
     return with_flags(out, ["--training.seq_len", str(seq_len), "--training.local_batch_size", str(local_batch)])
-
-
-def with_flags(args: list[str], flags: list[str]) -> list[str]:
-    # Subcommands (activation-checkpoint:none) must stay last: flags go before the first one.
-    position = next((i for i, token in enumerate(args) if SUBCOMMAND.match(token)), len(args))
-    return [*args[:position], *flags, *args[position:]]
 
 
 def _run(command: list[str], env: dict[str, str], cwd: str, timeout: float | None, log_path: str

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from npu_inject.ops import kernels, spmd_typing
+from npu_inject.ops import kernels, planner_hooks, spmd_typing
 from npu_inject.ops.host_reads import host_copy
 
 COMPRESSED_MASK_SIZE = 2048
@@ -80,7 +80,10 @@ def document_ends_from_positions(positions_BL: torch.Tensor) -> tuple[int, ...]:
     Each row starts a document, as torchtitan's packed-document flex masks behave. The kernel takes the
     lengths on the host, so the positions are read there: one copy per forward, shared with RoPE's
     bounds check (:mod:`npu_inject.ops.host_reads`), and computed on the host (no device launches).
+    ``npu-inject plan`` answers from the positions' shape instead (:mod:`npu_inject.ops.planner_hooks`).
     """
+    if planner_hooks.document_ends is not None:
+        return planner_hooks.document_ends(positions_BL)
     starts_BL = host_copy(positions_BL) == 0
     starts_BL[:, 0] = True
     starts = starts_BL.flatten().nonzero().flatten().tolist()

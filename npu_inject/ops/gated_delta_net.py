@@ -22,6 +22,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from npu_inject.ops import planner_hooks
 from npu_inject.ops.reference.gated_delta_rule import npu_chunk_gated_delta_rule
 
 L2NORM_EPS = 1e-6  # fla's l2norm epsilon, inside the square root
@@ -106,6 +107,8 @@ def chunk_gated_delta_rule(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g:
         lengths_N = torch.diff(offsets.to(torch.int64))
     else:
         lengths_N = torch.full((B,), T, dtype=torch.int64)
+    if planner_hooks.gated_delta_rule_lengths is not None:  # npu-inject plan: lengths a fake tensor cannot give
+        lengths_N = planner_hooks.gated_delta_rule_lengths(lengths_N, B * T)
     out_TNV, _ = npu_chunk_gated_delta_rule(
         q.reshape(B * T, H, Dk), k.reshape(B * T, H, Dk), v.reshape(B * T, H, v.shape[-1]),
         beta=beta.reshape(B * T, H), g=g.reshape(B * T, H), actual_seq_lengths=lengths_N,

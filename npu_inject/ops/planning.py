@@ -7,25 +7,23 @@ shapes. The elementwise block kernels -- ``npu_rms_norm``, ``npu_rotary_mul``, `
 their backward kernels -- are autograd functions here that allocate torch_npu's outputs and save what
 its autograd formulas save (torch_npu 2.14.0's ``npu_*_backward`` schemas: rms_norm saves x, gamma
 and rstd; rotary_mul x, r1 and r2; swiglu its input); the reference kernels would instead keep their
-float32 intermediates for autograd. Each call is announced to :data:`announce` (the planner's
-recorder), which counts it as one kernel launch with the bytes it reads and writes.
+float32 intermediates for autograd. Each call is announced to the planner's hook
+(:data:`npu_inject.ops.planner_hooks.announce`, its recorder), which counts it as one kernel launch with
+the bytes it reads and writes.
 """
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from typing import Any
 
 import torch
 
-from npu_inject.ops import rehearsal
-
-# Set by the planner while it records a step: called with (kernel name, input tensors, output tensors).
-announce: Callable[[str, tuple, tuple], None] | None = None
+from npu_inject.ops import planner_hooks, rehearsal
 
 
 def _announce(name: str, inputs: tuple, outputs: tuple) -> None:
-    if announce is not None:
-        announce(name, inputs, outputs)
+    if planner_hooks.announce is not None:
+        planner_hooks.announce(name, inputs, outputs)
 
 
 def _like(tensor: torch.Tensor, dtype: torch.dtype | None = None) -> torch.Tensor:

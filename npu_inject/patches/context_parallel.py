@@ -87,9 +87,14 @@ def query_heads(config) -> int | None:
 
 def exchange_positions(local_positions_Bl, cp_mesh, load_balancer_type: str) -> tuple[tuple[int, ...], tuple[int, ...]]:
     """(this rank's sequence positions, every rank's in rank order): the balancer's order, read back
-    from the device and all-gathered over the CP group (npu-inject plan computes it from the balancer)."""
+    from the device and all-gathered over the CP group (npu-inject plan computes it from the balancer,
+    through :data:`npu_inject.ops.planner_hooks.cp_positions`)."""
     import torch
 
+    from npu_inject.ops import planner_hooks
+
+    if planner_hooks.cp_positions is not None:
+        return planner_hooks.cp_positions(local_positions_Bl, cp_mesh, load_balancer_type)
     if not bool((local_positions_Bl == local_positions_Bl[:1]).all()):
         raise NotImplementedError(f"load balancer {load_balancer_type!r} orders batch rows differently; "
                                   "npu_inject context parallel needs one order for all rows")

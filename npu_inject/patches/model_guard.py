@@ -29,191 +29,21 @@ can train pass through unchanged.
 
 from __future__ import annotations
 
-import importlib.util
-import os
 import sys
-import traceback
-from dataclasses import dataclass
 
+from npu_inject.model_checks import (
+    data_problem,
+    family_problem,
+    optimizer_problem,
+    override_problem,
+    quantization_problem,
+    selection,
+)
 from npu_inject.patching import PatchContext
 
 TARGETS = (
     "torchtitan.config.manager:ConfigManager.parse_args",
 )
-
-EXTRA = "pip install 'npu-inject[models]'"
-MAKE_ASSETS = "python tools/make_assets.py (text) / python tools/make_sft_assets.py (SFT)"
-
-
-@dataclass(frozen=True)
-class Needs:
-    """One optional import a model family needs: import name, distribution, what uses it."""
-
-    import_name: str
-    distribution: str
-    used_for: str
-
-
-# Per family (the --module short name): optional packages imported by its config registry.
-FAMILY_NEEDS = {
-    "kimi_k2_7": (Needs("torchvision", "torchvision", "its multimodal data loader decodes images"),),
-    "flux": (Needs("transformers", "transformers", "its CLIP/T5 text encoders and tokenizers"),),
-    "qwen3_5": (Needs("torchvision", "torchvision", "its multimodal data loader decodes images"),),
-}
-# Families whose model imports a package only a patch's stand-in makes runnable here:
-# family -> (import name, spec.origin of the stand-in, why the real package cannot run).
-STANDIN_FAMILIES = {
-    "qwen3_5": ("fla", "npu_inject.patches.gated_delta_net",
-                "its gated delta-net layers call flash-linear-attention's Triton/CUDA kernels (import fla), "
-                "which neither the NPU nor the CPU rehearsal runs; enable patch gated_delta_net (on by default) "
-                "to run them in chunked PyTorch"),
-}
-# torchtitan's data set names whose default path is local: its registries (hf_datasets/
-# text_datasets.py DATASETS, hf_datasets/multimodal/mm_datasets.py MM_DATASETS, models/flux/
-# flux_datasets.py DATASETS) resolve `path = dataset_path or default` for the lowercased name, a
-# default relative to the working directory (its repository's tests/assets).
-LOCAL_DATASETS = {
-    "c4_test": ("tests/assets/c4_test", "python tools/make_assets.py writes it"),
-    "cc12m-test": ("tests/assets/cc12m_test", "python tools/make_mm_assets.py writes a small image-text set "
-                                              "there (torchtitan's own is in its source repository, not its wheel)"),
-}
-# Optimizers (a param group's optimizer_name) that torchtitan builds for CUDA parameters only.
-CUDA_ONLY_OPTIMIZERS = {
-    "DistMuon": ("DistMuon (torchtitan.distributed.flex_shard), which refuses parameters off CUDA "
-                 "(\"DistMuon requires one CUDA device per process\")"),
-}
-# torchtitan's in-repo --override.imports modules that import a kernel package:
-# module -> (import name, why the override cannot run without it, what to do).
-OVERRIDE_NEEDS = {
-    "torchtitan.overrides.helion_rope": (
-        "helion", "Helion is a Triton-based kernel DSL for CUDA GPUs with no NPU backend",
-        "drop the override (RoPE then runs as npu_rotary_mul through the rotary patch)"),
-    "torchtitan.overrides.fused_swiglu": (
-        "triton", "the module defines Triton kernels when imported",
-        "install triton (triton-ascend on Ascend machines); only the import is needed, its ops run "
-        "npu_swiglu through the overrides_kernels patch"),
-    "torchtitan.overrides.fused_mla": (
-        "triton", "the module defines Triton kernels when imported",
-        "install triton (triton-ascend on Ascend machines); only the import is needed, its attention "
-        "runs the stock path off CUDA"),
-}
-QUANTIZATION_RECIPES = {
-    "float8.py": "float8 (torchao Float8Linear), which needs torchao and an NVIDIA SM89+ or AMD MI300 GPU",
-    "mx.py": ("MXFP8 (torchao MXFP8Linear), which needs torchao and an NVIDIA SM100 GPU (Ascend 950's "
-              "npu_dynamic_mx_quant + npu_quant_matmul path is not implemented)"),
-    "nvfp4.py": "NVFP4 (torchao NVFP4Linear), which needs torchao and an NVIDIA SM100 GPU",
-}
-
-
-def selection(args: list[str]) -> tuple[str | None, str | None]:
-    """(family short name, config name) from ``--module``/``--config`` in either CLI form."""
-    found: dict[str, str] = {}
-    for index, arg in enumerate(args):
-        for flag in ("--module", "--config"):
-            if arg.startswith(flag + "="):
-                found[flag] = arg.split("=", 1)[1]
-            elif arg == flag and index + 1 < len(args):
-                found[flag] = args[index + 1]
-    module = found.get("--module")
-    if module is not None:
-        module = module.removesuffix(".config_registry").removeprefix("torchtitan.models.")
-    return module, found.get("--config")
-
-
-def family_problem(family: str | None, target: str) -> str | None:
-    if family in STANDIN_FAMILIES:
-        import_name, origin, why = STANDIN_FAMILIES[family]
-        if getattr(importlib.util.find_spec(import_name), "origin", None) != origin:
-            return f"--module {family} cannot train on target {target}: {why}"
-    missing = [needs for needs in FAMILY_NEEDS.get(family, ()) if importlib.util.find_spec(needs.import_name) is None]
-    if not missing:
-        return None
-    what = ", ".join(f"{needs.distribution} ({needs.used_for})" for needs in missing)
-    return f"--module {family} needs {what}, not installed: {EXTRA}"
-
-
-def quantization_problem(exc: BaseException, config: str | None, target: str) -> str | None:
-    """The recipe whose converter raised ``exc`` (from torchtitan.components.quantization), or None."""
-    for frame in reversed(traceback.extract_tb(exc.__traceback__)):
-        directory, filename = os.path.split(frame.filename)
-        if directory.endswith(os.path.join("components", "quantization")) and filename in QUANTIZATION_RECIPES:
-            return (f"--config {config} trains in {QUANTIZATION_RECIPES[filename]}; target {target} has no "
-                    f"such path: use the config without the quantization suffix (torchtitan says: {exc})")
-    return None
-
-
-def optimizer_problem(config, config_name: str | None, target: str) -> str | None:
-    groups = getattr(getattr(config, "optimizer", None), "param_groups", None) or ()
-    for name in dict.fromkeys(getattr(group, "optimizer_name", None) for group in groups):
-        if name in CUDA_ONLY_OPTIMIZERS:
-            return (f"--config {config_name} optimizes with {CUDA_ONLY_OPTIMIZERS[name]}; target {target} "
-                    f"has no {name} (not implemented by npu_inject)")
-    return None
-
-
-def override_problem(config, target: str) -> str | None:
-    """The first ``--override.imports`` entry whose module needs a kernel package that is not importable."""
-    entries = getattr(getattr(config, "override", None), "imports", None) or ()
-    for entry in entries:
-        name = entry if isinstance(entry, str) else entry[0]  # a bare target or (target, kwargs)
-        needs = OVERRIDE_NEEDS.get(name.rpartition(".")[0])
-        if needs is not None and importlib.util.find_spec(needs[0]) is None:
-            package, why, what = needs
-            return (f"--override.imports {name} needs {package}, which is not installed ({why}); "
-                    f"target {target}: {what}")
-    return None
-
-
-def _hub_id_or_builder(path: str) -> bool:
-    """Whether datasets.load_dataset (4.x, dataset_module_factory) takes a path that is no local
-    directory as a Hub data set id or a packaged builder ('json', 'parquet'): a relative path with at
-    most one '/'. Any other path must be a local directory; a URL is not checked."""
-    return "://" in path or (not os.path.isabs(path) and path.count("/") <= 1)
-
-
-def _dataset_problem(loader, flag: str, config_name: str | None) -> str | None:
-    """The local data set ``loader`` (a dataloader config, or one of its sources) reads, if missing."""
-    name = str(getattr(loader, "dataset", "") or "").lower()
-    given = getattr(loader, "dataset_path", None)
-    if given:  # torchtitan: path = dataset_path or the name's default
-        if os.path.isdir(given) or _hub_id_or_builder(given):
-            return None
-        what = "is a file" if os.path.exists(given) else "does not exist"
-        return (f"--config {config_name}: {flag} {os.path.abspath(given)} {what}; torchtitan reads "
-                f"{'data set ' + repr(name) if name else 'the data set'} from there with "
-                "datasets.load_dataset, which needs a directory (or a Hub id such as 'allenai/c4')")
-    if name in LOCAL_DATASETS:
-        path, how = LOCAL_DATASETS[name]
-        if not os.path.isdir(path):
-            return (f"--config {config_name} reads data set {name!r} from {os.path.abspath(path)} (torchtitan's "
-                    f"default for that name, relative to the working directory), which does not exist: {how}, "
-                    f"or pass {flag} DIR")
-    return None
-
-
-def data_problem(config, config_name: str | None) -> str | None:
-    dataloader = getattr(config, "dataloader", None)
-    validator = getattr(config, "validator", None)
-    loaders = [("--dataloader", dataloader)]
-    if getattr(validator, "enable", False):
-        loaders.append(("--validator.dataloader", getattr(validator, "dataloader", None)))
-    for prefix, loader in loaders:
-        sources = getattr(loader, "sources", None)  # the Interleaved* loaders read each source
-        for flag, source in ([(f"{prefix}.sources[{i}].dataset_path", x) for i, x in enumerate(sources)]
-                             if isinstance(sources, list) else [(f"{prefix}.dataset_path", loader)]):
-            problem = _dataset_problem(source, flag, config_name)
-            if problem is not None:
-                return problem
-    data_files = (getattr(dataloader, "load_dataset_kwargs", None) or {}).get("data_files")
-    for path in [data_files] if isinstance(data_files, str) else list(data_files or ()):
-        if isinstance(path, str) and not os.path.exists(path):
-            return (f"--config {config_name} reads data_files {os.path.abspath(path)}, which does not exist: "
-                    f"run from a directory that has it ({MAKE_ASSETS} write this repository's tests/assets)")
-    autoencoder = getattr(getattr(config, "encoder", None), "autoencoder_path", None)
-    if isinstance(autoencoder, str) and not os.path.exists(autoencoder):
-        return (f"--config {config_name} loads its autoencoder from {os.path.abspath(autoencoder)}, which does "
-                f"not exist: put FLUX.1-dev's ae.safetensors (Hugging Face black-forest-labs/FLUX.1-dev) there")
-    return None
 
 
 def apply(ctx: PatchContext) -> None:

@@ -50,7 +50,7 @@ def apply(ctx: PatchContext) -> None:
     def get_attention_masks(original, model, positions):
         if not isinstance(model.config.first_attention.inner_attention, FlexAttention.Config):
             return original(model, positions)
-        document_ends = attention_ops.document_ends_from_positions(positions)  # looked up per call: the planner's
+        document_ends = attention_ops.document_ends_from_positions(positions)
         windows = {layer.attention.window_size for layer in model.config.layers} - {None}
         masks = {_window_mask_key(None): document_plan(causal=True, window=None, document_ends=document_ends)}
         for window in sorted(windows):

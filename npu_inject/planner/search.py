@@ -30,7 +30,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from npu_inject.planner.session import PlanError
+from npu_inject.planner.config import PlanError
+from npu_inject.torchtitan_argv import with_flags
 
 MIN_CP_POSITIONS = 4096
 SHALLOW_PP, MAX_PP = 2, 8
@@ -79,8 +80,6 @@ class Candidate:
 
     def argv(self, argv: list[str]) -> list[str]:
         """``argv`` with this candidate's degrees, batch and activation checkpointing in place of its own."""
-        from npu_inject.planner.session import with_flags
-
         kept, skip = [], False
         for index, arg in enumerate(argv):
             if skip:

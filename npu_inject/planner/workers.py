@@ -4,7 +4,7 @@ Every role is recorded in a process of its own (a recording changes torchtitan's
 patches, process groups, meshes), and importing torch and torchtitan takes about five seconds, more
 than a small model's whole recording. So the planner starts a fork server (multiprocessing's
 ``forkserver``) that activates this runtime for the rehearsal target with the planner's patches
-(:func:`npu_inject.planner.session.environment`) and imports torchtitan's trainer and the job's model
+(:func:`npu_inject.planner.config.environment`) and imports torchtitan's trainer and the job's model
 package; each recording is a fresh fork of it, which exits when done. A recording's output (torchtitan's
 log lines) goes to a file, whose end is quoted when it fails.
 """
@@ -38,9 +38,9 @@ def preload() -> None:
 def executor(*, selection: str, modules: list[str], processes: int | None = None) -> ProcessPoolExecutor:
     """A pool whose every task runs in a fresh fork of the preloaded server. The server starts with this
     process's environment at the first submission, once per process: its patches are fixed then."""
-    from npu_inject.planner import session
+    from npu_inject.planner import config
 
-    os.environ.update(session.environment(selection))
+    os.environ.update(config.environment(selection))
     os.environ[PRELOAD_ENV] = ",".join(modules)
     os.environ.setdefault("OMP_NUM_THREADS", "1")  # fake tensors compute nothing; forks stay thread-free
     context = multiprocessing.get_context("forkserver")
@@ -50,7 +50,7 @@ def executor(*, selection: str, modules: list[str], processes: int | None = None
 
 def _logged(rank: int, world_size: int, work):
     """Run ``work()`` with this process's output going to a file; its end is quoted if ``work`` fails."""
-    from npu_inject.planner import session
+    from npu_inject.planner.config import PlanError
 
     with tempfile.NamedTemporaryFile("w+", prefix=f"npu_inject_plan_rank{rank}_", suffix=".log") as log:
         sys.stdout.flush()
@@ -59,16 +59,16 @@ def _logged(rank: int, world_size: int, work):
         os.dup2(log.fileno(), 2)
         try:
             return work()
-        except session.PlanError:
+        except PlanError:
             raise
         except (AssertionError, ValueError) as exc:
             # torchtitan's own checks of a configuration (ParallelDims, the pipeline split, ...).
-            raise session.PlanError(f"torchtitan refused the layout: {exc}") from None
+            raise PlanError(f"torchtitan refused the layout: {exc}") from None
         except Exception as exc:  # noqa: BLE001 -- anything else torchtitan raises: its message and the log's end
             sys.stderr.flush()
             log.seek(0)
             tail = "\n".join(log.read().strip().splitlines()[-20:])
-            raise session.PlanError(f"rank {rank} of {world_size} could not be planned: "
+            raise PlanError(f"rank {rank} of {world_size} could not be planned: "
                                     f"{type(exc).__name__}: {exc}\n{tail}") from None
 
 
@@ -84,6 +84,6 @@ def record(argv: list[str], world_size: int, rank: int, units: int | None):
 
 def describe(argv: list[str], world_size: int) -> dict:
     """The job's model and batch facts for the layout search (a task for :func:`executor`)."""
-    from npu_inject.planner import session
+    from npu_inject.planner import config
 
-    return _logged(0, world_size, lambda: session.describe(argv, world_size))
+    return _logged(0, world_size, lambda: config.describe(argv, world_size))

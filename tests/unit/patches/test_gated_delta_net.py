@@ -142,9 +142,9 @@ def test_qwen3_5_gated_delta_net_layer_trains_on_the_rehearsal_with_document_res
 
 
 GUARD = """
-from npu_inject.patches import model_guard
+from npu_inject import model_checks
 import torchtitan
-print("PROBLEM", model_guard.family_problem("qwen3_5", "cpu"))
+print("PROBLEM", model_checks.family_problem("qwen3_5", "cpu"))
 """
 
 

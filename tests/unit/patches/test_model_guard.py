@@ -7,7 +7,7 @@ import types
 
 import pytest
 
-from npu_inject.patches import model_guard
+from npu_inject import model_checks
 from testkit import clean_env, run_python
 
 
@@ -18,21 +18,21 @@ from testkit import clean_env, run_python
     (["--training.steps", "3"], (None, None)),
 ])
 def test_selection_reads_both_cli_forms(args, expected):
-    assert model_guard.selection(args) == expected
+    assert model_checks.selection(args) == expected
 
 
 def test_unsupported_family_names_what_it_needs_and_trainable_ones_pass():
-    problem = model_guard.family_problem("qwen3_5", "npu")
+    problem = model_checks.family_problem("qwen3_5", "npu")
     assert "flash-linear-attention" in problem and "target npu" in problem
-    assert model_guard.family_problem("llama3", "cpu") is None
-    assert model_guard.family_problem(None, "cpu") is None
+    assert model_checks.family_problem("llama3", "cpu") is None
+    assert model_checks.family_problem(None, "cpu") is None
 
 
 def test_missing_optional_package_names_the_distribution_and_the_extra(monkeypatch):
-    monkeypatch.setitem(model_guard.FAMILY_NEEDS, "llama3",
-                        (model_guard.Needs("surely_not_installed_pkg", "not-installed", "testing"),))
-    problem = model_guard.family_problem("llama3", "cpu")
-    assert problem == "--module llama3 needs not-installed (testing), not installed: " + model_guard.EXTRA
+    monkeypatch.setitem(model_checks.FAMILY_NEEDS, "llama3",
+                        (model_checks.Needs("surely_not_installed_pkg", "not-installed", "testing"),))
+    problem = model_checks.family_problem("llama3", "cpu")
+    assert problem == "--module llama3 needs not-installed (testing), not installed: " + model_checks.EXTRA
 
 
 def test_quantization_error_is_recognised_by_where_it_was_raised():
@@ -40,27 +40,27 @@ def test_quantization_error_is_recognised_by_where_it_was_raised():
 
     with pytest.raises((ImportError, ValueError)) as caught:  # no torchao, or no SM89 GPU
         float8.Float8LinearConverter(float8.Float8LinearConverter.Config())
-    problem = model_guard.quantization_problem(caught.value, "llama3_debugmodel_float8", "npu")
+    problem = model_checks.quantization_problem(caught.value, "llama3_debugmodel_float8", "npu")
     assert problem.startswith("--config llama3_debugmodel_float8 trains in float8"), problem
-    assert model_guard.quantization_problem(ImportError("elsewhere"), "c", "npu") is None
+    assert model_checks.quantization_problem(ImportError("elsewhere"), "c", "npu") is None
 
 
 def test_missing_local_data_is_named_with_its_absolute_path(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     sft = types.SimpleNamespace(dataloader=types.SimpleNamespace(
         load_dataset_kwargs={"data_files": "tests/assets/sft_test/data.json"}))
-    problem = model_guard.data_problem(sft, "sft_debugmodel")
+    problem = model_checks.data_problem(sft, "sft_debugmodel")
     assert os.path.join(str(tmp_path), "tests/assets/sft_test/data.json") in problem
     text = types.SimpleNamespace(dataloader=types.SimpleNamespace(dataset="c4_test"))
-    assert "tools/make_assets.py" in model_guard.data_problem(text, "llama3_debugmodel")
+    assert "tools/make_assets.py" in model_checks.data_problem(text, "llama3_debugmodel")
     os.makedirs("tests/assets/c4_test")
-    assert model_guard.data_problem(text, "llama3_debugmodel") is None
+    assert model_checks.data_problem(text, "llama3_debugmodel") is None
     image_text = types.SimpleNamespace(dataloader=types.SimpleNamespace(dataset="cc12m-test"))
-    problem = model_guard.data_problem(image_text, "qwen35_debugmodel")
+    problem = model_checks.data_problem(image_text, "qwen35_debugmodel")
     assert os.path.join(str(tmp_path), "tests/assets/cc12m_test") in problem, problem
     assert "tools/make_mm_assets.py" in problem, problem
     os.makedirs("tests/assets/cc12m_test")
-    assert model_guard.data_problem(image_text, "qwen35_debugmodel") is None
+    assert model_checks.data_problem(image_text, "qwen35_debugmodel") is None
 
 
 # A user's own corpus, outside this repository, run from a directory without tests/assets: the
@@ -103,38 +103,38 @@ def test_dataset_path_resolves_as_torchtitan_and_datasets_do(tmp_path, monkeypat
         return types.SimpleNamespace(dataloader=types.SimpleNamespace(**loader))
 
     os.makedirs("data/sets/c4")  # relative to the working directory, as load_dataset reads it
-    assert model_guard.data_problem(text(dataset="C4_TEST", dataset_path="data/sets/c4"), "c") is None
-    problem = model_guard.data_problem(text(dataset="c4_test", dataset_path=""), "c")  # "" -> the default
+    assert model_checks.data_problem(text(dataset="C4_TEST", dataset_path="data/sets/c4"), "c") is None
+    problem = model_checks.data_problem(text(dataset="c4_test", dataset_path=""), "c")  # "" -> the default
     assert os.path.join(str(tmp_path), "tests/assets/c4_test") in problem and "--dataloader.dataset_path DIR" in problem
-    problem = model_guard.data_problem(text(dataset="c4_test", dataset_path="data/sets/c5"), "c")
+    problem = model_checks.data_problem(text(dataset="c4_test", dataset_path="data/sets/c5"), "c")
     assert f"--dataloader.dataset_path {tmp_path}/data/sets/c5 does not exist" in problem, problem
     open("data/corpus.json", "w").close()
-    problem = model_guard.data_problem(text(dataset="c4", dataset_path=str(tmp_path / "data/corpus.json")), "c")
+    problem = model_checks.data_problem(text(dataset="c4", dataset_path=str(tmp_path / "data/corpus.json")), "c")
     assert f"--dataloader.dataset_path {tmp_path}/data/corpus.json is a file" in problem, problem
     # Hub ids and packaged builders (a relative path with at most one '/') are not local data.
     for path in ("allenai/c4", "json", "hf://datasets/allenai/c4"):
-        assert model_guard.data_problem(text(dataset="c4_test", dataset_path=path), "c") is None, path
-    assert model_guard.data_problem(text(dataset="c4"), "c") is None  # its default is on the Hub
+        assert model_checks.data_problem(text(dataset="c4_test", dataset_path=path), "c") is None, path
+    assert model_checks.data_problem(text(dataset="c4"), "c") is None  # its default is on the Hub
     # Interleaved loaders read each source; an enabled validator reads its own loader.
     sources = [types.SimpleNamespace(dataset="c4_test", dataset_path="data/sets/c4"),
                types.SimpleNamespace(dataset="c4_test", dataset_path=str(tmp_path / "gone"))]
-    problem = model_guard.data_problem(text(sources=sources), "c")
+    problem = model_checks.data_problem(text(sources=sources), "c")
     assert f"--dataloader.sources[1].dataset_path {tmp_path}/gone does not exist" in problem, problem
     validator = types.SimpleNamespace(enable=True, dataloader=types.SimpleNamespace(dataset="c4_test"))
     config = types.SimpleNamespace(dataloader=types.SimpleNamespace(dataset="c4", dataset_path=None),
                                    validator=validator)
-    assert "pass --validator.dataloader.dataset_path DIR" in model_guard.data_problem(config, "c")
+    assert "pass --validator.dataloader.dataset_path DIR" in model_checks.data_problem(config, "c")
     validator.enable = False
-    assert model_guard.data_problem(config, "c") is None
+    assert model_checks.data_problem(config, "c") is None
 
 
 def test_cuda_only_optimizer_is_named_with_the_target():
     group = lambda name: types.SimpleNamespace(optimizer_name=name)  # noqa: E731
     muon = types.SimpleNamespace(optimizer=types.SimpleNamespace(param_groups=[group("DistMuon"), group("AdamW")]))
-    problem = model_guard.optimizer_problem(muon, "kimi_k2_5_debugmodel", "npu")
+    problem = model_checks.optimizer_problem(muon, "kimi_k2_5_debugmodel", "npu")
     assert problem.startswith("--config kimi_k2_5_debugmodel optimizes with DistMuon "
                               "(torchtitan.distributed.flex_shard)"), problem
     assert "target npu has no DistMuon" in problem, problem
     adamw = types.SimpleNamespace(optimizer=types.SimpleNamespace(param_groups=[group("AdamW")]))
-    assert model_guard.optimizer_problem(adamw, "llama3_debugmodel", "npu") is None
-    assert model_guard.optimizer_problem(types.SimpleNamespace(), "c", "npu") is None
+    assert model_checks.optimizer_problem(adamw, "llama3_debugmodel", "npu") is None
+    assert model_checks.optimizer_problem(types.SimpleNamespace(), "c", "npu") is None

@@ -16,7 +16,7 @@ import torch.nn.functional as F
 
 from testkit import clean_env, run_python, sim_env
 from npu_inject import runtime
-from npu_inject.patches import model_guard
+from npu_inject import model_checks
 
 
 @pytest.fixture
@@ -192,15 +192,15 @@ def test_fused_mla_off_cuda_is_the_stock_attention_and_calls_no_triton_op():
 def test_an_override_whose_kernel_package_is_missing_stops_naming_it(monkeypatch, entry, package):
     config = types.SimpleNamespace(override=types.SimpleNamespace(imports=["my_pkg.rope.rope", entry]))
     real_find_spec = importlib.util.find_spec
-    monkeypatch.setattr(model_guard.importlib.util, "find_spec",
+    monkeypatch.setattr(model_checks.importlib.util, "find_spec",
                         lambda name, *a: None if name == package else real_find_spec(name, *a))
     name = entry if isinstance(entry, str) else entry[0]
-    problem = model_guard.override_problem(config, "npu")
+    problem = model_checks.override_problem(config, "npu")
     assert problem.startswith(f"--override.imports {name} needs {package}, which is not installed ("), problem
     assert "target npu: " in problem
     monkeypatch.undo()
     if package == "triton":  # importable here: the module imports, overrides_kernels serves its ops
-        assert model_guard.override_problem(config, "npu") is None
+        assert model_checks.override_problem(config, "npu") is None
 
 
 def test_helion_override_stops_at_parse_args_in_one_line():

@@ -10,7 +10,7 @@ import types
 
 import pytest
 
-from npu_inject import module_facts
+from npu_inject import module_facts, rehearsal_compute_dtype
 from npu_inject.patching import PatchContext
 from npu_inject.patches import rehearsal_dtype
 
@@ -31,17 +31,17 @@ NATIVE = (1e-3, 0.5e-3, 0.5)
                                              "(rank 0's probe 256x512x512 matmul: fp32 1.00 ms, bf16 0.50 ms (0.5x))"),
 ])
 def test_decision_names_the_dtype_and_why(choice, configured, figures, dtype, says):
-    chosen, message = rehearsal_dtype.decide(choice, configured, figures)
+    chosen, message = rehearsal_compute_dtype.decide(choice, configured, figures)
     assert chosen == dtype and message.startswith(says), message
 
 
 def test_auto_without_figures_is_an_error_naming_the_setting():
     with pytest.raises(ValueError, match="compute_dtype=auto with mixed_precision_param='bfloat16' needs rank 0"):
-        rehearsal_dtype.decide("auto", "bfloat16", None)
+        rehearsal_compute_dtype.decide("auto", "bfloat16", None)
 
 
 def test_probe_times_both_dtypes():
-    fp32, bf16, ratio = rehearsal_dtype.bf16_slowdown()
+    fp32, bf16, ratio = rehearsal_compute_dtype.bf16_slowdown()
     assert fp32 > 0 and bf16 > 0 and ratio == pytest.approx(bf16 / fp32)
 
 

@@ -4,7 +4,7 @@ import pytest
 import torch
 from torch.distributed.fsdp._fully_shard._fsdp_common import _chunk_with_empty
 
-from npu_inject.planner.session import _Chunks
+from npu_inject.planner.interventions import _Chunks
 
 
 @pytest.mark.parametrize("shape,chunks,dim", [

@@ -14,7 +14,7 @@ from npu_inject import hardware
 from npu_inject.commands import cli
 from npu_inject.commands import plan as plan_cmd
 from npu_inject.errors import ConfigError
-from npu_inject.planner import search, session
+from npu_inject.planner import config, host_memory, render, search
 
 TORCHTITAN = ["--module", "llama3", "--config", "llama3_8b", "activation-checkpoint:full"]
 
@@ -146,7 +146,7 @@ def test_a_layout_torchtitan_would_refuse_is_one_line(degrees, world, message):
         data_parallel_replicate_degree=1, data_parallel_shard_degree=degrees.get("dp_shard", -1),
         context_parallel_degree=1, tensor_parallel_degree=degrees.get("tp", 1), pipeline_parallel_degree=1,
         expert_parallel_degree=degrees.get("ep", 1))
-    problem = session.layout_problem(parallelism, world)
+    problem = config.layout_problem(parallelism, world)
     assert problem is not None and "\n" not in problem
     assert __import__("re").search(message, problem), problem
 
@@ -195,15 +195,15 @@ def test_a_candidate_replaces_the_commands_layout_and_checkpointing():
 def test_the_rehearsals_ranks_share_the_host_one_verdict_for_all():
     from types import SimpleNamespace
 
-    gib = plan_cmd.GIB
+    gib = host_memory.GIB
     roles = [SimpleNamespace(total=3 * gib), SimpleNamespace(total=1 * gib)]  # two pipeline stages
     job = SimpleNamespace(world_size=4, roles=roles)  # two ranks per stage
-    need = plan_cmd.host_need(job)
-    assert need == 2 * (3 * gib + plan_cmd.PROCESS_BASELINE_BYTES) + 2 * (1 * gib + plan_cmd.PROCESS_BASELINE_BYTES)
-    asked = plan_cmd.host_asked(job)
-    assert asked == int(need * plan_cmd.HOST_MARGIN) > need  # the verdict keeps the measured shortfall's margin
-    fits = plan_cmd.host_lines(job, asked, "MemAvailable")
+    need = host_memory.host_need(job)
+    assert need == 2 * (3 * gib + host_memory.PROCESS_BASELINE_BYTES) + 2 * (1 * gib + host_memory.PROCESS_BASELINE_BYTES)
+    asked = host_memory.host_asked(job)
+    assert asked == int(need * host_memory.HOST_MARGIN) > need  # the verdict keeps the measured shortfall's margin
+    fits = render.host_lines(job, asked, "MemAvailable")
     assert fits[-1].startswith("FITS THIS HOST") and "2 x 3.0 + 2 x 1.0 GiB planned" in fits[0]
     assert f"{asked / gib:.1f} GiB with the 70% margin" in fits[0]
-    short = plan_cmd.host_lines(job, need, "MemAvailable")  # the bare plan fits; with the margin it does not
+    short = render.host_lines(job, need, "MemAvailable")  # the bare plan fits; with the margin it does not
     assert short[-1].startswith("DOES NOT FIT THIS HOST") and f"{(asked - need) / gib:.1f} more than" in short[-1]

@@ -1,0 +1,300 @@
+"""The plan as ``npu-inject plan`` shows it: text lines, the JSON document and the PNG.
+
+Every function takes what :mod:`npu_inject.planner.job` planned (a plan, its timing) and the hardware
+profile, and returns lines or a dict; the command prints and writes them.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from npu_inject.planner import host_memory, search
+from npu_inject.planner.job import GIB
+
+
+def gib(value: float) -> str:
+    return f"{value / GIB:.1f}"
+
+
+def _shown_roles(plan) -> list:
+    roles = plan.roles
+    if len(roles) <= 4:
+        return roles
+    picks = {roles[0].role, plan.worst.role, roles[-1].role}
+    return [role for role in roles if role.role in picks]
+
+
+def memory_lines(plan) -> list[str]:
+    from npu_inject.planner.memory import CATEGORIES
+
+    roles = _shown_roles(plan)
+    width = 10
+    head = "".join(f"{f'pp rank {r.role}' if plan.parallel['pp'] > 1 else f'rank {r.rank}':>{width}}" for r in roles)
+    lines = [f"memory per rank (GiB; the device holds {gib(plan.capacity)}){'':4}{head}"]
+
+    def row(label: str, values) -> None:
+        lines.append(f"  {label:46}" + "".join(f"{gib(v):>{width}}" for v in values))
+
+    for category in CATEGORIES:
+        row(category, [r.at_peak.get(category, 0) for r in roles])
+    row("+ the allocator's rounding and padding", [r.peak_allocated - sum(r.at_peak.values()) for r in roles])
+    row("= allocated at the peak (max_memory_allocated)", [r.peak_allocated for r in roles])
+    row("+ cached, unused: fragmentation at the peak", [r.peak_reserved - r.peak_allocated for r in roles])
+    row("= reserved (max_memory_reserved)", [r.peak_reserved for r in roles])
+    row("+ HCCL buffers (outside the allocator)", [r.comm_buffers for r in roles])
+    row("+ CANN runtime and driver (outside it)", [r.runtime for r in roles])
+    row("= the device must hold", [r.total for r in roles])
+    if len(roles) < len(plan.roles):
+        lines.append(f"  ({len(roles)} of {len(plan.roles)} pipeline ranks shown: the first, the fullest, the last)")
+    return lines
+
+
+def time_by_module(timing) -> dict[str, float]:
+    """Seconds per step by torchtitan's module names, in the model's order (embeddings, layers, norm, output),
+    then the loss and the optimizer: the compute stream's busy time on the slowest role."""
+    def order(name: str):
+        if name.startswith("layers."):
+            return (1, int(name.split(".")[1]), name)
+        return ({"loss": 3, "optimizer": 4}.get(name, 0 if name in ("tok_embeddings", "embeddings") else 2), 0, name)
+    return {name: timing.by_module[name] for name in sorted(timing.by_module, key=order)}
+
+
+def time_by_class(timing) -> dict[str, dict[str, float]]:
+    """Seconds per step by operator class, then phase (forward, backward, optimizer; recomputation is backward)."""
+    classes: dict[str, dict[str, float]] = {}
+    for (op_class, phase), seconds in sorted(timing.by_class.items(), key=lambda item: -item[1]):
+        classes.setdefault(op_class, {})[phase] = seconds
+    return classes
+
+
+def where_lines(timing) -> list[str]:
+    """Where the time goes: the largest modules (a layer block's repeats summed) and operator classes."""
+    modules = time_by_module(timing)
+    layers = [seconds for name, seconds in modules.items() if name.startswith("layers.")]
+    grouped = {name: seconds for name, seconds in modules.items() if not name.startswith("layers.")}
+    if layers:
+        grouped[f"layers (x{len(layers)}, {max(layers) * 1e3:.1f} ms the slowest)"] = sum(layers)
+    total = sum(grouped.values()) or 1.0
+    by_module = ", ".join(f"{name} {seconds:.3f} ({seconds / total:.0%})"
+                          for name, seconds in sorted(grouped.items(), key=lambda item: -item[1]))
+    by_class = ", ".join(f"{name} {sum(phases.values()):.3f}" for name, phases in
+                         sorted(time_by_class(timing).items(), key=lambda item: -sum(item[1].values())))
+    return [f"  compute by module (s): {by_module}", f"  compute by operator class (s): {by_class}"]
+
+
+def rates_line(profile, efficiency: dict[str, float]) -> str:
+    """Which kernel rates the plan's times come from, and the overhead term's origin."""
+    if profile.rates is not None:
+        kernels = f"kernel rates measured ({profile.rates.about}" + (", PARTIAL" if profile.rates.partial else "") + ")"
+    else:
+        kernels = (f"kernel rates: the {profile.family} family's fractions of the peaks (matmul {efficiency['cube']:.3f}, "
+                   f"attention {efficiency['attention']:.3f}); npu-inject calibrate measures them on the machine")
+    return f"  {kernels}"
+
+
+def time_lines(plan) -> list[str]:
+    timing = plan.timing
+    comm = ", ".join(f"{kind} {seconds:.3f}" for kind, seconds in sorted(timing.comm_s.items(), key=lambda kv: -kv[1]))
+    lines = [
+        f"time per step {timing.step_s:.3f} s = compute {timing.compute_s:.3f} (optimizer {timing.optimizer_s:.3f}) "
+        f"+ exposed communication and waits {timing.exposed_comm_s:.3f} + pipeline bubble {timing.bubble_s:.3f}"
+        + (f" + overhead {timing.overhead_s:.3f}" if timing.overhead_s else ""),
+        *where_lines(timing),
+        f"  collectives, busy time on their links (s): {comm or '-'}",
+        f"  {timing.kernels} kernel launches per step, {timing.host_s:.3f} s of the host's time to issue its operators "
+        + ("(more than the device's compute: host-bound, the device waits on launches)" if timing.host_bound
+           else "(less than the device's compute: the device sets the pace)"),
+        f"throughput {plan.tokens_per_s_per_npu:,.0f} tokens/s per NPU, MFU {plan.mfu:.1%} "
+        f"(of {plan.info['peak_flops'] / 1e12:.1f} TFLOPS BF16 dense)",
+    ]
+    return lines
+
+
+def header(plan, profile, argv: list[str]) -> str:
+    info = plan.info
+    degrees = " x ".join(f"{name} {value}" for name, value in plan.parallel.items() if value > 1) or "one rank"
+    accumulation = info["gradient_accumulation_steps"]
+    return (f"{' '.join(argv)}\n  on {plan.world_size} x {profile.name}: "
+            f"{degrees}; local batch {info['local_batch_size']} x seq {info['seq_len']}"
+            + (f", {accumulation} microbatches accumulated" if accumulation > 1 else "")
+            + (f"; allocator with expandable segments" if plan.expandable else ""))
+
+
+def verdict(plan) -> str:
+    worst = plan.worst
+    if plan.fits:
+        return f"FITS: the fullest rank needs {gib(worst.total)} of {gib(plan.capacity)} GiB"
+    over = worst.total - plan.capacity
+    return (f"DOES NOT FIT: {'pp rank ' + str(worst.role) if plan.parallel['pp'] > 1 else 'each rank'} needs "
+            f"{gib(worst.total)} GiB, {gib(over)} more than the {gib(plan.capacity)} the device holds")
+
+
+def notes(plan) -> list[str]:
+    out = []
+    if plan.info.get("compile"):
+        out.append("torch.compile is planned as eager (its fusions would save time and activations)")
+    if plan.extrapolated:
+        e = plan.extrapolated
+        out.append(f"extrapolated from {e['units_recorded'][0]} and {e['units_recorded'][1]} repeats of the "
+                   f"{e['period']}-layer block per stage to the model's {e['layers']} layers")
+    if plan.parallel.get("ep", 1) > 1:
+        out.append("expert routing is planned balanced (each rank sends and receives tokens x top_k / ep rows)")
+    if any(role.retries for role in plan.roles):
+        out.append("the allocator reaches the device's limit and releases its cache to continue (slower steps)")
+    return out
+
+
+def plan_dict(plan, candidate=None) -> dict[str, Any]:
+    timing = plan.timing
+    data = {
+        "fits": plan.fits,
+        "hardware": plan.hardware,
+        "world_size": plan.world_size,
+        "parallel": plan.parallel,
+        "capacity_bytes": plan.capacity,
+        "peak_bytes_per_rank": {str(role.role): role.total for role in plan.roles},
+        "roles": [{
+            "pp_rank": role.role, "rank": role.rank, "fits": role.total <= plan.capacity and not role.failed,
+            "peak_allocated_bytes": role.peak_allocated, "peak_reserved_bytes": role.peak_reserved,
+            "comm_buffer_bytes": role.comm_buffers, "runtime_bytes": role.runtime, "total_bytes": role.total,
+            "at_peak_bytes": role.at_peak, "communicators": role.communicators,
+        } for role in plan.roles],
+        "step_s": timing.step_s,
+        "tokens_per_s_per_npu": plan.tokens_per_s_per_npu,
+        "mfu": plan.mfu,
+        "breakdown": {"compute_s": timing.compute_s, "optimizer_s": timing.optimizer_s,
+                      "exposed_comm_s": timing.exposed_comm_s, "bubble_s": timing.bubble_s,
+                      "overhead_s": timing.overhead_s,
+                      "comm_s": timing.comm_s, "kernels": timing.kernels, "host_s": timing.host_s,
+                      "host_bound": timing.host_bound},
+        "time_by_module": time_by_module(timing),
+        "time_by_class": time_by_class(timing),
+        "time_by_module_class": {module: {name: seconds for (owner, name), seconds in timing.by_module_class.items()
+                                          if owner == module} for module in time_by_module(timing)},
+        "tokens_per_step": plan.tokens_per_step,
+        "flops_per_token": plan.info["flops_per_token"],
+        "expandable_segments": plan.expandable,
+        "extrapolated": plan.extrapolated,
+        "planned_in_s": plan.seconds,
+        "command": plan.argv,
+    }
+    if candidate is not None:
+        data["flags"] = search.flags_text(candidate).split()
+        data["description"] = candidate.describe()
+    return data
+
+
+def write_plot(path: str, plan, title: str) -> None:
+    # A Figure without pyplot: no GUI backend, no global state.
+    from matplotlib.figure import Figure
+
+    from npu_inject.planner.memory import CATEGORIES
+
+    worst = plan.worst
+    figure = Figure(figsize=(13, 5), layout="constrained")
+    memory_axes, time_axes = figure.subplots(1, 2, width_ratios=(2, 1))
+    points = worst.timeline
+    x = [point[0] for point in points]
+    stacks = [[point[3].get(category, 0) / GIB for point in points] for category in CATEGORIES]
+    memory_axes.stackplot(x, *stacks, labels=CATEGORIES, alpha=0.75)
+    memory_axes.plot(x, [p[1] / GIB for p in points], color="black", linewidth=1, label="allocated")
+    memory_axes.plot(x, [p[2] / GIB for p in points], color="tab:red", linewidth=1, label="reserved")
+    memory_axes.axhline((plan.capacity - worst.comm_buffers - worst.runtime) / GIB, color="gray", linestyle="--",
+                        label="device less HCCL buffers and runtime")
+    depth_note = " (shallow recording)" if plan.extrapolated else ""
+    memory_axes.set_title(f"{'pp rank ' + str(worst.role) if plan.parallel['pp'] > 1 else 'rank 0'} memory over "
+                          f"the recorded steps{depth_note}")
+    memory_axes.set_xlabel("operator")
+    memory_axes.set_ylabel("GiB")
+    memory_axes.legend(fontsize="small", loc="upper left")
+    memory_axes.grid(alpha=0.3)
+    timing = plan.timing
+    parts = [("compute", timing.compute_s - timing.optimizer_s), ("optimizer", timing.optimizer_s),
+             ("exposed comm. / waits", timing.exposed_comm_s), ("pipeline bubble", timing.bubble_s)]
+    left = 0.0
+    for label, seconds in parts:
+        time_axes.barh(["step"], [seconds], left=left, label=f"{label} {seconds:.3f} s")
+        left += seconds
+    for kind, seconds in sorted(timing.comm_s.items()):
+        time_axes.barh([kind], [seconds], color="tab:gray")
+    time_axes.set_xlabel("seconds (collectives: busy time on their links)")
+    time_axes.set_title(f"step {timing.step_s:.3f} s, {plan.tokens_per_s_per_npu:,.0f} tokens/s/NPU, MFU {plan.mfu:.1%}")
+    time_axes.legend(fontsize="small")
+    figure.suptitle(title, fontsize="medium")
+    figure.savefig(path, dpi=110)
+
+
+def host_lines(plan, available: int, source: str) -> list[str]:
+    """The host's verdict for the rehearsal's ranks together (they share its memory), with ``available`` bytes."""
+    need, asked = host_memory.host_need(plan), host_memory.host_asked(plan)
+    baseline, margin = host_memory.PROCESS_BASELINE_BYTES, host_memory.HOST_MARGIN
+    ranks_per_role = plan.world_size // len(plan.roles)
+    per_rank = " + ".join(f"{ranks_per_role} x {gib(role.total)}" for role in plan.roles)
+    lines = [f"host memory (the rehearsal runs all {plan.world_size} ranks here): about {gib(need)} GiB = "
+             f"{per_rank} GiB planned + {plan.world_size} x {gib(baseline)} GiB each process holds "
+             f"for torch and torchtitan; {gib(asked)} GiB with the {margin - 1:.0%} margin the measured "
+             f"runs needed (docs/planner.md); {gib(available)} GiB available now ({source})"]
+    if asked <= available:
+        lines.append(f"FITS THIS HOST: about {gib(asked)} of {gib(available)} GiB available")
+    else:
+        lines.append(f"DOES NOT FIT THIS HOST: about {gib(asked)} GiB, {gib(asked - available)} more than the "
+                     f"{gib(available)} available; rehearse a smaller shape (--training.seq_len, "
+                     "--training.local_batch_size; npu-inject suite --shrink)")
+    return lines
+
+
+def host_dict(plan, available: int, argv: list[str]) -> dict[str, Any]:
+    """The host's verdict in the JSON document (its ``host`` key)."""
+    asked = host_memory.host_asked(plan)
+    return {"need_bytes": host_memory.host_need(plan), "asked_bytes": asked, "margin": host_memory.HOST_MARGIN,
+            "available_bytes": available, "fits": asked <= available,
+            "process_baseline_bytes": host_memory.PROCESS_BASELINE_BYTES, "argv": argv}
+
+
+def best_candidate(result):
+    """The search's fastest fitting layout (its candidate), whose full-depth plan is ``result.best``."""
+    return next(o.candidate for o in result.fitting() if o.plan is result.best_shallow)
+
+
+def search_lines(result, facts: dict[str, Any], ranks: int, profile) -> list[str]:
+    """The search's table: the layouts that fit, fastest first, then the fastest planned again at full depth."""
+    fitting = result.fitting()
+    planned = [o for o in result.outcomes if o.plan is not None]
+    lines = [f"{facts['model']} on {ranks} x {profile.name}: {len(planned)} layouts planned, {len(fitting)} fit "
+             f"({sum(1 for o in result.outcomes if o.refused)} refused by torchtitan, "
+             f"{sum(1 for o in result.outcomes if o.pruned)} pruned) in {result.seconds:.0f} s",
+             f"{'tokens/s/NPU':>12} {'MFU':>6} {'step s':>8} {'GiB':>6}  layout"]
+    for outcome in fitting:
+        plan = outcome.plan
+        lines.append(f"{plan.tokens_per_s_per_npu:12,.0f} {plan.mfu:6.1%} {plan.step_s:8.3f} "
+                     f"{plan.worst.total / GIB:6.1f}  {outcome.candidate.describe()}")
+    if result.best is not None:
+        best, shallow_best = result.best, result.best_shallow
+        lines.append(f"the fastest, planned at full depth: {best.tokens_per_s_per_npu:,.0f} tokens/s/NPU, "
+                     f"{best.worst.total / GIB:.1f} GiB ({'fits' if best.fits else 'does not fit'}); the shallow "
+                     f"plan said {shallow_best.tokens_per_s_per_npu:,.0f} tokens/s/NPU "
+                     f"({(shallow_best.step_s / best.step_s - 1):+.1%} step time), "
+                     f"{shallow_best.worst.total / GIB:.1f} GiB "
+                     f"({(shallow_best.worst.total / best.worst.total - 1):+.1%})")
+        lines.append("  its flags: " + search.flags_text(best_candidate(result)))
+    elif fitting:
+        lines.append("none of the three fastest fits when planned at full depth: see docs/planner.md#how-it-works (4.)")
+    else:
+        lines.append("no layout fits: more ranks, or a smaller global batch or sequence")
+    return lines
+
+
+def search_dict(result) -> dict[str, Any]:
+    """The search in the JSON document: the layouts planned (those that fit first, fastest first), those
+    torchtitan refused or the search pruned, and the fastest planned at full depth."""
+    fitting = result.fitting()
+    planned = [o for o in result.outcomes if o.plan is not None]
+    ordered = fitting + [o for o in planned if not o.plan.fits]
+    return {
+        "schema": 1, "search": True, "fits": result.best is not None,
+        "layouts": [plan_dict(o.plan, o.candidate) for o in ordered],
+        "refused": [{"description": o.candidate.describe(), "reason": o.refused} for o in result.outcomes if o.refused],
+        "pruned": [{"description": o.candidate.describe(), "reason": o.pruned} for o in result.outcomes if o.pruned],
+        "best": plan_dict(result.best, best_candidate(result)) if result.best is not None else None,
+        "searched_in_s": result.seconds,
+    }
