@@ -55,7 +55,9 @@ class Timing:
     optimizer_s: float = 0.0
     bubble_s: float = 0.0  # time the compute stream waited on a pipeline receive
     exposed_comm_s: float = 0.0  # the rest of the step: waiting on collectives, the host, other streams
-    overhead_s: float = 0.0  # the family's fitted overhead beyond all that (hardware.json efficiency "overhead")
+    # What published steps show beyond the modelled kernels (framework, power limits): the device's operators
+    # stretched by the fitted ``overhead`` fraction, counted here and not in compute_s or any kernel's rate.
+    overhead_s: float = 0.0
     comm_s: dict[str, float] = field(default_factory=dict)  # collective time by kind
     kernels: int = 0
     host_s: float = 0.0  # the host's time issuing the step's operators (dispatch and launch, host_us each)
@@ -133,12 +135,13 @@ def op_seconds(op, profile, eff) -> float:
 
 
 def efficiency_with_rates(profile, eff: dict[str, float]) -> dict[str, float]:
-    """The family's numbers with the launch and host times the profile measured in their place."""
+    """The family's numbers with the profile's own in their place: the launch and host times it measured, and
+    its overhead (a profile calibrated on its machine has none fitted)."""
     rates = profile.rates
-    if rates is None:
-        return eff
-    measured = {"kernel_us": rates.kernel_us, "host_us": rates.host_us}
-    return {**eff, **{key: value for key, value in measured.items() if value is not None}}
+    own = {"overhead": getattr(profile, "overhead", None)}
+    if rates is not None:
+        own.update(kernel_us=rates.kernel_us, host_us=rates.host_us)
+    return {**eff, **{key: value for key, value in own.items() if value is not None}}
 
 
 def collective_seconds(op, profile, eff, layout: Layout) -> float:
@@ -151,7 +154,7 @@ def collective_seconds(op, profile, eff, layout: Layout) -> float:
     if op.collective == "all_to_all" and spans and n > 1:
         # Each rank's rows for the peers in its own node go over the node's links, the others through
         # its NIC, at once.
-        local = sum(1 for rank in op.group if rank // layout.scale_up_devices == op.group[0] // layout.scale_up_devices)
+        local = _ranks_in_first_domain(op.group, layout)
         within = (local - 1) / n * size / (profile.scale_up.bandwidth_gbps * 1e9 * eff["comm"])
         across = (n - local) / n * size / bandwidth
         return max(within, across) + (n - 1) * latency
@@ -180,12 +183,17 @@ def collective_seconds(op, profile, eff, layout: Layout) -> float:
     return math.ceil(math.log2(n)) * latency  # barrier
 
 
+def _ranks_in_first_domain(group, layout: Layout) -> int:
+    """How many of the group's ranks share the scale-up domain of its first rank."""
+    return sum(1 for rank in group if rank // layout.scale_up_devices == group[0] // layout.scale_up_devices)
+
+
 def _hierarchical_seconds(op, profile, eff, layout: Layout) -> float:
     """HCCL across scale-up domains: level 0 (Mesh) within each domain, level 1 (Ring) between the
     ranks of equal local index in each, so only 1/local of the data crosses the NICs. NCCL's rings
     (the nvidia family) cross them with all of it, as the ring formula above charges."""
     n, size = len(op.group), op.comm_bytes
-    local = sum(1 for rank in op.group if rank // layout.scale_up_devices == op.group[0] // layout.scale_up_devices)
+    local = _ranks_in_first_domain(op.group, layout)
     domains = max(n // local, 1)
     up = profile.scale_up.bandwidth_gbps * 1e9 * eff["comm"]
     out = profile.scale_out.bandwidth_gbps * 1e9 * eff["comm"]
@@ -196,10 +204,11 @@ def _hierarchical_seconds(op, profile, eff, layout: Layout) -> float:
 
 
 def _durations(trace, profile, eff, layout):
+    stretch = 1.0 + eff.get("overhead", 0.0)
     out = []
     for op in trace.ops:
         out.append(collective_seconds(op, profile, eff, layout) if op.kind == "collective"
-                   else op_seconds(op, profile, eff))
+                   else op_seconds(op, profile, eff) * stretch)
     return out
 
 
@@ -212,7 +221,7 @@ class _Role:
         self.stream: dict[int, float] = defaultdict(float)
         self.lane: dict[tuple, float] = defaultdict(float)
         self.ready: dict[int, float] = {}
-        self.compute_busy = self.optimizer = self.bubble = 0.0
+        self.compute_busy = self.optimizer = self.bubble = self.overhead = 0.0
         self.comm: dict[str, float] = defaultdict(float)
         self.by_module: dict[str, float] = defaultdict(float)
         self.by_class: dict[tuple[str, str], float] = defaultdict(float)
@@ -243,6 +252,7 @@ def simulate(traces: dict[int, object], profile, eff, layout: Layout, windows: d
     copies and reductions take the same core: the host waits for each."""
     eff = efficiency_with_rates(profile, eff)
     serial = profile.family == "cpu"
+    kernel_share = 1.0 / (1.0 + eff.get("overhead", 0.0))  # of a stretched operator's time, the kernel's
     durations = {role: _durations(trace, profile, eff, layout) for role, trace in traces.items()}
     roles = {role: _Role(trace, durations[role], *windows[role], eff) for role, trace in traces.items()}
     sends: dict[tuple[int, int], list[float]] = defaultdict(list)  # (from role, to role) -> arrival times
@@ -302,12 +312,14 @@ def simulate(traces: dict[int, object], profile, eff, layout: Layout, windows: d
                     if op.kind == "compute":
                         role.kernels += 1
                         if op.stream == 0:
-                            role.compute_busy += d
-                            role.by_module[module_key(op)] += d
-                            role.by_class[(op_class(op), op.phase)] += d
-                            role.by_module_class[(module_key(op), op_class(op))] += d
+                            kernel_s = d * kernel_share
+                            role.compute_busy += kernel_s
+                            role.overhead += d - kernel_s
+                            role.by_module[module_key(op)] += kernel_s
+                            role.by_class[(op_class(op), op.phase)] += kernel_s
+                            role.by_module_class[(module_key(op), op_class(op))] += kernel_s
                             if op.phase == "optimizer":
-                                role.optimizer += d
+                                role.optimizer += kernel_s
                         if serial:
                             role.host = max(role.host, end)
                 if role.index in role.host_syncs:
@@ -320,13 +332,9 @@ def simulate(traces: dict[int, object], profile, eff, layout: Layout, windows: d
     slowest = max(roles.values(), key=lambda r: r.end)
     timing = Timing(step_s=slowest.end, compute_s=slowest.compute_busy, optimizer_s=slowest.optimizer,
                     bubble_s=slowest.bubble, comm_s=dict(slowest.comm), kernels=slowest.kernels,
-                    host_s=slowest.issue, by_module=dict(slowest.by_module), by_class=dict(slowest.by_class),
+                    host_s=slowest.issue, overhead_s=slowest.overhead, by_module=dict(slowest.by_module),
+                    by_class=dict(slowest.by_class),
                     by_module_class=dict(slowest.by_module_class))
-    timing.exposed_comm_s = max(0.0, timing.step_s - timing.compute_s - timing.bubble_s)
+    timing.exposed_comm_s = max(0.0, timing.step_s - timing.compute_s - timing.bubble_s - timing.overhead_s)
     return timing
 
-
-def add_overhead(timing: Timing, eff: dict[str, float]) -> None:
-    """The family's fitted overhead on top of the modelled step, as its own term (never in a kernel's rate)."""
-    timing.overhead_s = eff.get("overhead", 0.0) * timing.step_s
-    timing.step_s += timing.overhead_s

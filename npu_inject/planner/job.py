@@ -168,6 +168,7 @@ def _evaluate(recorded: dict[int, Any], *, profile, efficiency, world_size, expa
         timing.bubble_s += extra_groups * group.bubble_s
         timing.kernels += extra_groups * group.kernels
         timing.host_s += extra_groups * group.host_s
+        timing.overhead_s += extra_groups * group.overhead_s
         for kind, seconds in group.comm_s.items():
             timing.comm_s[kind] = timing.comm_s.get(kind, 0.0) + extra_groups * seconds
         for name, seconds in group.by_module.items():
@@ -176,8 +177,7 @@ def _evaluate(recorded: dict[int, Any], *, profile, efficiency, world_size, expa
             timing.by_class[key] = timing.by_class.get(key, 0.0) + extra_groups * seconds
         for key, seconds in group.by_module_class.items():
             timing.by_module_class[key] = timing.by_module_class.get(key, 0.0) + extra_groups * seconds
-        timing.exposed_comm_s = max(0.0, timing.step_s - timing.compute_s - timing.bubble_s)
-    costmodel.add_overhead(timing, efficiency)
+        timing.exposed_comm_s = max(0.0, timing.step_s - timing.compute_s - timing.bubble_s - timing.overhead_s)
     batch_degree = world_size // (pp * info["parallel"]["cp"] * info["parallel"]["tp"])
     global_batch = info["global_batch_size"] if info["global_batch_size"] > 0 else info["local_batch_size"] * batch_degree
     info["peak_flops"] = profile.peak("bf16")
