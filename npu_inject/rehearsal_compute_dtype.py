@@ -1,14 +1,19 @@
-"""The CPU rehearsal's compute dtype: whether this CPU runs bf16 natively (a probe), and the decision.
+"""The CPU rehearsal's compute dtype: decided by what the CPU's instruction set supports, not by a timing race.
 
 Patch ``rehearsal_dtype`` applies the decision to the job, rank 0's probe deciding for every rank;
-``npu-inject plan --hardware cpu`` plans the job in the dtype it decides on this host.
+``npu-inject plan --hardware cpu`` plans the job in the dtype it decides on this host. A CPU with bf16
+instructions (x86 AVX-512 BF16 or AMX, Arm's BF16 extension; :mod:`npu_inject.cpu_features`) computes a bf16
+job in bf16; one without emulates bf16 matmuls 4-130x slower than fp32, so the job computes in float32. A
+probe matmul in both dtypes is timed too, for the report only: under load its ratio moved from 0.9x to 13.8x on
+one host, which once flipped the choice between two runs of the same job.
 """
 
 from __future__ import annotations
 
 import time
 
-SLOW_FACTOR = 4.0  # emulated bf16 measures ~30x slower; native bf16 about as fast as fp32 or faster
+from npu_inject.cpu_features import describe_bf16, native_bf16
+
 _PROBE_SHAPE = (256, 512, 512)  # (M, K, N) of the probe matmul
 
 
@@ -31,9 +36,15 @@ def bf16_slowdown() -> tuple[float, float, float]:
     return fp32, bf16, bf16 / fp32
 
 
-def decide(choice: str, configured: str, figures: tuple[float, float, float] | None) -> tuple[str, str]:
+def cpu_probe() -> tuple[bool, str, float, float]:
+    """(native bf16 per the CPU's flags, which flags say so, fp32 and bf16 probe seconds for the report)."""
+    fp32, bf16, _ = bf16_slowdown()
+    return native_bf16(), describe_bf16(), fp32, bf16
+
+
+def decide(choice: str, configured: str, probe: tuple[bool, str, float, float] | None) -> tuple[str, str]:
     """(dtype to compute in, the sentence saying so and why) for option ``compute_dtype`` = ``choice``
-    and the job's ``mixed_precision_param`` = ``configured``; ``figures``: rank 0's probe, for auto."""
+    and the job's ``mixed_precision_param`` = ``configured``; ``probe``: rank 0's :func:`cpu_probe`, for auto."""
     if choice == "keep":
         return configured, (f"rehearsal computes in {configured}: the job's training.mixed_precision_param, "
                             "kept by registry option compute_dtype=keep")
@@ -42,14 +53,14 @@ def decide(choice: str, configured: str, figures: tuple[float, float, float] | N
                            f"(the job's training.mixed_precision_param is {configured})")
     if configured == "float32":
         return "float32", ("rehearsal computes in float32: the job's training.mixed_precision_param "
-                           "(compute_dtype=auto probes only a bfloat16 job)")
-    if figures is None:
+                           "(compute_dtype=auto decides only for a bfloat16 job)")
+    if probe is None:
         raise ValueError(f"rehearsal_dtype: compute_dtype=auto with mixed_precision_param={configured!r} "
-                         "needs rank 0's probe figures, got none")
-    fp32, bf16, ratio = figures
-    measured = (f"rank 0's probe {_PROBE_SHAPE[0]}x{_PROBE_SHAPE[1]}x{_PROBE_SHAPE[2]} matmul: "
-                f"fp32 {fp32 * 1e3:.2f} ms, bf16 {bf16 * 1e3:.2f} ms ({ratio:.1f}x)")
-    if ratio > SLOW_FACTOR:
-        return "float32", (f"rehearsal computes in float32 instead of {configured}: the CPU has no native "
-                           f"bf16 ({measured}); registry option compute_dtype=keep keeps {configured}")
-    return configured, f"rehearsal computes in {configured}: the CPU runs bf16 natively ({measured})"
+                         "needs rank 0's probe, got none")
+    native, flags, fp32, bf16 = probe
+    timed = (f"rank 0's probe {_PROBE_SHAPE[0]}x{_PROBE_SHAPE[1]}x{_PROBE_SHAPE[2]} matmul, for information: "
+             f"fp32 {fp32 * 1e3:.2f} ms, bf16 {bf16 * 1e3:.2f} ms ({bf16 / fp32:.1f}x)")
+    if not native:
+        return "float32", (f"rehearsal computes in float32 instead of {configured}: the CPU has no bf16 "
+                           f"instructions ({flags}; {timed}); registry option compute_dtype=keep keeps {configured}")
+    return configured, f"rehearsal computes in {configured}: {flags} ({timed})"

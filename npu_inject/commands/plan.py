@@ -164,13 +164,13 @@ def advice(argv: list[str], plan, run_variant) -> list[str]:
 def rehearsal_job(argv: list[str]) -> tuple[list[str], str]:
     """The job as the CPU rehearsal runs it: in the compute dtype ``rehearsal_dtype`` picks on this host
     (float32 where the CPU has no native bf16), and the sentence saying which and why."""
-    from npu_inject.rehearsal_compute_dtype import bf16_slowdown, decide
+    from npu_inject.rehearsal_compute_dtype import cpu_probe, decide
 
     configured = "bfloat16"  # torchtitan's default
     for index, token in enumerate(argv):
         if token.split("=", 1)[0] == "--training.mixed_precision_param":
             configured = token.split("=", 1)[1] if "=" in token else argv[index + 1]
-    figures = bf16_slowdown() if configured != "float32" else None
+    figures = cpu_probe() if configured != "float32" else None
     dtype, why = decide("auto", configured, figures)
     return (argv if dtype == configured else with_flags(argv, ["--training.mixed_precision_param", dtype])), why
 

@@ -1,16 +1,17 @@
-"""The CPU rehearsal computes in fp32 where the CPU has no native bf16 (rank 0's probe decides for every rank).
+"""The CPU rehearsal computes in fp32 where the CPU has no bf16 instructions (rank 0's CPU decides for every rank).
 
 torchtitan's default mixed precision computes in bf16 (``training.mixed_precision_param``,
-applied by FSDP). A CPU without native bf16 instructions (x86 without AVX-512 BF16/AMX,
+applied by FSDP). A CPU without bf16 instructions (x86 without AVX-512 BF16/AMX,
 i.e. AVX2-only servers) emulates bf16 matmuls 30-130x slower than fp32 (measured on this
 project's CI machines), so a debug model rehearses at seconds per step instead of well under
 one. Option ``compute_dtype``:
 
-* ``auto`` (default): when the job asks for bf16, time one bf16 and one fp32 matmul (once per
-  process); when bf16 is more than ``SLOW_FACTOR`` times slower, train with
-  ``mixed_precision_param=float32``. Rank 0's figures decide for the whole job: the ranks
-  exchange them when the process group exists (``PatchContext.agree_with_rank0``), so ranks
-  whose timings differ (load, another host) still shard with one FSDP compute dtype.
+* ``auto`` (default): when the job asks for bf16, read the CPU's flags (and time one bf16 and one
+  fp32 matmul for the report, once per process); without bf16 instructions, train with
+  ``mixed_precision_param=float32``. The flags decide, not the timing, which load can skew.
+  Rank 0's probe decides for the whole job: the ranks exchange it when the process group exists
+  (``PatchContext.agree_with_rank0``), so ranks on different hosts still shard with one FSDP
+  compute dtype.
 * ``float32``: always compute in fp32 in the rehearsal.
 * ``keep``: keep what the job configured.
 
@@ -25,7 +26,7 @@ from __future__ import annotations
 import logging
 
 from npu_inject.patching import PatchContext
-from npu_inject.rehearsal_compute_dtype import bf16_slowdown, decide
+from npu_inject.rehearsal_compute_dtype import cpu_probe, decide
 
 TARGETS = (
     "torchtitan.trainer:Trainer.__init__",
@@ -38,9 +39,9 @@ def apply(ctx: PatchContext) -> None:
     choice = ctx.options["compute_dtype"]  # registry.json's option_rules: auto, float32 or keep
     probed: dict = {}
 
-    def probe_once() -> tuple[float, float, float]:
+    def probe_once() -> tuple[bool, str, float, float]:
         if "figures" not in probed:
-            probed["figures"] = bf16_slowdown()
+            probed["figures"] = cpu_probe()
         return probed["figures"]
 
     def use(training, configured: str, figures) -> None:

@@ -75,8 +75,8 @@ def test_one_and_two_ranks_agree_from_a_seed_checkpoint(tmp_path, seed_checkpoin
 
 def test_ranks_compute_in_rank0s_choice_of_dtype_when_their_probes_disagree(tmp_path):
     """rehearsal_dtype's auto path (no --training.mixed_precision_param: the job asks for bfloat16)
-    on 2 ranks whose bf16 probes disagree (test plugin skewed_bf16_probe: rank 0 measures emulated
-    bf16, rank 1 native). Both ranks must compute in rank 0's choice, float32, and say so."""
+    on 2 ranks whose CPU probes disagree (test plugin skewed_bf16_probe: rank 0 reports no bf16
+    instructions, rank 1 reports them). Both ranks must compute in rank 0's choice, float32, and say so."""
     env = clean_env(TORCHTITAN_NPU="cpu", TORCHTITAN_NPU_PATCHES="+skewed_bf16_probe",
                     TORCHTITAN_NPU_REGISTRY=os.path.join(PLUGINS, "skewed_bf16_probe_registry.json"),
                     PYTHONPATH=os.pathsep.join(filter(None, [PLUGINS, os.environ.get("PYTHONPATH")])))
@@ -86,9 +86,9 @@ def test_ranks_compute_in_rank0s_choice_of_dtype_when_their_probes_disagree(tmp_
     assert result.returncode == 0, result.stdout[-4000:]
     losses = parse_losses(result.stdout)
     assert sorted(losses) == [1, 2] and all(math.isfinite(loss) for loss in losses.values()), losses
-    chosen = ("npu_inject: rehearsal computes in float32 instead of bfloat16: the CPU has no native bf16 "
-              "(rank 0's probe 256x512x512 matmul: fp32 1.00 ms, bf16 30.00 ms (30.0x)); "
-              "registry option compute_dtype=keep keeps bfloat16")
+    chosen = ("npu_inject: rehearsal computes in float32 instead of bfloat16: the CPU has no bf16 instructions "
+              "(no bf16 instructions (test); rank 0's probe 256x512x512 matmul, for information: fp32 1.00 ms, "
+              "bf16 30.00 ms (30.0x)); registry option compute_dtype=keep keeps bfloat16")
     assert result.stdout.count(chosen) == 2, "one line per rank: " + "\n".join(
         line for line in result.stdout.splitlines() if "rehearsal computes" in line)
     for rank in (0, 1):
