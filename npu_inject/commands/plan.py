@@ -16,6 +16,7 @@ import argparse
 import json
 import os
 import sys
+import time
 from typing import Any
 
 from npu_inject import hardware as hardware_mod
@@ -189,6 +190,7 @@ def cmd_plan(args) -> int:
         raise ConfigError("--search with --hardware cpu: the rehearsal runs every rank on this host, so a layout's "
                           "verdict is the host's, which the search does not give; plan each layout without --search "
                           "(one verdict for all ranks), or search for an NPU (--hardware A2, A3, 950)")
+    started = time.monotonic()
     catalog = hardware_mod.load(args.hardware_file)
     profile = resolve_hardware(args, catalog)
     ranks = world_size(args)
@@ -209,7 +211,11 @@ def cmd_plan(args) -> int:
         if rehearsal:
             argv, why = rehearsal_job(argv)
         print(f"planning on {profile.name}, {ranks} ranks ...", file=sys.stderr, flush=True)
-        plan = job.plan_job(argv, **plan_kwargs)
+
+        def progress(line: str) -> None:
+            print(f"  [{time.monotonic() - started:5.0f} s] {line}", file=sys.stderr, flush=True)
+
+        plan = job.plan_job(argv, progress=progress, **plan_kwargs)
         print(render.header(plan, profile, argv))
         print(*render.memory_lines(plan), sep="\n")
         print(*render.time_lines(plan), sep="\n")
@@ -229,7 +235,9 @@ def cmd_plan(args) -> int:
                 print("what would fit (each planned shallow):")
                 print(*advice(argv, plan, lambda variant: job.plan_job(
                     variant, units=SEARCH_UNITS, pp=plan.parallel["pp"], **plan_kwargs)), sep="\n")
-        print(f"planned in {plan.seconds:.1f} s; what the plan cannot know: docs/planner.md#what-it-cannot-know")
+        # The command's wall time: the pool's start, the recordings and the advice's plans, not only the recording.
+        print(f"planned in {time.monotonic() - started:.1f} s; what the plan cannot know: "
+              "docs/planner.md#what-it-cannot-know")
         if args.json:
             _write_json(args.json, {"schema": 1, **render.plan_dict(plan), **extra})
         if args.plot:

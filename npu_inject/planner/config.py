@@ -121,6 +121,8 @@ def describe(argv: list[str], world_size: int) -> dict[str, Any]:
         "global_batch_size": training.global_batch_size if training.global_batch_size > 0
         else training.local_batch_size * dp,
         "microbatch_size": parallelism.pipeline_parallel_microbatch_size,
+        "pp": parallelism.pipeline_parallel_degree,
+        "dp": dp,
         "pp_schedule": parallelism.pipeline_parallel_schedule,
         "activation_checkpoint": type(config.activation_checkpoint).__qualname__.split(".")[0]
         if config.activation_checkpoint is not None else "none",

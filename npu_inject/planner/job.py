@@ -105,34 +105,77 @@ def _group_window(trace, step: int, group: int) -> tuple[int, int]:
     return begin, end
 
 
-class Pending:
-    """A recording under way: its roles' futures at each depth."""
+# A pipeline job running more than four microbatches per pipeline rank in a step is recorded with two and four
+# per rank and extrapolated: past the warm-up each microbatch adds the same work to every stage. (One and two
+# are not enough: llama3_70b PP 4's first stage still grew from 4 to 8 microbatches, not from 8 to 16.)
+RECORDED_MICROBATCHES = (2, 4)
 
-    def __init__(self, argv, world_size, depths, pool, pp: int | None) -> None:
+
+def reduced_microbatches(facts: dict[str, Any]) -> tuple[int, int, int] | None:
+    """(fewer, more, the job's) microbatches per step to record and extrapolate from, or None to record all."""
+    pp, microbatch = facts["pp"], facts["microbatch_size"]
+    if pp <= 1 or not microbatch:
+        return None
+    count = facts["local_batch_size"] // microbatch
+    fewer, more = (pp * factor for factor in RECORDED_MICROBATCHES)
+    return (fewer, more, count) if count > more else None
+
+
+def _with_microbatches(argv: list[str], facts: dict[str, Any], count: int | None) -> list[str]:
+    """``argv`` with ``count`` microbatches per step (the local batch cut, gradient accumulation kept)."""
+    if count is None:
+        return list(argv)
+    from npu_inject.torchtitan_argv import with_flags
+
+    accumulation = max(facts["global_batch_size"] // (facts["local_batch_size"] * facts["dp"]), 1)
+    local = facts["microbatch_size"] * count
+    return with_flags(argv, ["--training.local_batch_size", str(local),
+                             "--training.global_batch_size", str(local * facts["dp"] * accumulation)])
+
+
+class Pending:
+    """A recording under way: its roles' futures at each depth (and microbatch count, see
+    :func:`reduced_microbatches`)."""
+
+    def __init__(self, argv, world_size, depths, pool, pp: int | None, progress=None) -> None:
         self.argv, self.world_size, self.depths, self.pool = list(argv), world_size, depths, pool
+        self.progress = progress or (lambda line: None)
         self.started = time.monotonic()
-        self.first = None
-        if pp is None:
-            # A command not yet parsed: rank 0 goes first, its configuration says how many pipeline ranks.
-            self.first = pool.submit(workers.record, argv, world_size, 0, depths[0]).result()
-            pp = self.first.info["parallel"]["pp"]
-        self.futures = {(index, stage): pool.submit(workers.record, argv, world_size, stage * (world_size // pp), units)
-                        for index, units in enumerate(depths) for stage in range(pp)
-                        if not (self.first is not None and index == 0 and stage == 0)}
+        self.microbatches = None
+        facts = None
+        if pp is None or pp > 1:
+            # The parsed job says how many pipeline ranks to record and how many microbatches they run.
+            facts = pool.submit(workers.describe, argv, world_size).result()
+            pp = facts["pp"]
+            self.microbatches = reduced_microbatches(facts)
+        counts = self.microbatches[:2] if self.microbatches else (None,)
+        self.variants = [(units, count) for units in depths for count in counts]
+        self.futures = {(index, stage): pool.submit(workers.record, _with_microbatches(argv, facts, count), world_size,
+                                                    stage * (world_size // pp), units)
+                        for index, (units, count) in enumerate(self.variants) for stage in range(pp)}
+        if self.microbatches:
+            self.progress(f"recording {pp} pipeline ranks with {counts[0]} and {counts[1]} of the step's "
+                          f"{self.microbatches[2]} microbatches (extrapolated), {len(self.futures)} recordings")
+        elif len(self.futures) > 1:
+            self.progress(f"recording {len(self.futures)} roles")
 
     def result(self) -> "Recording":
-        roles: list[dict[int, Any]] = [{} for _ in self.depths]
-        if self.first is not None:
-            roles[0][0] = self.first
+        roles: list[dict[int, Any]] = [{} for _ in self.variants]
+        import concurrent.futures
+
+        keys = {future: key for key, future in self.futures.items()}
         try:
-            for (index, stage), future in self.futures.items():
+            for done, future in enumerate(concurrent.futures.as_completed(keys), start=1):
+                index, stage = keys[future]
                 roles[index][stage] = future.result()
+                if len(keys) > 1:
+                    self.progress(f"recorded {done} of {len(keys)} ({time.monotonic() - self.started:.0f} s)")
         except BaseException:
             for future in self.futures.values():
                 future.cancel()
             raise
         return Recording(self.argv, self.world_size, self.depths, [dict(sorted(r.items())) for r in roles],
-                         time.monotonic() - self.started)
+                         time.monotonic() - self.started, self.microbatches)
 
 
 def _evaluate(recorded: dict[int, Any], *, profile, efficiency, world_size, expandable, argv, started) -> JobPlan:
@@ -199,24 +242,27 @@ class Recording:
     argv: list[str]
     world_size: int
     depths: tuple[int | None, ...]  # (None,): the full model; (k, 2k): shallow, to extrapolate
-    roles: list[dict[int, Any]]
+    roles: list[dict[int, Any]]  # per depth, then (with ``microbatches``) per microbatch count recorded
     seconds: float
+    microbatches: tuple[int, int, int] | None = None  # (fewer, more) recorded of the step's (last) microbatches
 
 
-def submit(argv: list[str], *, world_size: int, pool, units: int | None = None, pp: int | None = None) -> Pending:
+def submit(argv: list[str], *, world_size: int, pool, units: int | None = None, pp: int | None = None,
+           progress=None) -> Pending:
     """Start recording ``argv``'s roles for ``world_size`` ranks in ``pool`` (a :func:`workers.executor`): at
-    full depth, or with ``units`` and twice as many repeats of the layer block per stage. With ``pp``
-    known, every role starts at once."""
-    return Pending(argv, world_size, (None,) if units is None else (units, 2 * units), pool, pp)
+    full depth, or with ``units`` and twice as many repeats of the layer block per stage. With ``pp`` 1,
+    every role starts at once; otherwise the parsed job says how many pipeline ranks and microbatches.
+    ``progress`` is called with a line as recordings finish."""
+    return Pending(argv, world_size, (None,) if units is None else (units, 2 * units), pool, pp, progress)
 
 
 def record(argv: list[str], *, world_size: int, units: int | None = None, pool=None, pp: int | None = None,
-           selection: str = "") -> Recording:
+           selection: str = "", progress=None) -> Recording:
     """:func:`submit` and wait; without ``pool``, one is made for this recording (with ``selection``)."""
     own_pool = pool is None
     pool = pool or workers.executor(selection=selection, modules=model_packages(argv))
     try:
-        return submit(argv, world_size=world_size, pool=pool, units=units, pp=pp).result()
+        return submit(argv, world_size=world_size, pool=pool, units=units, pp=pp, progress=progress).result()
     finally:
         if own_pool:
             pool.shutdown()
@@ -227,16 +273,56 @@ def evaluate(recording: Recording, *, profile, efficiency: dict[str, float], exp
     started = time.monotonic() - recording.seconds
     plans = [_evaluate(roles, profile=profile, efficiency=efficiency, world_size=recording.world_size,
                        expandable=expandable, argv=recording.argv, started=started) for roles in recording.roles]
+    if recording.microbatches:
+        plans = [_more_microbatches(fewer, more, recording.microbatches) for fewer, more in zip(plans[::2], plans[1::2])]
     if recording.depths == (None,):
         return plans[0]
     return _extrapolate(*plans, recording.depths, time.monotonic() - started)
 
 
 def plan_job(argv: list[str], *, profile, efficiency: dict[str, float], world_size: int, expandable: bool = False,
-             units: int | None = None, pool=None, pp: int | None = None, selection: str = "") -> JobPlan:
+             units: int | None = None, pool=None, pp: int | None = None, selection: str = "",
+             progress=None) -> JobPlan:
     """:func:`record` then :func:`evaluate`."""
-    recording = record(argv, world_size=world_size, units=units, pool=pool, pp=pp, selection=selection)
+    recording = record(argv, world_size=world_size, units=units, pool=pool, pp=pp, selection=selection,
+                       progress=progress)
     return evaluate(recording, profile=profile, efficiency=efficiency, expandable=expandable)
+
+
+def _line_dict(a: dict, b: dict, line) -> dict:
+    return {key: line(a.get(key, 0.0), value) for key, value in b.items()}
+
+
+def _more_microbatches(fewer: JobPlan, more: JobPlan, counts: tuple[int, int, int]) -> JobPlan:
+    """The plan of the step's microbatches from plans of two fewer counts, each quantity on the line through them
+    (a 1F1B schedule's peak memory stays put past the warm-up; GPipe's grows with every microbatch)."""
+    low, high, target = counts
+
+    def line(a: float, b: float) -> float:
+        return depth.extrapolate(a, b, (low, high), target)
+
+    roles = []
+    for a, b in zip(fewer.roles, more.roles):
+        allocated = int(line(a.peak_allocated, b.peak_allocated))
+        # The cache beyond the allocated bytes as the larger recording left it (a line through two caches can
+        # fall below zero).
+        cached = max(b.peak_reserved - b.peak_allocated, 0)
+        roles.append(replace(b, peak_allocated=allocated, peak_reserved=allocated + cached,
+                             at_peak={name: int(line(a.at_peak.get(name, 0), value)) for name, value in b.at_peak.items()}))
+    ta, tb = fewer.timing, more.timing
+    timing = costmodel.Timing(
+        step_s=line(ta.step_s, tb.step_s), compute_s=line(ta.compute_s, tb.compute_s),
+        optimizer_s=line(ta.optimizer_s, tb.optimizer_s), bubble_s=line(ta.bubble_s, tb.bubble_s),
+        comm_s=_line_dict(ta.comm_s, tb.comm_s, line), kernels=int(line(ta.kernels, tb.kernels)),
+        host_s=line(ta.host_s, tb.host_s), overhead_s=line(ta.overhead_s, tb.overhead_s),
+        by_module=_line_dict(ta.by_module, tb.by_module, line), by_class=_line_dict(ta.by_class, tb.by_class, line),
+        by_module_class=_line_dict(ta.by_module_class, tb.by_module_class, line))
+    timing.exposed_comm_s = max(0.0, timing.step_s - timing.compute_s - timing.bubble_s - timing.overhead_s)
+    info = {**more.info, "pp_microbatches": target, "microbatches_recorded": [low, high],
+            "local_batch_size": more.info["local_batch_size"] * target // high,
+            "global_batch_size": more.info["global_batch_size"] * target // high}
+    return replace(more, roles=roles, timing=timing, info=info,
+                   tokens_per_step=more.tokens_per_step * target // high)
 
 
 def _full_depth_modules(recorded: dict[str, float], shape: depth.Shape, pp: int, optimizer_s: float) -> dict[str, float]:

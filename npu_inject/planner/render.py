@@ -137,6 +137,10 @@ def notes(plan) -> list[str]:
         e = plan.extrapolated
         out.append(f"extrapolated from {e['units_recorded'][0]} and {e['units_recorded'][1]} repeats of the "
                    f"{e['period']}-layer block per stage to the model's {e['layers']} layers")
+    if plan.info.get("microbatches_recorded"):
+        low, high = plan.info["microbatches_recorded"]
+        out.append(f"the pipeline's {plan.info['pp_microbatches']} microbatches per step extrapolated from recordings "
+                   f"of {low} and {high}")
     if plan.parallel.get("ep", 1) > 1:
         out.append("expert routing is planned balanced (each rank sends and receives tokens x top_k / ep rows)")
     if any(role.retries for role in plan.roles):

@@ -102,3 +102,31 @@ def test_the_suites_model_and_checker_paths_plan(args, tmp_path):
         assert "FITS THIS HOST" in run.stdout and "note: rehearsal computes in" in run.stdout, run.stdout
         assert host["fits"] and host["need_bytes"] == sum(
             2 // len(plan["roles"]) * (role["total_bytes"] + host["process_baseline_bytes"]) for role in plan["roles"])
+
+
+def test_a_pipeline_with_many_microbatches_is_extrapolated_from_fewer_and_agrees_with_recording_them_all(monkeypatch):
+    """16 microbatches on 2 pipeline ranks: recorded with 4 and 8 and extrapolated, against recording all 16
+    (llama3_70b PP 4 with 512 microbatches ran for 20 minutes recording them all)."""
+    from npu_inject import hardware
+    from npu_inject.planner import job, workers
+
+    argv = [*DEBUG, "--parallelism.pipeline_parallel_degree", "2", "--training.local_batch_size", "16",
+            "--parallelism.pipeline_parallel_microbatch_size", "1"]
+    profile = hardware.load().find("A2")
+    efficiency = hardware.load().efficiency[profile.family]
+    pool = workers.executor(selection="", modules=job.model_packages(argv))
+    lines: list[str] = []
+    try:
+        extrapolated = job.plan_job(argv, profile=profile, efficiency=efficiency, world_size=2, pool=pool,
+                                    progress=lines.append)
+        monkeypatch.setattr(job, "RECORDED_MICROBATCHES", (4, 8))  # 16 is no more than 8 per rank: all recorded
+        recorded = job.plan_job(argv, profile=profile, efficiency=efficiency, world_size=2, pool=pool)
+    finally:
+        pool.shutdown()
+    assert extrapolated.info["microbatches_recorded"] == [4, 8] and extrapolated.info["pp_microbatches"] == 16
+    assert "microbatches_recorded" not in recorded.info and recorded.info["pp_microbatches"] == 16
+    assert any("with 4 and 8 of the step's 16 microbatches" in line for line in lines), lines
+    assert extrapolated.tokens_per_step == recorded.tokens_per_step
+    assert extrapolated.step_s == pytest.approx(recorded.step_s, rel=0.05)
+    for a, b in zip(extrapolated.roles, recorded.roles):
+        assert a.peak_allocated == pytest.approx(b.peak_allocated, rel=0.05)
