@@ -286,9 +286,6 @@ def _profile_json(base, device, rates: dict, source: str) -> dict:
         "allocator_pad_bytes": number(base.allocator_pad_bytes, "allocator_pad_bytes"),
         "comm_buffer_mib": number(base.comm_buffer_mib, "comm_buffer_mib"),
         "runtime_reserved_gib": number(base.runtime_reserved_gib, "runtime_reserved_gib"),
-        # Kernels measured where the job runs: the family's fitted overhead (which stands for what a borrowed or
-        # estimated rate misses on a published row) does not apply.
-        "overhead": {"value": 0, "source": f"{source}: calibrated on this machine, no fitted overhead"},
         "rates": rates,
     }
 
