@@ -23,8 +23,20 @@ fi
 # The doctor of the target this run trains on: a patch that would not apply stops here, not mid-run.
 TORCHTITAN_NPU=$TARGET "$VENV/bin/npu-inject" doctor || {
   echo "quickstart: npu-inject doctor found problems (above) for TORCHTITAN_NPU=$TARGET; not training" >&2; exit 2; }
+DUMP=${DUMP:-outputs/quickstart}
+mkdir -p "$DUMP"
+# As upstream's run_train.sh: every line prefixed [rankN]: (--tee, --role rank). The whole output goes to
+# $DUMP/train.log (npu-inject compare reads a dump folder's log, rank 0 by default); the console shows
+# rank 0's lines and torchrun's own. torchrun's per-rank copies (--tee needs a log dir) are temporary.
+TORCHRUN_LOGS=$(mktemp -d)
+trap 'rm -rf "$TORCHRUN_LOGS"' EXIT
+status=0
 TORCHTITAN_NPU=$TARGET HF_HUB_OFFLINE=1 "$VENV/bin/torchrun" --nproc_per_node "$NPROC" \
+  --role rank --tee 3 --log-dir "$TORCHRUN_LOGS" \
   -m torchtitan.train --module llama3 --config llama3_debugmodel \
   --training.steps "${STEPS:-10}" --training.seq_len 256 --training.local_batch_size 2 \
-  --checkpoint.no-enable --validator.no-enable --dump_folder "${DUMP:-outputs/quickstart}" "$@"
-echo "quickstart: per-rank patch reports in ${DUMP:-outputs/quickstart}/npu_inject/"
+  --checkpoint.no-enable --validator.no-enable --dump_folder "$DUMP" "$@" 2>&1 \
+  | tee "$DUMP/train.log" | { grep --line-buffered -v '^\[rank[1-9][0-9]*\]:' || true; } || status=$?
+echo "quickstart: above, rank 0's lines; every rank's in $DUMP/train.log (npu-inject compare $DUMP <another run>" \
+  "reads it); per-rank patch reports in $DUMP/npu_inject/"
+exit "$status"

@@ -46,6 +46,27 @@ def _files(path: str) -> list[str]:
     return [path]
 
 
+EXPECTED = ("expected a JSON object written by the simulated NPU (audit_rank<N>.json, schema 1) or the CANN "
+            "emulation (cann_emu_rank<N>.json, schema 2 with 'soc')")
+
+
+def read_document(path: str) -> dict:
+    """The audit file at ``path``; ValueError naming the file and what was expected when it is not one."""
+    with open(path, encoding="utf-8") as handle:
+        text = handle.read()
+    if not text.strip():
+        raise ValueError(f"{path}: empty file; {EXPECTED}")
+    try:
+        document = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"{path}:{exc.lineno}:{exc.colno}: not JSON ({exc.msg}); {EXPECTED}") from None
+    if not isinstance(document, dict) or document.get("schema") not in (1, 2) or (
+            document.get("schema") == 2 and "soc" not in document):
+        found = f"keys {sorted(document)[:8]}" if isinstance(document, dict) else f"a JSON {type(document).__name__}"
+        raise ValueError(f"{path}: not an audit file ({found}); {EXPECTED}")
+    return document
+
+
 def _table(headers: list[str], rows: list[list[str]]) -> str:
     widths = [max(len(str(cell)) for cell in column) for column in zip(headers, *rows)]
     lines = ["  ".join(str(h).ljust(w) for h, w in zip(headers, widths))]
@@ -224,11 +245,8 @@ def render(document: dict, source: str) -> str:
 def cmd_audit(args: argparse.Namespace) -> int:
     try:
         paths = _files(args.path)
-        documents = []
-        for path in paths:
-            with open(path, encoding="utf-8") as handle:
-                documents.append((path, json.load(handle)))
-    except (OSError, json.JSONDecodeError) as error:
+        documents = [(path, read_document(path)) for path in paths]
+    except (OSError, ValueError) as error:
         print(f"npu-inject audit: error: {error}", file=sys.stderr)
         return EXIT_ERROR
     for path, document in documents:
@@ -242,7 +260,12 @@ def cmd_audit(args: argparse.Namespace) -> int:
 def add_parser(subparsers) -> None:
     parser = subparsers.add_parser(
         "audit", help="print a run's NPU audit: the simulated NPU's (host-fallback ops, host syncs, stream order) "
-                      "or the CANN emulation's (aclnn, AI CPU and aclop operators, host syncs, HCCL per step)")
+                      "or the CANN emulation's (aclnn, AI CPU and aclop operators, host syncs, HCCL per step)",
+        description="Print what a run asked of the NPU, as tables: the simulated NPU's audit_rank<N>.json "
+                    "(TORCHTITAN_NPU_SIM_AUDIT=1: host-fallback ops, host syncs per step, stream-order findings) or the "
+                    "CANN emulation's cann_emu_rank<N>.json (CANN_EMU_COUNTS: aclnn, AI CPU and aclop operators, host "
+                    "syncs, HCCL calls per step). Exit 0: clean; 1: findings (host-fallback ops, stream-order "
+                    "findings, AI CPU or aclop operators); 2: bad input.")
     parser.add_argument("path", help="audit_rank<N>.json or cann_emu_rank<N>.json, or the dump folder / its "
                                      "npu_inject folder")
     parser.set_defaults(run=cmd_audit)

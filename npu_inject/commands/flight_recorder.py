@@ -40,11 +40,23 @@ class _PlainUnpickler(pickle.Unpickler):
         raise pickle.UnpicklingError(f"refusing {module}.{name}: a flight recorder dump holds plain containers only")
 
 
+EXPECTED = "expected a pickled flight recorder dump (a dict with 'entries') from torch_npu's ProcessGroupHCCL"
+
+
 def load(path: str) -> dict:
+    """The dump at ``path``; ValueError naming the file and what was expected when it is not one."""
     with open(path, "rb") as handle:
-        document = _PlainUnpickler(handle).load()
+        if not handle.read(1):
+            raise ValueError(f"{path}: empty file; {EXPECTED}")
+        handle.seek(0)
+        try:
+            document = _PlainUnpickler(handle).load()
+        except (pickle.UnpicklingError, EOFError, ValueError, IndexError, KeyError, TypeError) as exc:
+            # what a truncated or foreign file raises from the unpickler
+            raise ValueError(f"{path}: not a pickle of plain containers ({type(exc).__name__}: {exc}); "
+                             f"{EXPECTED}") from None
     if not isinstance(document, dict) or "entries" not in document:
-        raise ValueError(f"{path}: not a flight recorder dump (no 'entries')")
+        raise ValueError(f"{path}: not a flight recorder dump (no 'entries'); {EXPECTED}")
     return document
 
 
@@ -158,7 +170,7 @@ def analyse(found: dict[int, tuple[str, dict]], frames: int = 6) -> tuple[list[s
 def cmd_flight_recorder(args: argparse.Namespace) -> int:
     try:
         found = dumps(args.folder, args.prefix)
-    except (OSError, ValueError, pickle.UnpicklingError, EOFError) as error:
+    except (OSError, ValueError) as error:
         print(f"npu-inject flight-recorder: error: {error}", file=sys.stderr)
         return EXIT_ERROR
     versions = sorted({str(dump.get("version")) for _, dump in found.values()})
@@ -172,7 +184,11 @@ def add_parser(subparsers) -> None:
     parser = subparsers.add_parser(
         "flight-recorder",
         help="which rank a hung job waits for, from torch_npu's HCCL flight recorder dumps (torch's fr_trace "
-             "cannot read torch_npu 2.14.0's)")
+             "cannot read torch_npu 2.14.0's)",
+        description="Read torch_npu's HCCL flight recorder dumps (one file per rank, <prefix><rank>; under "
+                    "torchtitan <dump>/comm_traces/rank_<N>) and name, per process group, the first collective some "
+                    "ranks entered and others did not, collectives the ranks cannot have called alike, and those "
+                    "in flight on every rank. Exit 0: the ranks agree; 1: a divergence or mismatch; 2: bad input.")
     parser.add_argument("folder", help="the folder of the dumps, e.g. <dump>/comm_traces")
     parser.add_argument("--prefix", default=None,
                         help="the dumps' file name before the rank (default: inferred, e.g. rank_)")

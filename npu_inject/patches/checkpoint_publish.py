@@ -17,7 +17,9 @@ Module ``torchtitan.components.checkpointer.dcp``:
   file. It is replaced (local folders) by a scan that also checks every file the
   metadata references exists with all its bytes, so a checkpoint written without
   the runtime and cut short (or truncated on disk) is skipped with a report
-  fallback entry and the newest complete one is loaded. Rank 0 removes ``.saving-*`` leftovers.
+  fallback entry and the newest complete one is loaded. When step folders exist but none
+  is complete, the run stops with one line naming what is wrong with each (upstream would
+  log "fresh start" and train from step 1 over them). Rank 0 removes ``.saving-*`` leftovers.
   ``CheckpointManager.dcp_load`` checks the same before loading an explicit step or
   initial path, and names what is missing instead of failing inside DCP.
 
@@ -122,6 +124,28 @@ def checkpoint_problem(path: str) -> str | None:
     return "no .metadata (the save did not finish)"
 
 
+def newest_complete_step(folder: str, steps: list[tuple[int, str]]) -> tuple[int, list[tuple[str, str]]]:
+    """The newest complete step among ``steps`` ((N, "step-N") in ``folder``), -1 when none is,
+    and (name, problem) for each newer one that was incomplete."""
+    skipped = []
+    for step, name in sorted(steps, reverse=True):
+        problem = checkpoint_problem(os.path.join(folder, name))
+        if problem is None:
+            return step, skipped
+        skipped.append((name, problem))
+    return -1, skipped
+
+
+def none_complete_message(folder: str, skipped: list[tuple[str, str]]) -> str:
+    """One line: every checkpoint in ``folder`` is incomplete; what is wrong with each; how to start fresh."""
+    problems = "; ".join(f"{name}: {' '.join(problem.split())}" for name, problem in skipped)
+    return (
+        f"npu_inject checkpoint_publish: {folder} holds checkpoints but none is complete ({problems}); "
+        "resuming would start at step 1 and overwrite them. To start fresh on purpose, move that folder "
+        "away, or pass another --checkpoint.folder or --dump_folder"
+    )
+
+
 def _rank() -> int:
     import torch.distributed as dist
 
@@ -194,12 +218,13 @@ def apply(ctx: PatchContext) -> None:
             match = STEP_PATTERN.search(name)
             if match and os.path.isdir(os.path.join(folder, name)):
                 steps.append((int(match.group(1)), name))
-        for step, name in sorted(steps, reverse=True):
-            problem = checkpoint_problem(os.path.join(folder, name))
-            if problem is None:
-                return step
+        step, skipped = newest_complete_step(folder, steps)
+        for name, problem in skipped:
             ctx.fallback(f"checkpoint {name} skipped: incomplete ({problem}); trying an older one")
-        return -1
+        if step == -1 and skipped:
+            # torchtitan would log "fresh start" and train from step 1 over the user's folder.
+            raise SystemExit(none_complete_message(folder, skipped))
+        return step
 
     def dcp_load(original, manager, state_dict, checkpoint_id, from_hf, from_quantized):
         if not from_hf and not filesystem.is_remote(str(checkpoint_id)):

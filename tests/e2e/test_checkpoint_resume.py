@@ -207,6 +207,28 @@ def test_ranks_killed_mid_save_keep_last_good_checkpoint_and_resume_is_exact(uni
                         exported)
 
 
+def test_a_resume_that_finds_no_complete_checkpoint_stops_before_training(tmp_path):
+    """Upstream would log "fresh start", train from step 1 and overwrite step-2 (exit 0)."""
+    folder = tmp_path / "checkpoint"
+    (folder / "step-4").mkdir(parents=True)
+    (folder / "step-4" / "__0_0.distcp").write_bytes(b"torn")  # no .metadata: the save did not finish
+    (folder / "step-2").mkdir()
+    (folder / "step-2" / ".metadata").write_bytes(b"")  # truncated to nothing
+    losses, result = ckpt_train(tmp_path, expect_ok=False,
+                                env=clean_env(TORCHTITAN_NPU="cpu", TORCHTITAN_NPU_STRICT="1"))
+    assert result.returncode != 0, result.stdout[-3000:]
+    stop = [line for line in result.stdout.splitlines()
+            if line.startswith(f"npu_inject checkpoint_publish: {folder} holds checkpoints but none is complete")]
+    assert stop and stop[0].startswith(
+        f"npu_inject checkpoint_publish: {folder} holds checkpoints but none is complete "
+        "(step-4: no .metadata (the save did not finish); step-2: .metadata cannot be read ("), result.stdout[-3000:]
+    assert stop[0].endswith("To start fresh on purpose, move that folder away, or pass another "
+                            "--checkpoint.folder or --dump_folder"), stop[0]
+    assert losses == {} and "fresh start" not in result.stdout
+    assert sorted(os.listdir(folder)) == ["step-2", "step-4"]
+    assert os.listdir(folder / "step-2") == [".metadata"] and (folder / "step-2" / ".metadata").read_bytes() == b""
+
+
 def sim_npu_env(**overrides):
     """2 simulated NPUs with the audit on (stream order of pinned staging and swapped states)."""
     return sim_env(clean_env(TORCHTITAN_NPU="1", TORCHTITAN_NPU_SIM_AUDIT="1", **overrides), devices=2)

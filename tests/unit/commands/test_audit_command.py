@@ -53,6 +53,24 @@ def test_missing_path_is_an_error_naming_it(tmp_path, capsys):
     assert "no audit_rank<N>.json or cann_emu_rank<N>.json here" in capsys.readouterr().err
 
 
+EXPECTED = ("expected a JSON object written by the simulated NPU (audit_rank<N>.json, schema 1) or the CANN "
+            "emulation (cann_emu_rank<N>.json, schema 2 with 'soc')")
+
+
+def test_an_empty_or_foreign_file_is_an_error_naming_it_and_what_was_expected(tmp_path, capsys):
+    path = tmp_path / "audit_rank0.json"
+    path.write_text("")
+    assert main(["audit", str(path)]) == 2
+    assert capsys.readouterr().err == f"npu-inject audit: error: {path}: empty file; {EXPECTED}\n"
+    path.write_text('{"schema": 1,')
+    assert main(["audit", str(tmp_path)]) == 2  # the folder holding it
+    assert capsys.readouterr().err == (f"npu-inject audit: error: {path}:1:14: not JSON (Expecting property name "
+                                       f"enclosed in double quotes); {EXPECTED}\n")
+    path.write_text("[1, 2]")
+    assert main(["audit", str(path)]) == 2
+    assert capsys.readouterr().err == f"npu-inject audit: error: {path}: not an audit file (a JSON list); {EXPECTED}\n"
+
+
 def _steps(aclnn, aicpu=None, aclop=None, syncs=None, hccl=None):
     return {"aclnn": aclnn, "aicpu": aicpu or {}, "aclop": aclop or {}, "syncs": syncs or {}, "hccl": hccl or {}}
 

@@ -84,6 +84,21 @@ def test_missing_dumps_and_foreign_pickles_are_errors_naming_them(tmp_path, caps
     assert "refusing _pickle.loads" in capsys.readouterr().err
 
 
+def test_an_empty_or_truncated_dump_is_an_error_naming_the_file(tmp_path, capsys):
+    _write(tmp_path, {0: _dump([_entry(1)])})
+    (tmp_path / "rank_1").write_bytes(b"")
+    assert main(["flight-recorder", str(tmp_path)]) == 2
+    assert capsys.readouterr().err == (
+        f"npu-inject flight-recorder: error: {tmp_path / 'rank_1'}: empty file; expected a pickled flight recorder "
+        "dump (a dict with 'entries') from torch_npu's ProcessGroupHCCL\n")
+    (tmp_path / "rank_1").write_bytes(pickle.dumps(_dump([_entry(1)]))[:30])
+    assert main(["flight-recorder", str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"npu-inject flight-recorder: error: {tmp_path / 'rank_1'}: not a pickle of plain "
+                          "containers (") and err.endswith("expected a pickled flight recorder dump (a dict with "
+                                                           "'entries') from torch_npu's ProcessGroupHCCL\n"), err
+
+
 def test_a_rank_without_a_dump_is_named(tmp_path, capsys):
     _write(tmp_path, {0: _dump([_entry(1)], ranks="[0, 1, 2]"), 1: _dump([_entry(1)], ranks="[0, 1, 2]")})
     assert main(["flight-recorder", str(tmp_path)]) == 0

@@ -267,6 +267,47 @@ def test_incomplete_checkpoint_written_without_the_runtime_is_skipped(tmp_path):
     reader.close()
 
 
+def test_a_resume_that_finds_only_incomplete_checkpoints_stops_with_one_line(tmp_path):
+    """Upstream logs "fresh start" and trains from step 1 over the folder; the runtime stops instead."""
+    model = _model()
+    manager, optimizers = _manager(tmp_path, model)  # runtime off: plain torchtitan writes
+    manager.save(curr_step=2)
+    _train_step(model, optimizers, 0)
+    manager.save(curr_step=4)
+    manager.close()
+    step2, step4 = manager._create_checkpoint_id(2), manager._create_checkpoint_id(4)
+    data_file = next(n for n in os.listdir(step4) if n.endswith(".distcp"))
+    os.remove(os.path.join(step4, data_file))
+    with open(os.path.join(step2, ".metadata"), "r+b") as handle:
+        handle.truncate(10)
+    os.makedirs(tmp_path / "checkpoint" / "step-6")  # a save that never wrote anything
+    before = {name: _hashes(tmp_path / "checkpoint" / name) for name in ("step-2", "step-4", "step-6")}
+
+    _activate()
+    reader, _ = _manager(tmp_path, _model(seed=3))
+    with pytest.raises(SystemExit) as stopped:
+        reader.load()
+    message = str(stopped.value)
+    assert "\n" not in message
+    assert message.startswith(
+        f"npu_inject checkpoint_publish: {tmp_path / 'checkpoint'} holds checkpoints but none is complete "
+        f"(step-6: no .metadata (the save did not finish); step-4: {data_file} is missing; "
+        "step-2: .metadata cannot be read ("), message
+    assert message.endswith(
+        "); resuming would start at step 1 and overwrite them. To start fresh on purpose, move that folder "
+        "away, or pass another --checkpoint.folder or --dump_folder"), message
+    assert {name: _hashes(tmp_path / "checkpoint" / name) for name in before} == before
+    reader.close()
+
+
+def test_an_empty_checkpoint_folder_is_a_fresh_start(tmp_path):
+    _activate()
+    (tmp_path / "checkpoint").mkdir()
+    reader, _ = _manager(tmp_path, _model())
+    assert reader.load() is False
+    reader.close()
+
+
 @pytest.mark.parametrize("async_mode", ["async", "async_with_pinned_mem"])
 def test_async_save_publishes_on_completion_and_a_failed_upload_publishes_nothing(
         tmp_path, monkeypatch, single_rank_group, async_mode):
