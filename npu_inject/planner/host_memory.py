@@ -14,11 +14,11 @@ from npu_inject.planner.job import GIB
 # this project's machine): what each rank holds besides its tensors.
 PROCESS_BASELINE_BYTES = int(0.8 * GIB)
 
-# The plan fell short of the rehearsal's measured peak on every job checked: -13% to -39% (median -22%) over
-# the 30 cases of upstream's suite that ran at its shapes with a plan (docs/suite.md, "The rehearsal at
-# upstream's shapes"; override_fused_swiglu 6.3 GiB planned, 10.4 measured): CPU malloc's caching and what the
-# plan leaves out (the data loader, gloo's buffers). The verdict asks for the plan times this margin, which
-# covers the largest measured shortfall (x1.64), so a case it lets start is not ended by the OOM killer.
+# The plan fell short of the rehearsal's measured peak on every job checked (docs/suite.md, "The rehearsal at
+# upstream's shapes", states the error over upstream's suite cases that ran at its shapes): CPU malloc's caching
+# and what the plan leaves out (the data loader, gloo's buffers). The verdict asks for the plan times this margin,
+# which covers the largest measured shortfall (a test checks it against the recorded runs), so a case it lets
+# start is not ended by the OOM killer.
 HOST_MARGIN = 1.7
 
 

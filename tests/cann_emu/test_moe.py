@@ -225,8 +225,8 @@ def test_expert_parallel_unpermutation_compiles(moe_run, case):
 
 def test_unpermute_without_probs_keeps_none_for_backward(moe_run):
     """Why rank_major_unpermutation gathers under torch.compile: torch_npu 2.14.0's kernel, compiled, fails
-    at run time (a finding in docs/suite.md, gpt_oss_fsdp+tp+ep+compile). If a later wheel fixes it,
-    this fails and the gather can go."""
+    at run time (a finding of the suite: CHANGELOG.md, "History of the suite runs", gpt_oss_fsdp+tp+ep+compile).
+    If a later wheel fixes it, this fails and the gather can go."""
     assert moe_run["unpermute_plain_keeps_none"]
     assert "expected all tensors_saved_with_vc_check to be Tensors" in moe_run["unpermute_plain_compiled_kernel"]
     # and with probs its second output is its input, which torch.compile refuses where CI is set

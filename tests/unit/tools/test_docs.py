@@ -1,5 +1,5 @@
 """The README stays short, no document names a folder of the machine it was written on, every
-document it (or a doc) links to exists; the package has no symlinks."""
+document and section it (or a doc) links to exists; the package has no symlinks."""
 
 from __future__ import annotations
 
@@ -75,6 +75,72 @@ def test_every_linked_document_exists():
             if not os.path.exists(os.path.join(REPO, os.path.dirname(source), target)):
                 missing.append(f"{source} -> {target}")
     assert not missing, missing
+
+
+# A link to a document's section: [text](doc.md#anchor); a section named by its heading after a document:
+# [text](doc.md), "Heading" or docs/doc.md, "Heading" (the heading starts with the quoted words).
+ANCHOR = re.compile(r"\]\(([^)#\s]*\.md)?#([^)\s]+)\)")
+NAMED_SECTION = re.compile(r'\]\(([^)#\s]+\.md)\),?\s+"([^"]+)"|(?<![\w/.(\[])([\w./-]+\.md),\s+"([^"]+)"')
+
+
+def _headings(path: str) -> list[str]:
+    in_code = False
+    found = []
+    for line in _text(path).splitlines():
+        if line.startswith("```"):
+            in_code = not in_code
+        elif not in_code and re.match(r"#{1,6} ", line):
+            found.append(line.lstrip("#").strip())
+    return found
+
+
+def _slug(heading: str) -> str:
+    """GitHub's anchor for a heading: lower case, punctuation dropped, spaces as hyphens."""
+    return re.sub(r"[^\w\- ]", "", heading.lower()).replace(" ", "-")
+
+
+def _resolve(source: str, target: str) -> str | None:
+    for base in (os.path.dirname(source), ""):  # relative to the document, or a path from the repository root
+        path = os.path.normpath(os.path.join(base, target))
+        if os.path.isfile(os.path.join(REPO, path)):
+            return path
+    return None
+
+
+def _section_references(source: str) -> list[tuple[str, str, str]]:
+    """(target document, anchor or heading words, kind) for each reference to a section in ``source``."""
+    text = _text(source)
+    found = [(target or os.path.basename(source), anchor, "anchor") for target, anchor in ANCHOR.findall(text)]
+    for match in NAMED_SECTION.finditer(text):
+        found.append((match.group(1) or match.group(3), match.group(2) or match.group(4), "heading"))
+    return found
+
+
+def test_every_linked_section_exists():
+    """No document points at a section that was renamed or removed."""
+    missing = []
+    for source in (path for path in _documents() if path.endswith(".md")):
+        for target, name, kind in _section_references(source):
+            path = _resolve(source, target)
+            if path is None:
+                missing.append(f"{source} -> {target} (no such document)")
+                continue
+            headings = _headings(path)
+            if kind == "anchor" and name not in {_slug(heading) for heading in headings}:
+                missing.append(f"{source} -> {target}#{name}")
+            if kind == "heading" and not any(heading.replace("`", "").startswith(name.replace("`", ""))
+                                             for heading in headings):
+                missing.append(f'{source} -> {target}, "{name}"')
+    assert not missing, missing
+
+
+def test_the_section_check_can_fail():
+    assert _slug("The CPU rehearsal on this host (`--hardware cpu`)") == "the-cpu-rehearsal-on-this-host---hardware-cpu"
+    assert _slug("The rehearsal at upstream's shapes (no `--shrink`)") == "the-rehearsal-at-upstreams-shapes-no---shrink"
+    text = 'see [planner.md](planner.md#hardware) and [suite.md](suite.md), "The matrix", or docs/x.md, "Y"'
+    assert ANCHOR.findall(text) == [("planner.md", "hardware")]
+    assert [(m.group(1) or m.group(3), m.group(2) or m.group(4)) for m in NAMED_SECTION.finditer(text)] == [
+        ("suite.md", "The matrix"), ("docs/x.md", "Y")]
 
 
 def test_the_package_holds_real_files_only():

@@ -1,5 +1,5 @@
 """docs/patches.md and docs/registry.md hold what tools/patch_table.py renders from the catalog,
-the patch modules' docstrings and TARGETS, and registry.PatchSpec's fields."""
+the patch modules' descriptions and TARGETS, and registry.PatchSpec's fields."""
 
 from __future__ import annotations
 
@@ -25,17 +25,28 @@ def test_docs_hold_the_rendered_blocks():
         "docs/registry.md's key table is stale: python tools/patch_table.py --write")
 
 
-def test_one_row_and_one_section_per_patch_from_its_module():
+def test_one_row_and_one_targets_line_per_patch_from_its_module():
     catalog = registry.load(None, entry_points=False)
     rendered = patch_table.render()
-    rows = [line for line in rendered.splitlines() if line.startswith("| `")]
-    assert [row.split("|")[1].strip().strip("`") for row in rows] == list(catalog.patches)
-    for row, spec in zip(rows, catalog.patches.values()):
+    rows = [line for line in rendered.splitlines() if line.startswith("| [`")]
+    assert [row.split("`")[1] for row in rows] == list(catalog.patches)
+    targets_lines = [line for line in rendered.splitlines() if line.startswith("- `")]
+    assert [line.split("`")[1] for line in targets_lines] == list(catalog.patches)
+    for row, targets_line, spec in zip(rows, targets_lines, catalog.patches.values()):
         facts = module_facts.read(spec.module)
         assert row.rstrip(" |").endswith(facts.description)
-        section = rendered.split(f"### `{spec.id}`", 1)[1].split("\n### ", 1)[0]
-        assert patch_table._markdown(facts.details) in section
-        assert all(f"`{target.name}`" in section for target in facts.targets)
+        # the id links to the module's source, where the docstring says how the patch works
+        link = row.split("](", 1)[1].split(")", 1)[0]
+        assert os.path.samefile(os.path.join(REPO, "docs", link), facts.path)
+        assert all(f"`{target.name}`" in targets_line for target in facts.targets)
+
+
+def test_the_page_does_not_repeat_the_modules_docstrings():
+    """How a patch works is written once, in its module; the page links to it."""
+    page = _read(patch_table.DOC)
+    for spec in registry.load(None, entry_points=False).patches.values():
+        details = module_facts.read(spec.module).details
+        assert details.split("\n\n")[0] not in page, spec.id
 
 
 def test_a_changed_docstring_makes_the_block_stale(monkeypatch):

@@ -52,6 +52,19 @@ def test_docs_hold_the_full_shape_block_and_every_case_ran_within_the_hosts_memo
         assert case["status"] != "memory" or case["runs"] == 0, case
 
 
+def test_the_host_margin_covers_every_shortfall_the_full_shape_pass_measured():
+    from npu_inject.planner.host_memory import HOST_MARGIN
+
+    (target,) = suite_table.FULL_TARGETS
+    cases = suite_table.load(target)["cases"]
+    measured = [case for case in cases if suite_table.plan_error(case) is not None]
+    assert measured
+    for case in measured:
+        assert case["peak_rss_gib"] <= case["planned_gib"] * HOST_MARGIN, case["name"]
+    summary = suite_table.plan_error_summary(cases)
+    assert f"on the {len(measured)} cases" in summary and f"x{HOST_MARGIN:g}" in summary
+
+
 def test_parts_add_and_replace_cases(tmp_path, monkeypatch):
     import json
 
