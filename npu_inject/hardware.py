@@ -231,7 +231,7 @@ def measure_host() -> Profile:
 
         import torch
 
-        from npu_inject.patches.metrics import measured_host_peak_flops
+        from npu_inject.host_peak import measured_host_peak_flops
 
         peak, how = measured_host_peak_flops()
         tensor = torch.full(((64 << 20) // 4,), 1.0)

@@ -8,10 +8,14 @@ with the ranks and patches named. The same exchange carries the values patches n
 whole job to share (``PatchContext.agree_with_rank0``): rank 0's proposal is handed to
 every rank. Then each rank writes its report as JSON into
 ``<dump_folder>/npu_inject/report_rank<N>.json`` and rank 0 logs one summary line.
+
+The runtime installs this service and hands itself in (:func:`install`); nothing here imports
+:mod:`npu_inject.runtime`.
 """
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 TARGET = "torchtitan.trainer:Trainer.init_distributed"
@@ -63,8 +67,6 @@ def pending_agreements(runtime: Any) -> list[tuple[str, Any, Any]]:
 def check_ranks_and_report(runtime: Any, dump_folder: str) -> None:
     import torch.distributed as dist
 
-    from npu_inject.runtime import log_summary
-
     runtime.set_dump_folder(dump_folder)
     applied = sorted(runtime.ids("applied"))
     pending = pending_agreements(runtime)
@@ -83,7 +85,7 @@ def check_ranks_and_report(runtime: Any, dump_folder: str) -> None:
         use(agreed[key])
     runtime.write_report()
     if runtime.rank == 0:
-        log_summary(runtime)
+        logging.getLogger("npu_inject").info(runtime.report.summary_line())
 
 
 def install(runtime: Any):

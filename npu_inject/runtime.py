@@ -20,7 +20,7 @@ import logging
 import os
 import time
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 from npu_inject import module_facts
 from npu_inject import selection as selection_mod
@@ -243,7 +243,7 @@ def _import_backend(runtime: Runtime) -> None:
             f"set {settings_mod.ENV_TARGET}=cpu."
         ) from exc
     runtime.timings_ms[f"{backend}_import"] = _ms(started)
-    runtime.versions[backend] = getattr(module, "__version__", None) or registry_mod.installed_version(backend)
+    runtime.versions[backend] = getattr(module, "__version__", None) or selection_mod.installed_version(backend)
     if getattr(module, "__simulated__", False):
         runtime.versions[f"{backend}_simulated"] = "yes"
 
@@ -281,9 +281,3 @@ def deactivate() -> None:
 def _write_report_at_exit(runtime: Runtime) -> None:
     if runtime.active:
         runtime.write_report()
-
-
-def log_summary(runtime: Runtime, emit: Callable[[str], None] | None = None) -> str:
-    line = runtime.report.summary_line()
-    (emit or logger.info)(line)
-    return line

@@ -13,25 +13,75 @@ import ast
 import importlib.util
 import json
 import os
+import shutil
 import sys
-from typing import Any
+import textwrap
+from typing import Any, Iterable
 
 from npu_inject import selection as selection_mod
 from npu_inject import registry as registry_mod
 from npu_inject import settings as settings_mod
 from npu_inject.errors import ConfigError
 from npu_inject.module_facts import module_source, split_target
+from npu_inject.module_facts import read as read_module_facts
 
 EXIT_OK, EXIT_ERROR = 0, 2
 DOCTOR_DISTRIBUTIONS = ("torch", "torchtitan", "torch_npu", "triton", "triton-ascend", "wrapt")
 
 
+NO_TARGET = (
+    f"off ({settings_mod.ENV_TARGET} unset or 0): no patch applies. 'on when set': applies with "
+    f"{settings_mod.ENV_TARGET}=1 (npu) or cpu; 'on for cpu' / 'on for npu': with that target only"
+)
+
+
 def _state(selection: selection_mod.Selection, patch_id: str) -> str:
-    """'on' (would apply at its trigger), 'off', or 'off (why)' when not by selection."""
+    """'on' (would apply at its trigger), 'off', or 'off (why)' when not by selection. With no target
+    (TORCHTITAN_NPU unset or 0) nothing applies: what the selection enables is 'on when set', or
+    'on for <target>' when the patch runs on one target only."""
     state, reason = selection.initial[patch_id]
+    reason = reason.removeprefix("off: ")  # shown as "off (...)"
     if state == "pending":
-        return "on"
+        if selection.target is not None:
+            return "on"
+        runs_on = selection.registry.patches[patch_id].runs_on
+        if set(registry_mod.TARGET_KINDS) <= set(runs_on):
+            return "on when set"
+        return "on for " + " or ".join(runs_on)
     return "off" if reason == "off by selection" else f"off ({reason})"
+
+
+LIST_OPTIONAL = ("triggers", "supports")  # left out, in this order, where the terminal is too narrow
+MIN_DESCRIPTION = 40  # the description's width kept before leaving an optional column out
+
+
+def fit_table(headers: tuple[str, ...], rows: list[tuple[str, ...]], width: int) -> tuple[list[str], list[str]]:
+    """The table's lines within ``width`` columns, and the optional columns left out to get there.
+
+    Columns of LIST_OPTIONAL go first (while the others leave the last column under MIN_DESCRIPTION),
+    then the widest cells wrap until the table fits; a word longer than its column is not broken."""
+    natural = [max(len(row[i]) for row in (headers, *rows)) for i in range(len(headers))]
+    kept = list(range(len(headers)))
+    dropped = []
+    for name in LIST_OPTIONAL:
+        fixed = sum(natural[i] + 2 for i in kept[:-1])
+        if fixed + min(MIN_DESCRIPTION, natural[kept[-1]]) <= width:
+            break
+        kept.remove(headers.index(name))
+        dropped.append(name)
+    available = width - 2 * (len(kept) - 1)
+    cap = max(natural[i] for i in kept)
+    while cap > 10 and sum(min(natural[i], cap) for i in kept) > available:
+        cap -= 1
+    widths = [min(natural[i], cap) for i in kept]
+    lines = []
+    for row in (headers, *rows):
+        cells = [textwrap.wrap(row[i], width=w, break_long_words=False, break_on_hyphens=False) or [""]
+                 for i, w in zip(kept, widths)]
+        for depth in range(max(len(cell) for cell in cells)):
+            parts = [(cell[depth] if depth < len(cell) else "").ljust(w) for cell, w in zip(cells, widths)]
+            lines.append("  ".join(parts).rstrip())
+    return lines, dropped
 
 
 def _supports_text(spec: registry_mod.PatchSpec) -> str:
@@ -41,6 +91,9 @@ def _supports_text(spec: registry_mod.PatchSpec) -> str:
 def cmd_list(args) -> int:
     selection = selection_mod.make()  # what this environment would make a run do
     registry = selection.registry
+    problems = module_problems(registry.patches.values())  # each row shows its module's docstring
+    if problems:
+        return _print_problems(problems)
     rows = [{**spec.to_json(), "state": _state(selection, patch_id)} for patch_id, spec in registry.patches.items()]
     if args.json:
         print(json.dumps({"target": selection.target, "patches": rows}, indent=2))
@@ -51,22 +104,55 @@ def cmd_list(args) -> int:
          _supports_text(registry.patches[r["id"]]), r["description"])
         for r in rows
     ]
-    widths = [max(len(str(row[i])) for row in (headers, *table)) for i in range(len(headers) - 1)]
-    print(f"target: {selection.target or 'off (TORCHTITAN_NPU unset or 0)'}")
-    for row in (headers, *table):
-        print("  ".join(str(cell).ljust(width) for cell, width in zip(row, widths)) + "  " + row[-1])
+    width = shutil.get_terminal_size().columns
+    lines, dropped = fit_table(headers, table, width)
+    print("\n".join(textwrap.wrap(f"target: {selection.target or NO_TARGET}", width=width,
+                                  subsequent_indent="  ", break_on_hyphens=False)))
+    print("\n".join(lines))
+    if dropped:
+        print("\n".join(textwrap.wrap(f"({', '.join(dropped)}: npu-inject show ID or npu-inject list --json)",
+                                      width=width)))
     return EXIT_OK
 
 
 def cmd_show(args) -> int:
     selection = selection_mod.make()
     spec = selection.registry.get(args.patch_id)
+    problems = module_problems([spec])
+    if problems:
+        return _print_problems(problems)
     print(json.dumps({**spec.to_json(), "state": _state(selection, spec.id)}, indent=2))
     return EXIT_OK
 
 
+def module_problems(specs: Iterable[registry_mod.PatchSpec]) -> list[str]:
+    """One line per registry entry whose patch module is missing or unreadable, naming the registry file,
+    the patch id and the module. Sources are found and parsed, never imported (as doctor reads them)."""
+    problems = []
+    for spec in specs:
+        if module_source(spec.module) is None:
+            problems.append(f"{spec.source}: patch {spec.id!r}: module {spec.module!r} not found (no source file "
+                            "on sys.path); 'module' must name the Python module holding the patch, importable "
+                            "where the run starts")
+            continue
+        try:
+            read_module_facts(spec.module)  # its docstring and TARGETS, read with ast
+        except ConfigError as exc:
+            problems.append(f"{spec.source}: patch {spec.id!r}: module {spec.module!r}: {exc}")
+    return problems
+
+
+def _print_problems(problems: list[str]) -> int:
+    for problem in problems:
+        print(f"npu-inject: error: {problem}", file=sys.stderr)
+    return EXIT_ERROR
+
+
 def cmd_check(args) -> int:
     selection = selection_mod.make()
+    problems = module_problems(selection.registry.patches.values())
+    if problems:
+        return _print_problems(problems)
     on = [patch_id for patch_id in selection.registry.patches if selection.state(patch_id) == "pending"]
     print(f"OK: target={selection.target or 'off'}, strict={int(selection.settings.strict)}, "
           f"registries: {', '.join(selection.registry.sources)}")
@@ -128,7 +214,7 @@ def target_status(target: str) -> str:
 
 def cmd_doctor(args) -> int:
     selection = selection_mod.make()
-    versions = {dist: selection.versions[dist] if dist in selection.versions else registry_mod.installed_version(dist)
+    versions = {dist: selection.versions[dist] if dist in selection.versions else selection_mod.installed_version(dist)
                 for dist in DOCTOR_DISTRIBUTIONS}
     print("installed:")
     for dist, version in versions.items():
@@ -188,14 +274,31 @@ def build_parser() -> argparse.ArgumentParser:
         "what is in the catalog, what the environment selects, and whether it fits this install.",
     )
     commands = parser.add_subparsers(dest="command", required=True)
-    listing = commands.add_parser("list", help="table of patches and their state")
+    listing = commands.add_parser(
+        "list", help="table of patches and their state",
+        description="Every patch of the catalog and the user registries: what this environment would do with it "
+                    "(TORCHTITAN_NPU, TORCHTITAN_NPU_PATCHES), its default, triggers, supported versions and "
+                    "description. The table fits the terminal's width; --json has every field in full.")
     listing.add_argument("--json", action="store_true", help="machine-readable output")
     listing.set_defaults(run=cmd_list)
-    show = commands.add_parser("show", help="one patch in full")
+    show = commands.add_parser(
+        "show", help="one patch in full",
+        description="One patch's registry entry in full (module, triggers, targets, requirements, supported "
+                    "versions, options, description) and its state in this environment, as JSON.")
     show.add_argument("patch_id")
     show.set_defaults(run=cmd_show)
-    commands.add_parser("check", help="validate environment and registries; exit 0 or 2").set_defaults(run=cmd_check)
-    commands.add_parser("doctor", help="installed versions; do the enabled patches fit them?").set_defaults(run=cmd_doctor)
+    commands.add_parser(
+        "check", help="validate environment and registries; exit 0 or 2",
+        description="Validate the TORCHTITAN_NPU* variables and the registries (the catalog and "
+                    "TORCHTITAN_NPU_REGISTRY's files) without importing torch or torchtitan: a patch selection or "
+                    "registry entry a run would refuse, or a user patch whose module cannot be found, exits 2 with "
+                    "one line naming it.").set_defaults(run=cmd_check)
+    commands.add_parser(
+        "doctor", help="installed versions; do the enabled patches fit them?",
+        description="Print the installed versions of torch, torchtitan, torch_npu and the rest, and check each "
+                    "patch this environment enables: supported versions, and every target it patches present in "
+                    "the installed torchtitan's source (read, not imported). Exit 2 on a problem.",
+    ).set_defaults(run=cmd_doctor)
     from npu_inject.commands import compare  # stdlib-only at import, like this module
 
     compare.add_parser(commands)

@@ -5,8 +5,9 @@ arguments a patch passes (``npu_inject/ops/*.py``), on the device, and the same 
 ``npu_inject.ops.reference`` (plain PyTorch following torch_npu's documented semantics) on
 the host with the same inputs, forward and -- where torch_npu registers autograd for the
 op -- backward. Outputs and gradients must agree within the dtype's tolerance
-(``TOLERANCES``, scaled per case). It prints one row per (case, dtype), the counts, and
-exits 2 when any row mismatches, fails, or skips without being expected to.
+(``TOLERANCES``, scaled per case; :mod:`npu_inject.commands.selftest_compare` compares). It
+prints one row per (case, dtype), the counts, and exits 2 when any row mismatches, fails, or
+skips without being expected to.
 
 On the simulated NPU (verification/sim_npu) the device ops *are* the reference kernels run on
 the simulated device, so a pass proves the harness (inputs, transfers, comparisons), not
@@ -30,20 +31,16 @@ from __future__ import annotations
 import argparse
 import math
 import sys
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Callable
 
+from npu_inject.commands.selftest_compare import ALL_DTYPES, SEED, TOLERANCES, Row, compare_into
+
 EXIT_OK, EXIT_MISMATCH = 0, 2
-SEED = 1234
 SIMULATED_NOTE = (
     "SIMULATED NPU (verification/sim_npu): the device ops are npu_inject's reference kernels run on the "
     "simulated device. This run proves the harness, not Ascend's kernels: run it on a real NPU."
 )
-# (rtol, atol) per dtype for |device - reference| <= atol + rtol * |reference|, elementwise.
-# The reference computes half precision in float32 and rounds once; a device kernel may
-# accumulate in another order, so bf16 allows a few units in the last place (2^-8).
-TOLERANCES = {"float32": (1e-4, 1e-5), "bfloat16": (2e-2, 2e-2), "float16": (4e-3, 4e-3)}
-ALL_DTYPES = tuple(TOLERANCES)
 
 
 @dataclass(frozen=True)
@@ -264,17 +261,6 @@ EXPECTED_SKIPS: dict[str, dict[str, str]] = {
 
 # -- running one case ---------------------------------------------------------------------
 
-@dataclass
-class Row:
-    case: str
-    dtype: str
-    status: str  # PASS, MISMATCH, ERROR, SKIP; FAIL: a SKIP that EXPECTED_SKIPS does not list
-    worst: float = 0.0  # largest |dev - ref| / (atol + rtol |ref|) over compared tensors
-    max_abs: float = 0.0
-    detail: str = ""
-    compared: list[str] = field(default_factory=list)
-
-
 def _flatten(value) -> list:
     if isinstance(value, (list, tuple)):
         return [leaf for item in value for leaf in _flatten(item)]
@@ -295,34 +281,12 @@ def _map_tensors(value, fn):
     return value
 
 
-def _compare(name: str, device_value, reference_value, dtype: str, scale: float) -> tuple[float, float, str]:
-    """(worst bound ratio, max abs error, problem or '') for one tensor pair."""
-    import torch
-
-    got = device_value.detach().cpu()
-    want = reference_value.detach().cpu()
-    if got.shape != want.shape:
-        return math.inf, math.inf, f"{name}: shape {tuple(got.shape)} != reference {tuple(want.shape)}"
-    if not want.is_floating_point():
-        equal = torch.equal(got, want)
-        return (0.0 if equal else math.inf), (0.0 if equal else math.inf), ("" if equal else f"{name}: integers differ")
-    rtol, atol = TOLERANCES[dtype]
-    got64, want64 = got.double(), want.double()
-    same_nonfinite = (~torch.isfinite(want64)) & (got64 == want64)
-    error = (got64 - want64).abs().masked_fill(same_nonfinite, 0.0).nan_to_num(math.inf)
-    bound = scale * (atol + rtol * want64.abs().nan_to_num(0.0, posinf=0.0, neginf=0.0))
-    ratio = float((error / bound).max()) if error.numel() else 0.0
-    max_abs = float(error.max()) if error.numel() else 0.0
-    return ratio, max_abs, ("" if ratio <= 1.0 else f"{name}: max |err| {max_abs:.3g}, {ratio:.2f}x the tolerance")
-
-
 def run_case(case: Case, dtype_name: str, device, torch_npu, reference, simulated: bool = False,
              tolerance_scale: float = 1.0) -> Row:
     """Compare one case in one dtype. On the simulated NPU, what the stand-in does not
     offer (a missing op, a NotImplementedError) is a SKIP; on a real NPU it is an ERROR."""
     import torch
 
-    row = Row(case.name, dtype_name, "PASS")
     device_op = getattr(torch_npu, case.op, None)
     reference_op = case.host_reference or getattr(reference, case.op, None)
     if reference_op is None:
@@ -377,16 +341,7 @@ def run_case(case: Case, dtype_name: str, device, torch_npu, reference, simulate
                 return Row(case.name, dtype_name, "MISMATCH", math.inf, math.inf,
                            f"grad{number}: one side has no gradient")
             pairs.append((f"grad{number}", got, want))
-    problems = []
-    for name, got, want in pairs:
-        ratio, max_abs, problem = _compare(name, got, want, dtype_name, case.tolerance_scale * tolerance_scale)
-        row.worst, row.max_abs = max(row.worst, ratio), max(row.max_abs, max_abs)
-        row.compared.append(name)
-        if problem:
-            problems.append(problem)
-    if problems:
-        row.status, row.detail = "MISMATCH", "; ".join(problems)
-    return row
+    return compare_into(Row(case.name, dtype_name, "PASS"), pairs, case.tolerance_scale * tolerance_scale)
 
 
 # -- the command ------------------------------------------------------------------------

@@ -26,6 +26,8 @@ import socket
 from dataclasses import dataclass
 from typing import Any, Callable
 
+from npu_inject.commands.selftest_compare import SEED, Row, compare_into
+
 # MC2's documented constraints (fp16/bf16, k in [256, 65535), rows divisible by the ranks) hold.
 ROWS_PER_RANK, K, N = 64, 256, 256
 MC2_DTYPES = ("bfloat16", "float16")
@@ -104,8 +106,6 @@ def _worker(rank: int, world: int, port: int, dtypes: list[str], tolerance_scale
     import torch.distributed as dist
     import torch_npu
 
-    from npu_inject.commands import selftest
-
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world),
                       LOCAL_RANK=str(rank))
     torch.npu.set_device(rank)
@@ -116,25 +116,15 @@ def _worker(rank: int, world: int, port: int, dtypes: list[str], tolerance_scale
         rows = []
         for number, case in enumerate(CASES):
             for dtype_name in dtypes if case.name in names else ():
-                row = selftest.Row(case.name, dtype_name, "PASS")
+                row = Row(case.name, dtype_name, "PASS")
                 try:
-                    pairs = case.run(rank, world, getattr(torch, dtype_name), device, torch_npu, hcom,
-                                     selftest.SEED + number)
+                    pairs = case.run(rank, world, getattr(torch, dtype_name), device, torch_npu, hcom, SEED + number)
                 except Exception as exc:  # a kernel that rejects the call is this row's finding
                     row.status = "ERROR"
                     row.detail = f"rank {rank}: {type(exc).__name__}: {exc}".splitlines()[0][:160]
                     rows.append(row)
                     continue
-                problems = []
-                for name, got, want in pairs:
-                    ratio, max_abs, problem = selftest._compare(name, got, want, dtype_name, tolerance_scale)
-                    row.worst, row.max_abs = max(row.worst, ratio), max(row.max_abs, max_abs)
-                    row.compared.append(name)
-                    if problem:
-                        problems.append(f"rank {rank}: {problem}")
-                if problems:
-                    row.status, row.detail = "MISMATCH", "; ".join(problems)
-                rows.append(row)
+                rows.append(compare_into(row, pairs, tolerance_scale, where=f"rank {rank}: "))
         queue.put((rank, rows))
         dist.barrier()
     finally:
@@ -146,17 +136,15 @@ def run_all(world: int, dtypes: list[str], tolerance_scale: float, cases: list[C
     import torch
     import torch.multiprocessing as mp
 
-    from npu_inject.commands import selftest
-
     dtypes = [name for name in dtypes if name in MC2_DTYPES]
     cases = CASES if cases is None else cases
     if not dtypes or not cases:
         return []
     available = torch.npu.device_count()
     if available < world:
-        return [selftest.Row(case.name, dtype, "ERROR",
-                             detail=f"needs {world} devices (--ranks), this machine shows {available}; --ranks 0 "
-                                    "leaves the collective cases out")
+        return [Row(case.name, dtype, "ERROR",
+                    detail=f"needs {world} devices (--ranks), this machine shows {available}; --ranks 0 "
+                           "leaves the collective cases out")
                 for case in cases for dtype in dtypes]
     context = mp.get_context("spawn")
     queue = context.SimpleQueue()
@@ -174,8 +162,8 @@ def run_all(world: int, dtypes: list[str], tolerance_scale: float, cases: list[C
         results[rank] = rows
     failed = [rank for rank, process in enumerate(processes) if process.exitcode != 0 or rank not in results]
     if failed:
-        return [selftest.Row(case.name, dtype, "ERROR",
-                             detail=f"rank(s) {failed} exited {[processes[r].exitcode for r in failed]} without results")
+        return [Row(case.name, dtype, "ERROR",
+                    detail=f"rank(s) {failed} exited {[processes[r].exitcode for r in failed]} without results")
                 for case in cases for dtype in dtypes]
     merged = []
     for position, row in enumerate(results[0]):

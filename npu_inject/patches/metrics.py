@@ -20,12 +20,11 @@ falls back to A100's 312 TFLOPS, so MFU on an NPU is off by the ratio of the pea
 
 from __future__ import annotations
 
-import functools
 import math
-import time
 
 from npu_inject import hardware
 from npu_inject.errors import ConfigError
+from npu_inject.host_peak import measured_host_peak_flops
 from npu_inject.patching import PatchContext
 
 TARGETS = (
@@ -40,34 +39,6 @@ def ascend_peak_flops(device_name: str) -> tuple[float, str] | None:
     except ConfigError:
         return None
     return profile.peak("bfloat16"), profile.sources["peak_tflops.bf16"]
-
-
-HOST_PROBE_SIZE = 512  # n of the n x n x n probe matmul: large enough to run at the host's matmul speed
-
-
-@functools.lru_cache(maxsize=None)
-def measured_host_peak_flops() -> tuple[float, str]:
-    """(FLOP/s, how it was measured): the host's best matmul rate for this process's threads."""
-    import torch
-
-    n = HOST_PROBE_SIZE
-    dtypes = [torch.float32]
-    if torch.cpu._is_avx512_bf16_supported() or torch.cpu._is_amx_tile_supported():
-        dtypes.append(torch.bfloat16)  # native there; emulated bf16 is 30-130x slower and never the peak
-    rates = {}
-    for dtype in dtypes:
-        # Constant operands: drawing random ones would move the job's seeded random stream.
-        a, b = torch.full((n, n), 0.5, dtype=dtype), torch.full((n, n), 0.25, dtype=dtype)
-        torch.mm(a, b)  # warm-up: first-call allocation and kernel selection
-        best = math.inf
-        for _ in range(5):
-            started = time.perf_counter()
-            torch.mm(a, b)
-            best = min(best, time.perf_counter() - started)
-        rates[str(dtype).removeprefix("torch.")] = 2 * n**3 / best
-    dtype, rate = max(rates.items(), key=lambda item: item[1])
-    return rate, (f"host matmul peak {rate / 1e9:.1f} GFLOP/s measured in {dtype} ({n}x{n}x{n}, best of 5, "
-                  f"{torch.get_num_threads()} thread(s)); not a datasheet figure")
 
 
 def apply(ctx: PatchContext) -> None:

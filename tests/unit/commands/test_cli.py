@@ -19,10 +19,12 @@ def env(monkeypatch):
 def test_list_table_and_json(env, capsys):
     env.setenv("TORCHTITAN_NPU", "cpu")
     env.setenv("TORCHTITAN_NPU_PATCHES", "-attention")
+    env.setenv("COLUMNS", "250")
     assert cli.main(["list"]) == 0
     table = capsys.readouterr().out
     assert table.splitlines()[0] == "target: cpu"
     assert table.splitlines()[1].split() == ["id", "state", "default", "triggers", "supports", "description"]
+    assert max(len(line) for line in table.splitlines()) <= 250
     row = next(line for line in table.splitlines() if line.startswith("attention "))
     assert row.split()[1:3] == ["off", "on"]
     assert cli.main(["list", "--json"]) == 0
@@ -31,10 +33,57 @@ def test_list_table_and_json(env, capsys):
     assert states["attention"] == "off" and states["device"] == "on"
 
 
+def test_list_without_a_target_says_nothing_applies_and_fits_the_terminal(env, capsys):
+    """TORCHTITAN_NPU unset: no row may say a plain "on"; an 80-column terminal gets an 80-column table."""
+    env.setenv("COLUMNS", "80")
+    assert cli.main(["list"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert " ".join(lines[:3]).startswith("target: off (TORCHTITAN_NPU unset or 0): no patch applies.")
+    assert max(len(line) for line in lines) <= 80, [line for line in lines if len(line) > 80]
+    header = next(line for line in lines if line.startswith("id "))
+    assert header.split() == ["id", "state", "default", "description"]
+    assert lines[-1] == "(triggers, supports: npu-inject show ID or npu-inject list --json)"
+    rows = {line.split("  ")[0]: line for line in lines if line[:1].isalpha() and not line.startswith("target")}
+    assert "on when set" in rows["device"] and "on for cpu" in rows["rehearsal_dtype"]
+    assert rows["swap_optimizer"].split()[1:3] == ["off", "off"]
+    assert cli.main(["list", "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    patches = {p["id"]: p for p in data["patches"]}
+    assert data["target"] is None and patches["device"]["state"] == "on when set"
+    # the description wraps in the table; --json has it whole
+    description = patches["checkpoint_publish"]["description"]
+    assert len(description) > 40 and description not in "\n".join(lines)
+
+
+def test_list_wraps_a_long_state_and_says_off_once(env, capsys):
+    env.setenv("TORCHTITAN_NPU", "cpu")
+    env.setenv("TORCHTITAN_NPU_PATCHES", "-optimizer")
+    env.setenv("COLUMNS", "100")
+    assert cli.main(["list", "--json"]) == 0
+    state = {p["id"]: p["state"] for p in json.loads(capsys.readouterr().out)["patches"]}["swap_optimizer"]
+    assert state == "off (requires optimizer, which the selection turned off)"
+    assert cli.main(["list"]) == 0
+    assert max(len(line) for line in capsys.readouterr().out.splitlines()) <= 100
+
+
+@pytest.mark.parametrize("command", ["list", "show", "check", "doctor", "audit", "flight-recorder"])
+def test_every_command_describes_itself_in_its_help(command, capsys):
+    with pytest.raises(SystemExit) as done:
+        cli.main([command, "--help"])
+    assert done.value.code == 0
+    paragraphs = capsys.readouterr().out.split("\n\n")
+    assert paragraphs[0].startswith(f"usage: npu-inject {command}")
+    description = " ".join(paragraphs[1].split())
+    assert not description.startswith(("positional arguments", "options")) and len(description) > 40, paragraphs
+
+
 def test_show_one_patch(env, capsys):
     assert cli.main(["show", "device"]) == 0
     shown = json.loads(capsys.readouterr().out)
-    assert shown["triggers"] == ["torchtitan.tools.utils"] and shown["state"] == "on"
+    assert shown["triggers"] == ["torchtitan.tools.utils"] and shown["state"] == "on when set"  # TORCHTITAN_NPU unset
+    env.setenv("TORCHTITAN_NPU", "cpu")
+    assert cli.main(["show", "device"]) == 0
+    assert json.loads(capsys.readouterr().out)["state"] == "on"
     assert cli.main(["show", "devise"]) == 2
     assert "unknown patch 'devise'; did you mean device?" in capsys.readouterr().err
 
@@ -52,6 +101,27 @@ def test_check_ok_and_errors(env, capsys, tmp_path):
     env.setenv("TORCHTITAN_NPU_REGISTRY", str(bad))
     assert cli.main(["check"]) == 2
     assert f"{bad}:1:2: malformed JSON" in capsys.readouterr().err
+
+
+def test_check_finds_a_user_patch_whose_module_does_not_exist(env, capsys, tmp_path):
+    user = tmp_path / "user.json"
+    user.write_text(json.dumps({"patches": {"mine": {"module": "no_such_patch_module", "triggers": ["torchtitan.trainer"]}}}))
+    env.setenv("TORCHTITAN_NPU", "cpu")
+    env.setenv("TORCHTITAN_NPU_REGISTRY", str(user))
+    expected = (f"npu-inject: error: {user}: patch 'mine': module 'no_such_patch_module' not found (no source file "
+                "on sys.path); 'module' must name the Python module holding the patch, importable where the run "
+                "starts\n")
+    for command in (["check"], ["list"], ["show", "mine"]):
+        assert cli.main(command) == 2
+        captured = capsys.readouterr()
+        assert captured.err == expected and captured.out == "", command
+    (tmp_path / "mine_patch.py").write_text("TARGETS = ('torchtitan.trainer:Trainer.train',)\n")
+    env.syspath_prepend(str(tmp_path))
+    user.write_text(json.dumps({"patches": {"mine": {"module": "mine_patch", "triggers": ["torchtitan.trainer"]}}}))
+    assert cli.main(["check"]) == 2
+    assert capsys.readouterr().err.startswith(
+        f"npu-inject: error: {user}: patch 'mine': module 'mine_patch': {tmp_path / 'mine_patch.py'}: a patch module "
+        "starts with a docstring")
 
 
 def test_doctor_reports_versions_and_targets(env, capsys):

@@ -15,7 +15,7 @@ import types
 import pytest
 import torch
 
-from npu_inject.commands import selftest, selftest_mc2
+from npu_inject.commands import selftest, selftest_compare, selftest_mc2
 from npu_inject.ops import reference
 from gloo import run_on_gloo_ranks
 from testkit import REPO, clean_env, sim_env
@@ -68,7 +68,7 @@ def _case_named(text: str) -> selftest.Case:
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 def test_an_output_off_by_more_than_the_tolerance_is_a_mismatch(dtype):
-    rtol, atol = selftest.TOLERANCES[dtype]
+    rtol, atol = selftest_compare.TOLERANCES[dtype]
     for error, expected in ((0.5 * atol, "PASS"), (4 * (atol + rtol * 10), "MISMATCH")):
         device = types.SimpleNamespace(npu_swiglu=lambda x, dim=-1, e=error: reference.npu_swiglu(x, dim=dim) + e)
         row = selftest.run_case(_case("npu_swiglu"), dtype, CPU, device, reference)
@@ -198,8 +198,8 @@ def test_a_case_that_newly_skips_fails_the_command(monkeypatch, capsys):
     assert selftest.cmd_selftest(args) == selftest.EXIT_OK
     out = capsys.readouterr().out
     assert "0 PASS, 1 SKIP, 0 FAIL " in out, out
-    rows = selftest.fail_unexpected_skips([selftest.Row("grouped_matmul group_type 2 (expert weight gradient)",
-                                                        "float32", "SKIP", detail="x")], "npu")
+    rows = selftest.fail_unexpected_skips([selftest_compare.Row("grouped_matmul group_type 2 (expert weight gradient)",
+                                                                "float32", "SKIP", detail="x")], "npu")
     assert rows[0].status == "FAIL" and "EXPECTED_SKIPS['npu']" in rows[0].detail
 
 
@@ -234,8 +234,10 @@ def _collective_case_ratios(rank: int, summing_twice: bool) -> dict[str, float]:
                                           npu_mm_reduce_scatter_base=_reduce_scatter_summing_twice)
     ratios = {}
     for number, case in enumerate(selftest_mc2.CASES):
-        pairs = case.run(rank, 2, torch.bfloat16, CPU, torch_npu, dist.group.WORLD.group_name, selftest.SEED + number)
-        ratios[case.name] = max(selftest._compare(name, got, want, "bfloat16", 1.0)[0] for name, got, want in pairs)
+        pairs = case.run(rank, 2, torch.bfloat16, CPU, torch_npu, dist.group.WORLD.group_name,
+                         selftest_compare.SEED + number)
+        ratios[case.name] = max(selftest_compare.compare_tensors(name, got, want, "bfloat16", 1.0)[0]
+                                for name, got, want in pairs)
     return ratios
 
 

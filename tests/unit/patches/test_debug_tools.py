@@ -86,8 +86,9 @@ def test_rehearsal_mfu_is_against_the_hosts_measured_matmul_peak(applied):
     upstream = utils.get_peak_flops("CPU rehearsal (host memory: process RSS)")
     assert upstream == 312e12  # what torchtitan would divide by: A100's peak
     _, ctx = applied("metrics", "cpu")
-    metrics = importlib.import_module("npu_inject.patches.metrics")
-    metrics.measured_host_peak_flops.cache_clear()
+    from npu_inject import host_peak
+
+    host_peak.measured_host_peak_flops.cache_clear()
     rng_before = torch.get_rng_state()
     peak = utils.get_peak_flops("CPU rehearsal (host memory: process RSS)")
     # The probe runs after torchtitan seeded the job: it must not move the random stream (weights, data).

@@ -13,7 +13,7 @@ import json
 import pytest
 
 from testkit import clean_env, run_python
-from npu_inject import module_facts, patching, registry, runtime
+from npu_inject import module_facts, patching, registry, runtime, selection
 from npu_inject.commands import cli
 
 CATALOG = registry.load(None, entry_points=False)
@@ -65,7 +65,7 @@ def _raw(target: str):
 def test_apply_then_revert_restores_originals(patch_id):
     spec = CATALOG.patches[patch_id]
     assert "cpu" in spec.runs_on, f"{patch_id} does not run on cpu: give it a revert test on the simulated NPU"
-    involved = registry.apply_order(CATALOG, [patch_id])
+    involved = selection.apply_order(CATALOG, [patch_id])
     rt = runtime.activate(clean_env(TORCHTITAN_NPU="cpu", TORCHTITAN_NPU_PATCHES=",".join(involved)),
                           install_hooks=False)
     # Each patch's triggers are imported once its requirements apply (qwen3_5's model module

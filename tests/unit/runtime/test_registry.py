@@ -9,6 +9,7 @@ import pytest
 
 from testkit import fake_entry
 from npu_inject import registry, settings
+from npu_inject import selection as selection_mod
 from npu_inject.errors import ConfigError
 
 
@@ -140,29 +141,29 @@ def test_requirement_cycle_and_missing_requirement_are_errors():
     ("all,-a,-b", {"a": False, "b": False, "c": True}),
 ])
 def test_selection_grammar(selection, expected):
-    assert registry.select(make_catalog(a=[], b=[], c=[]), selection) == expected
+    assert selection_mod.select(make_catalog(a=[], b=[], c=[]), selection) == expected
 
 
 def test_unknown_id_suggests_the_closest():
     with pytest.raises(ConfigError) as error:
-        registry.select(registry.load(None), "+atention")
+        selection_mod.select(registry.load(None), "+atention")
     assert "TORCHTITAN_NPU_PATCHES: unknown patch id 'atention'; did you mean attention?" in str(error.value)
 
 
 def test_disabling_a_requirement_turns_off_default_dependents_but_not_named_ones():
     catalog = make_catalog(a=[], b=["a"], c=["b"])
-    assert registry.select(catalog, "-a") == {"a": False, "b": False, "c": False}
-    _, reason = registry.initial_state(catalog.patches["b"], registry.select(catalog, "-a"), "cpu")
+    assert selection_mod.select(catalog, "-a") == {"a": False, "b": False, "c": False}
+    _, reason = selection_mod.initial_state(catalog.patches["b"], selection_mod.select(catalog, "-a"), "cpu")
     assert reason == "off: requires a, which the selection turned off"
     with pytest.raises(ConfigError, match="patch 'b' requires 'a', which is disabled; enable it \\(\\+a\\)"):
-        registry.select(catalog, "-a,+b")
+        selection_mod.select(catalog, "-a,+b")
     with pytest.raises(ConfigError, match="patch 'b' requires 'a', which is disabled"):
-        registry.select(catalog, "b")
+        selection_mod.select(catalog, "b")
 
 
 def test_apply_order_puts_requirements_first():
     catalog = make_catalog(a=["b"], b=["c"], c=[])
-    assert registry.apply_order(catalog, ["a"]) == ["c", "b", "a"]
+    assert selection_mod.apply_order(catalog, ["a"]) == ["c", "b", "a"]
 
 
 def test_third_party_entry_point_joins_the_catalog(tmp_path, monkeypatch):
@@ -223,7 +224,7 @@ def test_option_rules_of_a_new_entry_are_checked(tmp_path):
                                                         ("device,-", 2, "-")])
 def test_selection_names_an_empty_entry(selection, position, entry):
     with pytest.raises(ConfigError) as error:
-        registry.select(registry.load(None), selection)
+        selection_mod.select(registry.load(None), selection)
     assert str(error.value) == (f"TORCHTITAN_NPU_PATCHES={selection!r}: entry {position} ({entry!r}) names no patch; "
                                 "each comma-separated entry is all, none, ID, +ID or -ID")
 
@@ -232,4 +233,4 @@ def test_selection_names_an_empty_entry(selection, position, entry):
                                                   ("checkpoint_io", "checkpoint_staging")])
 def test_retired_ids_say_what_replaced_them(retired, replacement):
     with pytest.raises(ConfigError, match=f"'{retired}' is no longer a patch: .*{replacement}"):
-        registry.select(registry.load(None), f"-{retired}")
+        selection_mod.select(registry.load(None), f"-{retired}")
