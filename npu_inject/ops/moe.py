@@ -6,7 +6,7 @@ parallelism), e local experts, EP expert-parallel ranks, R rows routed to this
 rank's experts. A grouped matmul multiplies R rows of width I by per-expert
 (I, O) matrices, hence ``x_RI``, ``weight_EIO``, ``y_RO``.
 
-Kernels (``npu_inject.ops.kernels()``: torch_npu, or the reference in the rehearsal):
+Kernels (on ``npu_inject.ops.kernels()``: torch_npu on an NPU, the rehearsal's namespaces on the CPU):
 
 * ``npu_grouped_matmul`` -- expert rows are consecutive, so one x and one 3-D
   weight with ``group_type=0`` (split along M), ``split_item=3`` (one output

@@ -1,7 +1,7 @@
-"""The CPU rehearsal's kernels under torch.compile: the reference kernels as custom ops.
+"""The CPU rehearsal's kernels under torch.compile and spmd type checking: the reference kernels as custom ops.
 
-What :func:`npu_inject.ops.kernels` returns in the rehearsal while dynamo traces
-(eager runs call :mod:`npu_inject.ops.reference` directly). Every
+What :func:`npu_inject.ops.kernels` returns in the rehearsal while dynamo traces or spmd_types
+type checks (eager runs call :mod:`npu_inject.ops.reference` directly). Every
 kernel in :data:`npu_inject.ops.fakes.KERNELS` is the reference implementation
 registered as ``torch.ops.npu_inject.<name>`` with its fake, so torch.compile
 treats it as one opaque op, as it treats torch_npu's on an NPU: no graph break
