@@ -1,4 +1,5 @@
-"""What a model family or config needs that a target may lack, as one line naming it and how to get it.
+"""What a model family or config needs that a target may lack, or sets that no job can take, as one line
+naming it and what would work instead.
 
 The checks patch ``model_guard`` runs at start-up (it stops the job with the line) and ``npu-inject plan``
 runs before it plans (:mod:`npu_inject.planner.config`). Each ``*_problem`` function returns that line, or
@@ -74,6 +75,34 @@ QUANTIZATION_RECIPES = {
               "npu_dynamic_mx_quant + npu_quant_matmul path is not implemented)"),
     "nvfp4.py": "NVFP4 (torchao NVFP4Linear), which needs torchao and an NVIDIA SM100 GPU",
 }
+
+# Sizes and counts that torchtitan and the patches divide by, index with or loop over, as
+# (section, field, whether a value is valid, what is valid). Outside them the job fails later, as a
+# traceback far from the flag: --training.seq_len 0 gives empty samples and an IndexError in the data
+# loader's first batch, --training.local_batch_size 0 a ZeroDivisionError in Trainer.__init__.
+SETTING_RULES = (
+    ("training", "seq_len", lambda n: n >= 1, ">= 1 (tokens per sample)"),
+    ("training", "local_batch_size", lambda n: n >= 1, ">= 1 (samples per data-parallel rank and micro step)"),
+    ("training", "global_batch_size", lambda n: n != 0,
+     ">= 1, or -1 for local_batch_size x the data-parallel degree (the default)"),
+    ("training", "steps", lambda n: n >= 0, ">= 0 (optimizer steps to train)"),
+    ("parallelism", "data_parallel_replicate_degree", lambda n: n >= 1, ">= 1"),
+    ("parallelism", "data_parallel_shard_degree", lambda n: n == -1 or n >= 1,
+     ">= 1, or -1 for the ranks the other degrees leave (the default)"),
+    ("parallelism", "context_parallel_degree", lambda n: n >= 1, ">= 1"),
+    ("parallelism", "tensor_parallel_degree", lambda n: n >= 1, ">= 1"),
+    ("parallelism", "pipeline_parallel_degree", lambda n: n >= 1, ">= 1"),
+    ("parallelism", "expert_parallel_degree", lambda n: n >= 1, ">= 1"),
+)
+
+
+def setting_problem(config) -> str | None:
+    """The first size or count in ``config`` (torchtitan's, command line merged) outside :data:`SETTING_RULES`."""
+    for section, name, valid, what in SETTING_RULES:
+        value = getattr(getattr(config, section, None), name, None)
+        if isinstance(value, int) and not valid(value):
+            return f"--{section}.{name} {value} is not valid: it must be {what}"
+    return None
 
 
 def selection(args: list[str]) -> tuple[str | None, str | None]:

@@ -126,7 +126,8 @@ def apply(ctx: PatchContext) -> None:
         parallelism = config.parallelism
         cp, tp = parallelism.context_parallel_degree, parallelism.tensor_parallel_degree
         heads = query_heads(config)
-        if cp > 1 and requested == "ulysses" and heads is not None and (heads // tp) % cp:
+        # tp < 1 is model_guard's to refuse by name, after the command line is merged.
+        if cp > 1 and tp >= 1 and requested == "ulysses" and heads is not None and (heads // tp) % cp:
             raise ConfigError(
                 f"npu_inject (patch context_parallel, option scheme='ulysses'): the model's {heads} "
                 f"query heads over tensor_parallel_degree={tp} leave {heads // tp} per rank, not divisible "

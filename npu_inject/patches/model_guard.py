@@ -13,8 +13,11 @@ both targets:
   the gated_delta_net patch's stand-in (fla itself is Triton/CUDA kernels);
 * while the config function runs: a quantization converter (float8, MXFP8,
   NVFP4) that refuses the device becomes a line naming the recipe and its needs;
-* after the command line is merged: an optimizer torchtitan runs on CUDA only
-  (kimi_k2_7's DistMuon) stops; so does an ``--override.imports`` module whose kernel
+* after the command line is merged: a size or count the job cannot take stops before the
+  data loader or a patch divides by it or indexes with it (``--training.seq_len 0``,
+  ``--training.local_batch_size 0``, negative ``--training.steps``, a parallelism degree
+  below 1); so does an optimizer torchtitan runs on CUDA only
+  (kimi_k2_7's DistMuon); so does an ``--override.imports`` module whose kernel
   package is not importable (torchtitan's ``overrides.helion_rope`` without helion, a CUDA
   kernel DSL; ``overrides.fused_swiglu``/``fused_mla``, which define Triton kernels at import,
   without triton), where torchtitan would fail when the trainer applies the overrides; and
@@ -38,6 +41,7 @@ from npu_inject.model_checks import (
     override_problem,
     quantization_problem,
     selection,
+    setting_problem,
 )
 from npu_inject.patching import PatchContext
 
@@ -60,7 +64,7 @@ def apply(ctx: PatchContext) -> None:
                     raise
             else:
                 # After the command line is merged: a --dataloader.* override may point elsewhere.
-                problem = (optimizer_problem(config, config_name, ctx.device_kind)
+                problem = (setting_problem(config) or optimizer_problem(config, config_name, ctx.device_kind)
                            or override_problem(config, ctx.device_kind) or data_problem(config, config_name))
                 if problem is None:
                     return config

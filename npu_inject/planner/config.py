@@ -69,7 +69,7 @@ def guard(argv: list[str], world_size: int):
     if problem:
         raise PlanError(problem)
     config = _parse(argv)
-    problem = (model_checks.optimizer_problem(config, config_name, "npu")
+    problem = (model_checks.setting_problem(config) or model_checks.optimizer_problem(config, config_name, "npu")
                or model_checks.override_problem(config, "npu") or layout_problem(config.parallelism, world_size))
     if problem:
         raise PlanError(problem)

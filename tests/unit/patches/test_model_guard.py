@@ -8,7 +8,7 @@ import types
 import pytest
 
 from npu_inject import model_checks
-from testkit import clean_env, run_python
+from testkit import REPO, clean_env, run_python
 
 
 @pytest.mark.parametrize("args,expected", [
@@ -138,3 +138,47 @@ def test_cuda_only_optimizer_is_named_with_the_target():
     adamw = types.SimpleNamespace(optimizer=types.SimpleNamespace(param_groups=[group("AdamW")]))
     assert model_checks.optimizer_problem(adamw, "llama3_debugmodel", "npu") is None
     assert model_checks.optimizer_problem(types.SimpleNamespace(), "c", "npu") is None
+
+
+def _config(**sections):
+    defaults = {"training": {"seq_len": 2048, "local_batch_size": 8, "global_batch_size": -1, "steps": 10},
+                "parallelism": {"data_parallel_replicate_degree": 1, "data_parallel_shard_degree": -1,
+                                "context_parallel_degree": 1, "tensor_parallel_degree": 1,
+                                "pipeline_parallel_degree": 1, "expert_parallel_degree": 1}}
+    for section, values in sections.items():
+        defaults[section].update(values)
+    return types.SimpleNamespace(**{name: types.SimpleNamespace(**values) for name, values in defaults.items()})
+
+
+@pytest.mark.parametrize("section,name,value,valid", [
+    ("training", "seq_len", 0, ">= 1 (tokens per sample)"),
+    ("training", "local_batch_size", 0, ">= 1 (samples per data-parallel rank and micro step)"),
+    ("training", "global_batch_size", 0, ">= 1, or -1 for local_batch_size x the data-parallel degree (the default)"),
+    ("training", "steps", -1, ">= 0 (optimizer steps to train)"),
+    ("parallelism", "tensor_parallel_degree", 0, ">= 1"),
+    ("parallelism", "data_parallel_shard_degree", -2,
+     ">= 1, or -1 for the ranks the other degrees leave (the default)"),
+])
+def test_a_size_the_job_cannot_take_is_named_with_what_is_valid(section, name, value, valid):
+    problem = model_checks.setting_problem(_config(**{section: {name: value}}))
+    assert problem == f"--{section}.{name} {value} is not valid: it must be {valid}"
+
+
+def test_sizes_the_job_can_take_pass():
+    assert model_checks.setting_problem(_config()) is None
+    assert model_checks.setting_problem(_config(training={"seq_len": 1, "local_batch_size": 1, "global_batch_size": 4,
+                                                          "steps": 0})) is None
+    assert model_checks.setting_problem(types.SimpleNamespace()) is None  # a config without the sections
+
+
+def test_seq_len_0_stops_at_parse_time_in_one_line():
+    """As torchtitan.train parses (the patched ConfigManager, TORCHTITAN_NPU=cpu): the stop comes before any
+    data loader or patch code sees an empty sample (it was an IndexError in the first batch)."""
+    code = PARSE_WITH_GUARD.replace('"--dataloader.dataset_path", path]', '"--training.seq_len", path]')
+    code = code.replace("sys.argv[1:]", repr(["0", "16"]))
+    result = run_python(code, env=clean_env(TORCHTITAN_NPU="cpu", HF_HUB_OFFLINE="1"), cwd=REPO)
+    lines = [line for line in result.stdout.splitlines() if line.startswith(("PASS", "STOP"))]
+    assert result.returncode == 0 and len(lines) == 2, result.stdout[-3000:] + result.stderr[-3000:]
+    assert lines[0] == ("STOP npu_inject model_guard: --training.seq_len 0 is not valid: it must be >= 1 "
+                        "(tokens per sample)")
+    assert lines[1].startswith("PASS c4_test"), lines[1]
