@@ -13,15 +13,15 @@ These are their kernels for the run's device. Each call moves the gather (scatte
 front and flattens to rows, which is what the MC2 kernels gather and scatter, then runs
 ``npu_all_gather_base_mm`` (the first B; further Bs are plain matmuls on the gathered rows, one
 collective in all) or ``npu_mm_reduce_scatter_base``. A call outside what MC2 accepts (see
-:func:`mc2_refusal`: float32, k outside [256, 65535), 2/4/8 ranks, the K axis gathered, ...) runs the
-plain collective and a matmul instead; ``on_fallback`` hears each reason (the patch logs it once
-and lists it in the report). Either way the result is the op's, so torch.compile, which sees one
+:func:`mc2_refusal`, the one list: the K axis gathered or scattered, float32, k outside [256, 65535),
+2/4/8 ranks, ...) runs the plain collective and a matmul instead; ``on_fallback`` hears each reason
+(the patch logs it once and lists it in the report). Either way the result is the op's, so torch.compile, which sees one
 opaque op per call, and autograd (torchtitan's own Functions) are unaffected.
 """
 
 from __future__ import annotations
 
-import functools
+import weakref
 from typing import Callable
 
 import torch
@@ -35,29 +35,45 @@ from npu_inject.ops.reference.mc2 import MC2_DTYPES, MC2_K_RANGE, MC2_WORLD_SIZE
 on_fallback: Callable[[str], None] = lambda reason: None  # noqa: E731 - replaced by the patch
 
 
-@functools.lru_cache(maxsize=None)
-def hcom_name(group_name: str) -> str:
+# Each group's hcom, asked once per group. Keyed by the group object, weakly: a destroyed group's entry
+# goes with it, and a group created again under the same c10d name is another object, asked anew.
+_hcom_of_group: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def hcom_name(group: dist.ProcessGroup) -> str:
     """The MC2 kernels' ``hcom``: HCCL's communicator name of the group on an NPU (asked with the global
     rank, as torch_npu's docs say), the c10d group name on the CPU rehearsal."""
-    group = c10d._resolve_process_group(group_name)
-    try:
-        backend = group._get_backend(torch.device("npu"))
-    except RuntimeError:  # no npu backend: the rehearsal's gloo group
-        return group_name
-    return backend.get_hccl_comm_name(dist.get_rank())
+    name = _hcom_of_group.get(group)
+    if name is None:
+        try:
+            backend = group._get_backend(torch.device("npu"))
+        except RuntimeError:  # no npu backend: the rehearsal's gloo group
+            name = group.group_name
+        else:
+            name = backend.get_hccl_comm_name(dist.get_rank())
+        _hcom_of_group[group] = name
+    return name
 
 
-def mc2_refusal(a_MK: torch.Tensor, b_KN: torch.Tensor, world_size: int, *, scatter: bool) -> str | None:
-    """Why the MC2 kernel cannot take ``a_MK @ b_KN`` over ``world_size`` ranks (None: it can)."""
-    if a_MK.dtype not in MC2_DTYPES or b_KN.dtype != a_MK.dtype:
-        return f"dtype {a_MK.dtype}/{b_KN.dtype} (MC2 takes float16 or bfloat16)"
+def mc2_refusal(A: torch.Tensor, B: torch.Tensor, world_size: int, *, axis: int, scatter: bool,
+                reduce_op: str = "sum") -> str | None:
+    """Why the MC2 kernel cannot run one call (None: it can): ``A`` all-gathered along ``axis`` and
+    multiplied by ``B`` (``scatter`` False), or ``A @ B`` reduce-scattered along ``axis`` (True), over
+    ``world_size`` ranks. Every constraint once, in one list."""
+    axis %= A.dim()
+    if A.dim() < 2 or axis == A.dim() - 1:
+        return "scatters the K axis (MC2 scatters rows)" if scatter else "gathers the K axis (MC2 gathers rows)"
+    if scatter and reduce_op != "sum":
+        return f"reduce_op {reduce_op!r} (MC2 sums)"
+    if A.dtype not in MC2_DTYPES or B.dtype != A.dtype:
+        return f"dtype {A.dtype}/{B.dtype} (MC2 takes float16 or bfloat16)"
     if world_size not in MC2_WORLD_SIZES:
         return f"{world_size} ranks (MC2 takes {', '.join(map(str, MC2_WORLD_SIZES))})"
     low, high = MC2_K_RANGE
-    if not low <= a_MK.shape[1] < high:
-        return f"k={a_MK.shape[1]} (MC2 takes k in [{low}, {high}))"
-    if scatter and a_MK.shape[0] % world_size:
-        return f"m={a_MK.shape[0]} not divisible by {world_size} ranks"
+    if not low <= A.shape[-1] < high:
+        return f"k={A.shape[-1]} (MC2 takes k in [{low}, {high}))"
+    if scatter and A.shape[axis] % world_size:
+        return f"m={A.shape[axis]} (the scatter axis) not divisible by {world_size} ranks"
     return None
 
 
@@ -71,21 +87,15 @@ def fused_all_gather_matmul(A_shard: torch.Tensor, Bs: list[torch.Tensor], gathe
     group = c10d._resolve_process_group(group_name)
     world_size = group.size()
     gather_dim %= A_shard.dim()
-    if gather_dim == A_shard.dim() - 1 or A_shard.dim() < 2:
-        on_fallback("fused_all_gather_matmul gathers the K axis (MC2 gathers rows): all-gather + matmul")
-        return _all_gather_then_matmul(A_shard, Bs, gather_dim, group)
-    front_shape = A_shard.movedim(gather_dim, 0).shape  # (m_local, ..., k)
-    a_MK = _rows(A_shard, gather_dim)
-    refusal = mc2_refusal(a_MK, Bs[0], world_size, scatter=False)
-    if refusal is None:
-        first, gathered_MK = kernels().npu_all_gather_base_mm(a_MK, Bs[0], hcom_name(group_name), world_size,
-                                                              gather_output=True)
-        outputs = [first, *(gathered_MK @ b for b in Bs[1:])]
-    else:
+    refusal = mc2_refusal(A_shard, Bs[0], world_size, axis=gather_dim, scatter=False)
+    if refusal is not None:
         on_fallback(f"fused_all_gather_matmul: {refusal}: all-gather + matmul")
-        gathered_MK = a_MK.new_empty((world_size * a_MK.shape[0], a_MK.shape[1]))
-        dist.all_gather_into_tensor(gathered_MK, a_MK.contiguous(), group=group)
-        outputs = [gathered_MK @ b for b in Bs]
+        A, outputs = _all_gather_then_matmul(A_shard, Bs, gather_dim, group)
+        return (A if return_A else None), outputs
+    front_shape = A_shard.movedim(gather_dim, 0).shape  # (m_local, ..., k)
+    first, gathered_MK = kernels().npu_all_gather_base_mm(_rows(A_shard, gather_dim), Bs[0], hcom_name(group),
+                                                          world_size, gather_output=True)
+    outputs = [first, *(gathered_MK @ b for b in Bs[1:])]
 
     def unflatten(rows: torch.Tensor) -> torch.Tensor:
         return rows.reshape(world_size * front_shape[0], *front_shape[1:-1], rows.shape[-1]).movedim(0, gather_dim)
@@ -108,19 +118,11 @@ def fused_matmul_reduce_scatter(A: torch.Tensor, B: torch.Tensor, reduce_op: str
     group = c10d._resolve_process_group(group_name)
     world_size = group.size()
     scatter_dim %= A.dim()
-    front_shape = A.movedim(scatter_dim, 0).shape  # (m, ..., k)
-    refusal = None
-    if scatter_dim == A.dim() - 1 or A.dim() < 2:
-        refusal = "scatters the K axis (MC2 scatters rows)"
-    elif reduce_op != "sum":
-        refusal = f"reduce_op {reduce_op!r} (MC2 sums)"
-    elif front_shape[0] % world_size:
-        refusal = f"scatter axis of {front_shape[0]} not divisible by {world_size} ranks"
-    a_MK = _rows(A, scatter_dim) if refusal is None else None
+    refusal = mc2_refusal(A, B, world_size, axis=scatter_dim, scatter=True, reduce_op=reduce_op)
     if refusal is None:
-        refusal = mc2_refusal(a_MK, B, world_size, scatter=True)
-    if refusal is None:
-        out_MN = kernels().npu_mm_reduce_scatter_base(a_MK, B, hcom_name(group_name), world_size, reduce_op="sum")
+        front_shape = A.movedim(scatter_dim, 0).shape  # (m, ..., k)
+        out_MN = kernels().npu_mm_reduce_scatter_base(_rows(A, scatter_dim), B, hcom_name(group), world_size,
+                                                      reduce_op="sum")
         return out_MN.reshape(front_shape[0] // world_size, *front_shape[1:-1], B.shape[-1]).movedim(0, scatter_dim)
     on_fallback(f"fused_matmul_reduce_scatter: {refusal}: matmul + reduce-scatter")
     product = (A @ B).movedim(scatter_dim, 0).contiguous()

@@ -60,7 +60,6 @@ def apply(ctx: PatchContext) -> None:
     previous_listener = tp_mc2.on_fallback
     tp_mc2.on_fallback = ctx.fallback
     ctx.add_cleanup(lambda: setattr(tp_mc2, "on_fallback", previous_listener))
-    ctx.add_cleanup(tp_mc2.hcom_name.cache_clear)
 
     def maybe_enable_async_tp(original, compile_config, tp_mesh):
         result = original(compile_config, tp_mesh)

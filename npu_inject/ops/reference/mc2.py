@@ -26,6 +26,8 @@ fused kernel's reduce-scatter adds bf16 partial sums, as HCCL does).
 
 from __future__ import annotations
 
+import weakref
+
 import torch
 import torch.distributed as dist
 import torch.distributed.distributed_c10d as c10d
@@ -35,8 +37,24 @@ MC2_WORLD_SIZES = (2, 4, 8)
 MC2_K_RANGE = (256, 65535)  # [low, high)
 
 
+# hcom -> its process group, held weakly (the cache keeps no destroyed group alive). An entry holds while
+# its group is still registered with c10d: destroying a group unregisters it, and a group created again
+# under the same name or communicator is another object, found by a new scan.
+_group_of_hcom: dict[str, weakref.ref] = {}
+
+
 def group_for_hcom(hcom: str) -> dist.ProcessGroup:
-    """The process group whose HCCL communicator is named ``hcom`` (or the c10d group named so)."""
+    """The process group whose HCCL communicator is named ``hcom`` (or the c10d group named so); the
+    groups are scanned once per hcom."""
+    cached = _group_of_hcom.get(hcom)
+    group = cached() if cached is not None else None
+    if group is None or group not in c10d._world.pg_names:
+        group = _scan_for_hcom(hcom)
+        _group_of_hcom[hcom] = weakref.ref(group)
+    return group
+
+
+def _scan_for_hcom(hcom: str) -> dist.ProcessGroup:
     for group, name in c10d._world.pg_names.items():
         if name == hcom:
             return group

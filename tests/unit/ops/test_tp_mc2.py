@@ -74,6 +74,57 @@ def test_fused_ops_match_the_collective_and_the_matmul_done_separately():
     ], reasons
 
 
+def _hcom_worker(rank: int) -> list[str]:
+    import socket
+
+    import torch.distributed.distributed_c10d as c10d
+
+    from npu_inject.ops.reference import mc2
+
+    scans = []
+    scan = mc2._scan_for_hcom
+    mc2._scan_for_hcom = lambda hcom: scans.append(hcom) or scan(hcom)
+    failures = []
+    world = dist.group.WORLD
+    name = world.group_name
+    if not (mc2.group_for_hcom(name) is world and mc2.group_for_hcom(name) is world and scans == [name]):
+        failures.append(f"a live group is found by one scan: scans {scans}")
+    # Destroyed and created again: c10d hands out the same name to another group object.
+    dist.destroy_process_group()
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=1)
+    again = dist.group.WORLD
+    if again is world or again.group_name != name:
+        failures.append(f"setup: expected a new group named {name!r}, got {again.group_name!r}")
+    if mc2.group_for_hcom(name) is not again or scans != [name, name]:
+        failures.append(f"after the group was recreated the cache answered {mc2.group_for_hcom(name)} "
+                        f"(scans {scans}), not the new group")
+    if world in c10d._world.pg_names:
+        failures.append("setup: the destroyed group is still registered")
+    return failures
+
+
+def test_the_hcom_lookup_scans_once_per_group_and_follows_a_recreated_group():
+    failures = run_on_gloo_ranks(_hcom_worker, 1)[0]
+    assert not failures, failures
+
+
+def test_one_refusal_names_each_constraint_once():
+    from npu_inject.ops.tp_mc2 import mc2_refusal
+
+    a = torch.empty(6, 4, 256, dtype=torch.bfloat16, device="meta")
+    b = torch.empty(256, 16, dtype=torch.bfloat16, device="meta")
+    assert mc2_refusal(a, b, 4, axis=0, scatter=True) == "m=6 (the scatter axis) not divisible by 4 ranks"
+    assert mc2_refusal(a, b, 2, axis=0, scatter=True) is None  # 3 rows per rank
+    assert mc2_refusal(a, b, 4, axis=1, scatter=True) is None  # the scatter axis of 4 rows divides
+    assert mc2_refusal(a, b, 2, axis=-1, scatter=True) == "scatters the K axis (MC2 scatters rows)"
+    assert mc2_refusal(a, b, 2, axis=2, scatter=False) == "gathers the K axis (MC2 gathers rows)"
+    assert mc2_refusal(a, b, 2, axis=0, scatter=True, reduce_op="avg") == "reduce_op 'avg' (MC2 sums)"
+    assert mc2_refusal(a, b, 4, axis=0, scatter=False) is None  # gathering needs no divisible rows
+
+
 @pytest.mark.parametrize("shape,dtype,world,scatter,expected", [
     ((8, 256), torch.bfloat16, 2, False, None),
     ((8, 256), torch.float16, 8, True, None),
@@ -88,5 +139,5 @@ def test_mc2_refusal_follows_the_documented_constraints(shape, dtype, world, sca
 
     a = torch.empty(shape, dtype=dtype, device="meta")
     b = torch.empty(shape[1], 16, dtype=dtype, device="meta")
-    refusal = mc2_refusal(a, b, world, scatter=scatter)
+    refusal = mc2_refusal(a, b, world, axis=0, scatter=scatter)
     assert refusal is None if expected is None else expected in refusal
