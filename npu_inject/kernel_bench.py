@@ -225,8 +225,9 @@ def attention_kernels(device: Device) -> dict[str, Callable]:
         mask = torch.ones(2048, 2048, dtype=torch.bool, device=device.torch_device).triu(1)
 
         def npu_fusion_attention(q, k, v, causal):
-            extra = {"atten_mask": mask, "sparse_mode": 2} if causal else {}
-            return torch_npu.npu_fusion_attention(q, k, v, q.shape[2], "BSND", scale=q.shape[-1] ** -0.5, **extra)[0]
+            # sparse_mode 2: left-up causal over the compressed 2048 x 2048 mask (as the attention patch calls it)
+            return torch_npu.npu_fusion_attention(q, k, v, q.shape[2], "BSND", atten_mask=mask if causal else None,
+                                                  scale=q.shape[-1] ** -0.5, sparse_mode=2 if causal else 0)[0]
 
         return {"npu_fusion_attention": npu_fusion_attention}
     if device.kind == "cuda":
@@ -251,8 +252,8 @@ def attention_kernels(device: Device) -> dict[str, Callable]:
     mask = torch.ones(2048, 2048, dtype=torch.bool).triu(1)
 
     def rehearsal(q, k, v, causal):
-        extra = {"atten_mask": mask, "sparse_mode": 2} if causal else {}
-        return reference.npu_fusion_attention(q, k, v, q.shape[2], "BSND", scale=q.shape[-1] ** -0.5, **extra)[0]
+        return reference.npu_fusion_attention(q, k, v, q.shape[2], "BSND", atten_mask=mask if causal else None,
+                                              scale=q.shape[-1] ** -0.5, sparse_mode=2 if causal else 0)[0]
 
     return {"reference_fusion_attention": rehearsal}
 

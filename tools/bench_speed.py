@@ -3,10 +3,11 @@
     python tools/bench_speed.py rehearsal [--hardware-file F] [--steps 10]
     python tools/bench_speed.py layer LAYER_JSON [--hardware H100] [--hardware-file F]
 
-``rehearsal``: the CPU rehearsal's llama3 debug job (the quickstart's: 2 ranks, seq 256, local batch 2) run
-for ``--steps`` steps, its step time read from torchtitan's tps (the median of the steps after the
+``rehearsal``: the CPU rehearsal's llama3 debug job (the quickstart's: seq 256, local batch 2) on 1 and on 2
+ranks, run for ``--steps`` steps, its step time read from torchtitan's tps (the median of the steps after the
 third); and ``npu-inject plan --hardware cpu`` of the same job with the rates ``npu-inject calibrate``
 measured on this host (``--hardware-file``; calibrated here first when not given). Prints both and the error.
+The cpu family's overhead is fitted on the first row (1 rank; printed); the 2-rank row is the prediction.
 
 ``layer``: llama3_8b's decoder layer (local batch 2 x seq 8192, no activation checkpointing, FSDP 8) as the
 planner plans it (``time_by_module["layers.1"]`` and its classes), beside ``tools/bench_layer.py --profile
@@ -68,19 +69,26 @@ def cmd_rehearsal(args) -> int:
     hardware_file = args.hardware_file
     if hardware_file is None:
         hardware_file = os.path.join(tempfile.mkdtemp(prefix="npu_inject_bench_"), "calibrated-cpu.json")
-        subprocess.run([os.path.join(BIN, "npu-inject"), "calibrate", "--device", "cpu", "--ranks", str(args.ranks),
+        subprocess.run([os.path.join(BIN, "npu-inject"), "calibrate", "--device", "cpu", "--ranks", str(max(args.ranks)),
                         "-o", hardware_file], check=True)
-    measured = rehearsal_step_s(args.steps, args.ranks)
-    steady = statistics.median(measured[3:]) if len(measured) > 4 else statistics.median(measured)
-    planned = plan("cpu", hardware_file, args.ranks, REHEARSAL)
-    print(f"CPU rehearsal, llama3_debugmodel, {args.ranks} ranks, seq 256, local batch 2")
-    print(f"  measured step: {steady:.3f} s (median of steps 4-{len(measured)}: "
-          f"{', '.join(f'{s:.3f}' for s in measured[3:])})")
-    print(f"  planned step:  {planned['step_s']:.3f} s ({_error(planned['step_s'], steady)}) from {hardware_file}")
-    breakdown = planned["breakdown"]
-    print(f"    compute {breakdown['compute_s']:.3f}, exposed communication {breakdown['exposed_comm_s']:.3f}, "
-          f"host {breakdown['host_s']:.3f}; by class "
-          + ", ".join(f"{name} {sum(phases.values()):.3f}" for name, phases in planned["time_by_class"].items()))
+    print(f"CPU rehearsal, llama3_debugmodel, seq 256, local batch 2; planned from {hardware_file}")
+    for ranks in args.ranks:
+        measured = rehearsal_step_s(args.steps, ranks)
+        steady = statistics.median(measured[3:]) if len(measured) > 4 else statistics.median(measured)
+        planned = plan("cpu", hardware_file, ranks, REHEARSAL)
+        breakdown = planned["breakdown"]
+        print(f"  {ranks} rank{'s' if ranks > 1 else ''}: measured step {steady:.3f} s (median of steps 4-{len(measured)}: "
+              f"{', '.join(f'{s:.3f}' for s in measured[3:])}); planned {planned['step_s']:.3f} s "
+              f"({_error(planned['step_s'], steady)})")
+        if ranks == args.ranks[0]:
+            # The cpu family's overhead that makes this row's plan its measurement: on the CPU the operators run on
+            # the issuing core, so the step grows by the stretched compute (exact for the one-rank row).
+            base = planned["step_s"] - breakdown.get("overhead_s", 0.0)
+            print(f"    the cpu family's overhead fitted on this row: {(steady - base) / breakdown['compute_s']:.3f} "
+                  "(npu_inject/hardware.json efficiency cpu.overhead)")
+        print(f"    planned: compute {breakdown['compute_s']:.3f}, overhead {breakdown.get('overhead_s', 0.0):.3f}, "
+              f"exposed communication {breakdown['exposed_comm_s']:.3f}, host {breakdown['host_s']:.3f}; by class "
+              + ", ".join(f"{name} {sum(phases.values()):.3f}" for name, phases in planned["time_by_class"].items()))
     return 0
 
 
@@ -108,7 +116,8 @@ def main(argv: list[str] | None = None) -> int:
     rehearsal = commands.add_parser("rehearsal")
     rehearsal.add_argument("--hardware-file", default=None, help="a file npu-inject calibrate wrote on this host")
     rehearsal.add_argument("--steps", type=int, default=10)
-    rehearsal.add_argument("--ranks", type=int, default=2)
+    rehearsal.add_argument("--ranks", type=lambda text: [int(value) for value in text.split(",")], default=[1, 2],
+                           help="comma list of rank counts to run and plan (default 1,2)")
     rehearsal.set_defaults(run=cmd_rehearsal)
     layer = commands.add_parser("layer")
     layer.add_argument("layer_json", help="what tools/bench_layer.py --profile --json wrote")
