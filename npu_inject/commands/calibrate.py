@@ -15,10 +15,13 @@ and exit 2, no file. Collectives are not measured by this command yet: the profi
 
 from __future__ import annotations
 
+import argparse
 import datetime
 import json
 import sys
 import time
+from dataclasses import dataclass
+from typing import Any, Callable
 
 EXIT_OK, EXIT_ERROR, EXIT_PARTIAL = 0, 2, 3
 # Device names -> the packaged profile that describes the part (peaks, memory, links) the rates refine.
@@ -60,82 +63,113 @@ def _progress_printer(started: float):
     return progress
 
 
+class Refused(Exception):
+    """Bad input or no device: one line, exit 2, no file."""
+
+
+@dataclass
+class Calibration:
+    """What one run measures and writes: the device, the packaged profile it refines, the dtypes, the source
+    every point carries, and how its progress is shown."""
+
+    args: argparse.Namespace
+    device: Any  # kernel_bench.Device
+    base: Any  # hardware.Profile
+    dtypes: list[str]
+    name: str
+    source: str
+    progress: Callable[[str], None]
+    started: float
+
+
+# Shares of the budget, by what the planner's time depends on most.
+SHARES = {"collectives": 0.1, "memory": 0.1, "fused": 0.08, "matmul": 0.44, "grouped_matmul": 0.08, "attention": 0.28}
+
+
 def run(args) -> int:
-    if args.budget <= 0:
-        print(f"npu-inject calibrate: --budget must be above 0 seconds, got {args.budget:g}", file=sys.stderr)
-        return EXIT_ERROR
-    from npu_inject import hardware as hardware_mod
-    from npu_inject.errors import ConfigError
-
     try:
-        catalog = hardware_mod.load()
-    except ConfigError as exc:
+        calibration = _prepare(args)
+    except Refused as exc:
         print(f"npu-inject calibrate: {exc}", file=sys.stderr)
         return EXIT_ERROR
-    import torch
-
-    from npu_inject import kernel_bench
-
-    started = time.perf_counter()
-    progress = _progress_printer(started)
-    try:
-        device = kernel_bench.open_device(None if args.device == "auto" else args.device)
-    except kernel_bench.DeviceUnavailable as exc:
-        print(f"npu-inject calibrate: {exc}", file=sys.stderr)
-        return EXIT_ERROR
-    device.quick = args.quick
-    if device.kind == "cpu":
-        if args.threads < 1:
-            print(f"npu-inject calibrate: --threads must be 1 or more, got {args.threads}", file=sys.stderr)
-            return EXIT_ERROR
-        torch.set_num_threads(args.threads)
-        device.threads = args.threads
-    try:
-        base = _base_profile(catalog, device, args.base)
-    except ConfigError as exc:
-        print(f"npu-inject calibrate: {exc}", file=sys.stderr)
-        return EXIT_ERROR
-    dtypes = _dtypes(args.dtypes, device)
-    if isinstance(dtypes, str):
-        print(f"npu-inject calibrate: {dtypes}", file=sys.stderr)
-        return EXIT_ERROR
-    name = args.name or ("cpu" if device.kind == "cpu" else base.name)
-    today = datetime.date.today().isoformat()
-    where = device.name + (f", {device.threads} thread{'s' if device.threads != 1 else ''}" if device.kind == "cpu" else "")
-    source = f"measured {today} on {where} with {device.versions} (npu-inject calibrate)"
-    progress(f"calibrating {device.kind}:0 ({device.name}; {device.count} visible), {device.versions}; "
-             f"budget {args.budget:g} s; profile {name} (base: {base.name})")
-
-    # Shares of the budget, by what the planner's time depends on most.
-    shares = {"launch": 0.02, "memory": 0.1, "fused": 0.08, "matmul": 0.44, "grouped_matmul": 0.08, "attention": 0.28}
+    device, progress = calibration.device, calibration.progress
     ranks = args.ranks if device.kind == "cpu" else device.count
     collective_points = None
     if ranks > 1:
+        from npu_inject import kernel_bench
+
         try:
-            collective_points = kernel_bench.collectives(device, ranks, progress, budget_s=args.budget * 0.1)
+            collective_points = kernel_bench.collectives(device, ranks, progress,
+                                                         budget_s=args.budget * SHARES["collectives"])
         except (RuntimeError, OSError, ValueError) as exc:  # spawn's ProcessRaisedException is a RuntimeError
             progress(f"collectives: not measured: {type(exc).__name__}: {str(exc).strip().splitlines()[-1][:200]}")
     else:
         progress("collectives: not measured: one device visible (the profile's link figures stay)")
     load = []
     if device.kind == "cpu" and args.ranks > 1:
+        from npu_inject import kernel_bench
+
         load = kernel_bench.load_cpu(args.ranks - 1, args.budget * 2)
-        source += f", beside {args.ranks - 1} process{'es' if args.ranks > 2 else ''} loading the CPU as the " \
-                  f"rehearsal's other rank{'s' if args.ranks > 2 else ''} do"
-        progress(f"measuring beside {args.ranks - 1} loading process(es), as a {args.ranks}-rank rehearsal shares the CPU")
+        others = args.ranks - 1
+        calibration.source += (f", beside {others} process{'es' if others > 1 else ''} loading the CPU as the "
+                               f"rehearsal's other rank{'s' if others > 1 else ''} do")
+        progress(f"measuring beside {others} loading process(es), as a {args.ranks}-rank rehearsal shares the CPU")
     try:
-        return _measure(args, device, base, dtypes, name, source, shares, progress, started, collective_points)
+        return _measure(calibration, collective_points)
     finally:
         for process in load:
             process.kill()
             process.wait()
 
 
-def _measure(args, device, base, dtypes, name, source, shares, progress, started, collective_points) -> int:
+def _prepare(args) -> Calibration:
+    """The run's device, base profile, dtypes and source; Refused with one line for anything wrong."""
+    if args.budget <= 0:
+        raise Refused(f"--budget must be above 0 seconds, got {args.budget:g}")
+    if args.threads < 1:
+        raise Refused(f"--threads must be 1 or more, got {args.threads}")
+    from npu_inject import hardware as hardware_mod
+    from npu_inject.errors import ConfigError
+
+    try:
+        catalog = hardware_mod.load()
+    except ConfigError as exc:
+        raise Refused(str(exc)) from None
     import torch
 
     from npu_inject import kernel_bench
 
+    started = time.perf_counter()
+    try:
+        device = kernel_bench.open_device(None if args.device == "auto" else args.device)
+    except kernel_bench.DeviceUnavailable as exc:
+        raise Refused(str(exc)) from None
+    device.quick = args.quick
+    if device.kind == "cpu":
+        torch.set_num_threads(args.threads)
+        device.threads = args.threads
+    try:
+        base = _base_profile(catalog, device, args.base)
+    except ConfigError as exc:
+        raise Refused(str(exc)) from None
+    dtypes = _dtypes(args.dtypes, device)
+    name = args.name or ("cpu" if device.kind == "cpu" else base.name)
+    threads = f", {device.threads} thread{'s' if device.threads != 1 else ''}" if device.kind == "cpu" else ""
+    source = f"measured {datetime.date.today().isoformat()} on {device.name}{threads} with {device.versions} " \
+             "(npu-inject calibrate)"
+    progress = _progress_printer(started)
+    progress(f"calibrating {device.kind}:0 ({device.name}; {device.count} visible), {device.versions}; "
+             f"budget {args.budget:g} s; profile {name} (base: {base.name})")
+    return Calibration(args, device, base, dtypes, name, source, progress, started)
+
+
+def _measure(calibration: Calibration, collective_points: list[dict] | None) -> int:
+    import torch
+
+    from npu_inject import kernel_bench
+
+    args, device, dtypes, source, progress = (calibration.args, calibration.device, calibration.dtypes,
+                                              calibration.source, calibration.progress)
     rates: dict = {"about": source, "partial": False}
     failures: list[str] = []
     if collective_points:
@@ -152,52 +186,56 @@ def _measure(args, device, base, dtypes, name, source, shares, progress, started
                 getattr(torch, device.kind).empty_cache()
             return None
 
+    def sourced(points: list[dict] | None) -> list[dict]:
+        return [{**point, "source": source} for point in points or []]
+
     launch = attempt("launch", lambda: kernel_bench.launch_and_host(device, progress))
     if launch is not None:
         rates["kernel_us"] = {"value": round(max(launch[0], 1e-3), 4), "source": source}
         rates["host_us"] = {"value": round(launch[1], 4), "source": source}
     memory_points = []
     for dtype in dict.fromkeys((dtypes[0], "fp32")):  # the training dtype's, and float32's (optimizer, statistics)
-        points = attempt(f"memory {dtype}", lambda: kernel_bench.memory(
-            device, dtype, progress, budget_s=args.budget * shares["memory"] / 2))
-        memory_points += points or []
+        memory_points += attempt(f"memory {dtype}", lambda: kernel_bench.memory(
+            device, dtype, progress, budget_s=args.budget * SHARES["memory"] / 2)) or []
     if memory_points:
-        rates["memory"] = [{**point, "source": source} for point in memory_points]
-    fused = attempt("fused", lambda: kernel_bench.fused(device, dtypes[0], progress, budget_s=args.budget * shares["fused"]))
+        rates["memory"] = sourced(memory_points)
+    fused = attempt("fused", lambda: kernel_bench.fused(device, dtypes[0], progress, budget_s=args.budget * SHARES["fused"]))
     if fused:
-        rates["fused"] = [{**point, "source": source} for point in fused]
+        rates["fused"] = sourced(fused)
     matmul_points = []
     for dtype in dtypes:
-        points = attempt(f"matmul {dtype}", lambda: kernel_bench.matmul(
-            device, dtype, progress, budget_s=args.budget * shares["matmul"] / len(dtypes)))
-        matmul_points += points or []
-    grouped = attempt("grouped matmul", lambda: kernel_bench.grouped_matmul(
-        device, dtypes[0], progress, budget_s=args.budget * shares["grouped_matmul"]))
-    rates["matmul"] = [{**point, "source": source} for point in matmul_points + (grouped or [])]
+        matmul_points += attempt(f"matmul {dtype}", lambda: kernel_bench.matmul(
+            device, dtype, progress, budget_s=args.budget * SHARES["matmul"] / len(dtypes))) or []
+    matmul_points += attempt("grouped matmul", lambda: kernel_bench.grouped_matmul(
+        device, dtypes[0], progress, budget_s=args.budget * SHARES["grouped_matmul"])) or []
+    rates["matmul"] = sourced(matmul_points)
     attention = attempt("attention", lambda: kernel_bench.attention(
-        device, dtypes[0], progress, budget_s=args.budget * shares["attention"]))
+        device, dtypes[0], progress, budget_s=args.budget * SHARES["attention"]))
     if attention:
-        rates["attention"] = [{**point, "source": source} for point in attention]
+        rates["attention"] = sourced(attention)
         rates["attention_kernel"] = _planned_attention_kernel(device, attention)
-    rates["missing"] = sorted(set(failures) | {key for key in ("kernel_us", "memory", "matmul", "attention")
-                                               if not rates.get(key)})
-    rates["partial"] = bool(rates["missing"]) or args.quick
+    missing = sorted(set(failures) | {key for key in ("kernel_us", "memory", "matmul", "attention") if not rates.get(key)})
+    rates["partial"] = bool(missing) or args.quick
+    if missing:
+        rates["missing"] = missing
     if args.quick:
         rates["about"] += "; --quick: a smoke grid, not rates to plan with"
-    if not rates["missing"]:
-        del rates["missing"]
-    profile = _profile_json(base, device, rates, source)
+    return _write(calibration, rates)
+
+
+def _write(calibration: Calibration, rates: dict) -> int:
+    base, name, source, progress = calibration.base, calibration.name, calibration.source, calibration.progress
     document = {
         "schema": 1,
         "about": f"npu-inject calibrate: {source}. The profile's peaks, memory and links come from {base.name}'s "
                  "packaged figures (their own sources); its rates are measured.",
-        "profiles": {name: profile},
+        "profiles": {name: _profile_json(base, calibration.device, rates, source)},
     }
-    output = args.output or f"calibrated-{name}.json"
+    output = calibration.args.output or f"calibrated-{name}.json"
     with open(output, "w", encoding="utf-8") as handle:
         json.dump(document, handle, indent=1)
         handle.write("\n")
-    elapsed = time.perf_counter() - started
+    elapsed = time.perf_counter() - calibration.started
     if rates["partial"]:
         why = f"{', '.join(rates['missing'])} not measured" if rates.get("missing") else "--quick"
         progress(f"wrote {output} (PARTIAL: {why}) in {elapsed:.0f} s")
@@ -206,7 +244,7 @@ def _measure(args, device, base, dtypes, name, source, shares, progress, started
     return EXIT_OK
 
 
-def _dtypes(text: str | None, device) -> list[str] | str:
+def _dtypes(text: str | None, device) -> list[str]:
     from npu_inject import kernel_bench
 
     if text is None:
@@ -220,7 +258,7 @@ def _dtypes(text: str | None, device) -> list[str] | str:
     names = [name.strip() for name in text.split(",") if name.strip()]
     unknown = [name for name in names if name not in kernel_bench.DTYPES]
     if unknown or not names:
-        return f"--dtypes {text!r}: expected a comma list of {', '.join(kernel_bench.DTYPES)}"
+        raise Refused(f"--dtypes {text!r}: expected a comma list of {', '.join(kernel_bench.DTYPES)}")
     return names
 
 
@@ -291,8 +329,6 @@ def _profile_json(base, device, rates: dict, source: str) -> dict:
 
 
 if __name__ == "__main__":  # python -m npu_inject.commands.calibrate (no console script needed)
-    import argparse
-
     top = argparse.ArgumentParser(prog="npu-inject")
     add_parser(top.add_subparsers(dest="command", required=True))
     parsed = top.parse_args(["calibrate", *sys.argv[1:]])
