@@ -60,6 +60,7 @@ class PatchSpec:
 
     id: str
     source: str  # the file or entry point the entry came from (+ the files that changed it)
+    defined_in: str  # the file or entry point that defined the entry (its triggers, module, requires)
     triggers: tuple[str, ...] = _key(list, "list of module names whose import applies the patch")
     module: str = _key(str, f"dotted path of the patch module (default: {PATCH_PACKAGE}.<id>)", default="")
     supports: Mapping[str, str] = _key(
@@ -133,6 +134,17 @@ def unknown_id_message(name: str, known: Mapping[str, Any] | list[str], what: st
     return f"unknown {what} {name!r}{hint} (known: {', '.join(sorted(known))})"
 
 
+def did_you_mean(unknown: list[str], allowed: Any) -> str:
+    """'; did you mean ...?' naming the closest allowed name for each unknown one that has one ('' if none)."""
+    pairs = [(name, close[0]) for name in unknown
+             if (close := difflib.get_close_matches(name, list(allowed), n=1, cutoff=0.6))]
+    if not pairs:
+        return ""
+    if len(unknown) == 1:
+        return f"; did you mean {pairs[0][1]!r}?"
+    return "; did you mean " + ", ".join(f"{match!r} for {name!r}" for name, match in pairs) + "?"
+
+
 def read_json(path: str) -> Any:
     """Parse a JSON file; syntax errors name the file, line and column."""
     try:
@@ -140,6 +152,8 @@ def read_json(path: str) -> Any:
             text = handle.read()
     except OSError as exc:
         raise ConfigError(f"{path}: cannot read registry file: {exc.strerror}") from None
+    if not text.strip():
+        raise ConfigError(f"{path}: empty registry file; a registry is a JSON object with a 'patches' key")
     try:
         return json.loads(text)
     except json.JSONDecodeError as exc:
@@ -165,15 +179,17 @@ def _parse_key(where: str, key: str, value: Any, ranges: Mapping[str, Mapping[st
     if key == "runs_on":
         for item in value:
             if item not in TARGET_KINDS:
-                raise ConfigError(f"{where}: 'runs_on' item {item!r} must be one of {', '.join(TARGET_KINDS)}")
+                raise ConfigError(f"{where}: 'runs_on' item {item!r} must be one of {', '.join(TARGET_KINDS)}"
+                                  + did_you_mean([item], TARGET_KINDS))
     if key == "supports":
         value = _supports(where, value, ranges)
     if key == "option_rules":
         for name, rule in value.items():
             if not isinstance(rule, dict) or not rule or set(rule) - set(_RULE_KEYS):
+                unknown = sorted(set(rule) - set(_RULE_KEYS)) if isinstance(rule, dict) else []
                 raise ConfigError(
                     f"{where}: option_rules[{name!r}] must be an object with one or more of "
-                    f"{', '.join(map(repr, _RULE_KEYS))}, got {rule!r}"
+                    f"{', '.join(map(repr, _RULE_KEYS))}, got {rule!r}" + did_you_mean(unknown, _RULE_KEYS)
                 )
         value = {name: MappingProxyType(dict(rule)) for name, rule in value.items()}
     return MappingProxyType(dict(value)) if isinstance(value, dict) else value
@@ -184,7 +200,7 @@ def check_options(where: str, options: Mapping[str, Any], rules: Mapping[str, Ma
     for name, rule in rules.items():
         if name not in options:
             raise ConfigError(f"{where}: option_rules names {name!r}, which is not an option "
-                              f"(options: {', '.join(sorted(options)) or '(none)'})")
+                              f"(options: {', '.join(sorted(options)) or '(none)'})" + did_you_mean([name], options))
         value = options[name]
         choices = rule.get("choices")
         if choices is not None and value not in choices:
@@ -210,9 +226,8 @@ def _supports(where: str, supports: Any, ranges: Mapping[str, Mapping[str, str]]
 
     for dist, spec in supports.items():
         if dist not in VERSIONED_DISTRIBUTIONS:
-            raise ConfigError(
-                f"{where}: 'supports' names {dist!r}; allowed: {', '.join(VERSIONED_DISTRIBUTIONS)}"
-            )
+            raise ConfigError(f"{where}: 'supports' names {dist!r}; allowed: {', '.join(VERSIONED_DISTRIBUTIONS)}"
+                              + did_you_mean([dist], VERSIONED_DISTRIBUTIONS))
         if not isinstance(spec, str):
             raise ConfigError(f"{where}: supports[{dist!r}] must be a PEP 440 specifier string")
         try:
@@ -239,7 +254,8 @@ def _full_entry(where: str, patch_id: str, raw: Any, source: str, defaults: Mapp
     _refuse_moved_keys(where, raw)
     unknown = sorted(set(raw) - set(ENTRY_KEYS))
     if unknown:
-        raise ConfigError(f"{where}: unknown key(s) {', '.join(map(repr, unknown))}; allowed: {', '.join(ENTRY_KEYS)}")
+        raise ConfigError(f"{where}: unknown key(s) {', '.join(map(repr, unknown))}; allowed: {', '.join(ENTRY_KEYS)}"
+                          + did_you_mean(unknown, ENTRY_KEYS))
     missing = [key for key in ENTRY_KEYS if key_default(key) is dataclasses.MISSING and key not in raw]
     if missing:
         raise ConfigError(f"{where}: missing key(s) {', '.join(map(repr, missing))} (a new patch states them; "
@@ -248,7 +264,7 @@ def _full_entry(where: str, patch_id: str, raw: Any, source: str, defaults: Mapp
     values["supports"] = MappingProxyType({**defaults.get("supports", {}), **values.get("supports", {})})
     values.setdefault("module", f"{PATCH_PACKAGE}.{patch_id}")
     check_options(where, values.get("options", {}), values.get("option_rules", {}))
-    return PatchSpec(id=patch_id, source=source, **values)
+    return PatchSpec(id=patch_id, source=source, defined_in=source, **values)
 
 
 def _override(where: str, base: PatchSpec, raw: Any, source: str,
@@ -261,6 +277,7 @@ def _override(where: str, base: PatchSpec, raw: Any, source: str,
         raise ConfigError(
             f"{where}: key(s) {', '.join(map(repr, not_allowed))} cannot be overridden for "
             f"existing patch {base.id!r}; allowed: {', '.join(OVERRIDABLE_KEYS)}"
+            + did_you_mean(not_allowed, OVERRIDABLE_KEYS)
         )
     values = {key: _parse_key(where, key, value, ranges) for key, value in raw.items()}
     options = dict(base.options)
@@ -268,7 +285,7 @@ def _override(where: str, base: PatchSpec, raw: Any, source: str,
         if name not in options:
             raise ConfigError(
                 f"{where}: unknown option {name!r} for patch {base.id!r}; "
-                f"allowed: {', '.join(sorted(options)) or '(none)'}"
+                f"allowed: {', '.join(sorted(options)) or '(none)'}" + did_you_mean([name], options)
             )
         if options[name] is not None and type(value) is not type(options[name]):
             raise ConfigError(
@@ -289,7 +306,8 @@ def _read_defaults(source: str, defaults: Any, ranges: Mapping[str, Mapping[str,
     not_allowed = sorted(set(defaults) - {"supports"})
     if not_allowed:
         raise ConfigError(f"{where}: key(s) {', '.join(map(repr, not_allowed))} cannot have a document "
-                          "default; allowed: 'supports' (every other key has its own default)")
+                          "default; allowed: 'supports' (every other key has its own default)"
+                          + did_you_mean(not_allowed, ["supports"]))
     return {key: _parse_key(where, key, value, ranges) for key, value in defaults.items()}
 
 
@@ -314,7 +332,7 @@ def merge_document(registry: Registry, document: Any, source: str) -> None:
     unknown = sorted(set(document) - set(top_level))
     if unknown:
         raise ConfigError(f"{source}: unknown top-level key(s) {', '.join(map(repr, unknown))}; "
-                          f"allowed: {', '.join(map(repr, top_level))}")
+                          f"allowed: {', '.join(map(repr, top_level))}" + did_you_mean(unknown, top_level))
     schema = document.get("schema", SCHEMA_VERSION)
     if schema not in READABLE_SCHEMAS:
         raise ConfigError(f"{source}: 'schema' is {schema!r}; this runtime reads schemas "
@@ -349,7 +367,13 @@ def _entry_point_documents() -> list[tuple[str, Any]]:
     documents = []
     for entry_point in entry_points(group=ENTRY_POINT_GROUP):
         source = f"entry point {entry_point.name} = {entry_point.value}"
-        loaded = entry_point.load()
+        try:
+            loaded = entry_point.load()
+        except (ImportError, AttributeError) as exc:
+            dist = entry_point.dist
+            publisher = f" (distribution {dist.name} {dist.version})" if dist else ""
+            raise ConfigError(f"{source}{publisher}: cannot load: {exc}; fix or uninstall the distribution that "
+                              "publishes it") from None
         if isinstance(loaded, (str, os.PathLike)):
             documents.append((f"{loaded} ({source})", read_json(os.fspath(loaded))))
         elif isinstance(loaded, dict):
@@ -360,13 +384,16 @@ def _entry_point_documents() -> list[tuple[str, Any]]:
 
 
 def validate_graph(registry: Registry) -> None:
-    """Every requirement exists and there is no cycle."""
+    """Every requirement exists and there is no cycle. Errors name the file(s) that stated the requirements."""
     for spec in registry.patches.values():
         for required in spec.requires:
-            if required not in registry.patches:
-                raise ConfigError(
-                    f"{spec.source}: patch {spec.id!r} requires {unknown_id_message(required, registry.patches, 'patch')}"
-                )
+            if required in registry.patches:
+                continue
+            if required in RETIRED_IDS:
+                raise ConfigError(f"{spec.defined_in}: patch {spec.id!r} requires {required!r}, which is no longer "
+                                  f"a patch: {RETIRED_IDS[required]}")
+            raise ConfigError(f"{spec.defined_in}: patch {spec.id!r} requires "
+                              f"{unknown_id_message(required, registry.patches, 'patch')}")
     visiting: list[str] = []
     done: set[str] = set()
 
@@ -374,8 +401,7 @@ def validate_graph(registry: Registry) -> None:
         if patch_id in done:
             return
         if patch_id in visiting:
-            cycle = visiting[visiting.index(patch_id):] + [patch_id]
-            raise ConfigError(f"requirement cycle between patches: {' -> '.join(cycle)}")
+            raise ConfigError(_cycle_message(registry, visiting[visiting.index(patch_id):] + [patch_id]))
         visiting.append(patch_id)
         for required in registry.patches[patch_id].requires:
             visit(required)
@@ -384,6 +410,19 @@ def validate_graph(registry: Registry) -> None:
 
     for patch_id in registry.patches:
         visit(patch_id)
+
+
+def _cycle_message(registry: Registry, cycle: list[str]) -> str:
+    """The cycle (a -> b -> a), the file(s) whose entries state it, and each requirement in it."""
+    edges = list(zip(cycle, cycle[1:]))
+    files = list(dict.fromkeys(registry.patches[patch_id].defined_in for patch_id, _ in edges))
+    if len(files) == 1:
+        stated = [f"patches[{patch_id!r}] requires {required!r}" for patch_id, required in edges]
+    else:
+        stated = [f"patches[{patch_id!r}] in {registry.patches[patch_id].defined_in} requires {required!r}"
+                  for patch_id, required in edges]
+    return (f"{' and '.join(files)}: requirement cycle between patches: {' -> '.join(cycle)} ({', '.join(stated)}); "
+            "a patch cannot be applied after itself: remove one of these requirements")
 
 
 def load(user_path: str | None = None, *, entry_points: bool = True) -> Registry:

@@ -65,8 +65,9 @@ def load(environ: os._Environ | dict | None = None) -> Settings:
     env = os.environ if environ is None else environ
     registry_path = env.get(ENV_REGISTRY) or None
     if registry_path is not None and not os.path.isfile(registry_path):
+        problem = "a directory, not a file" if os.path.isdir(registry_path) else "no such file"
         raise ConfigError(
-            f"{ENV_REGISTRY}={registry_path!r}: no such file; "
+            f"{ENV_REGISTRY}={registry_path!r}: {problem}; "
             "point it at a JSON registry file or unset it"
         )
     return Settings(

@@ -131,14 +131,14 @@ def module_problems(specs: Iterable[registry_mod.PatchSpec]) -> list[str]:
     problems = []
     for spec in specs:
         if module_source(spec.module) is None:
-            problems.append(f"{spec.source}: patch {spec.id!r}: module {spec.module!r} not found (no source file "
+            problems.append(f"{spec.defined_in}: patch {spec.id!r}: module {spec.module!r} not found (no source file "
                             "on sys.path); 'module' must name the Python module holding the patch, importable "
                             "where the run starts")
             continue
         try:
             read_module_facts(spec.module)  # its docstring and TARGETS, read with ast
         except ConfigError as exc:
-            problems.append(f"{spec.source}: patch {spec.id!r}: module {spec.module!r}: {exc}")
+            problems.append(f"{spec.defined_in}: patch {spec.id!r}: module {spec.module!r}: {exc}")
     return problems
 
 

@@ -234,3 +234,109 @@ def test_selection_names_an_empty_entry(selection, position, entry):
 def test_retired_ids_say_what_replaced_them(retired, replacement):
     with pytest.raises(ConfigError, match=f"'{retired}' is no longer a patch: .*{replacement}"):
         selection_mod.select(registry.load(None), f"-{retired}")
+
+
+def test_requirement_cycle_names_the_file_the_cycle_and_each_requirement(tmp_path):
+    document = {"patches": {"a": fake_entry("m_a", requires=["b"]), "b": fake_entry("m_b", requires=["a"])}}
+    path = write(tmp_path, json.dumps(document))
+    with pytest.raises(ConfigError) as error:
+        registry.load(path)
+    assert str(error.value) == (
+        f"{path}: requirement cycle between patches: a -> b -> a (patches['a'] requires 'b', patches['b'] "
+        "requires 'a'); a patch cannot be applied after itself: remove one of these requirements")
+
+
+def test_requirement_cycle_across_documents_names_each_file():
+    catalog = registry.Registry()
+    registry.merge_document(catalog, {"patches": {"x": fake_entry("m_x", requires=["y"])}}, "/site/third.json")
+    registry.merge_document(catalog, {"patches": {"y": fake_entry("m_y", requires=["x"])}}, "/home/me/user.json")
+    # An override changes where the entry was last touched, not where its requirements were stated.
+    registry.merge_document(catalog, {"patches": {"x": {"default": False}}}, "/home/me/later.json")
+    with pytest.raises(ConfigError) as error:
+        registry.validate_graph(catalog)
+    assert str(error.value) == (
+        "/site/third.json and /home/me/user.json: requirement cycle between patches: x -> y -> x (patches['x'] in "
+        "/site/third.json requires 'y', patches['y'] in /home/me/user.json requires 'x'); a patch cannot be "
+        "applied after itself: remove one of these requirements")
+
+
+@pytest.mark.parametrize("document, message", [
+    ({"patchs": {}}, "unknown top-level key(s) 'patchs'; allowed: 'schema', 'ranges', 'defaults', 'patches'; "
+                     "did you mean 'patches'?"),
+    ({"patches": {"mine": {"triggers": ["x"], "requries": ["device"]}}},
+     "patches['mine']: unknown key(s) 'requries'; allowed: triggers, module, supports, requires, default, options, "
+     "option_rules, runs_on; did you mean 'requires'?"),
+    ({"patches": {"mine": {"triggers": ["x"], "defualt": False, "colour": 1, "optoins": {}}}},
+     "patches['mine']: unknown key(s) 'colour', 'defualt', 'optoins'; allowed: triggers, module, supports, requires, "
+     "default, options, option_rules, runs_on; did you mean 'default' for 'defualt', 'options' for 'optoins'?"),
+    ({"patches": {"device": {"defualt": False}}},
+     "patches['device']: key(s) 'defualt' cannot be overridden for existing patch 'device'; allowed: supports, "
+     "default, options; did you mean 'default'?"),
+    ({"defaults": {"suports": {}}, "patches": {}},
+     "'defaults': key(s) 'suports' cannot have a document default; allowed: 'supports' (every other key has its "
+     "own default); did you mean 'supports'?"),
+])
+def test_unknown_keys_name_the_file_and_entry_and_suggest_the_closest(tmp_path, document, message):
+    path = write(tmp_path, json.dumps(document))
+    with pytest.raises(ConfigError) as error:
+        registry.load(path)
+    assert str(error.value) == f"{path}: {message}"
+
+
+@pytest.mark.parametrize("entry, message", [
+    (fake_entry("m", supports={"torch-npu": ">=2.14"}),
+     "'supports' names 'torch-npu'; allowed: torchtitan, torch, torch_npu; did you mean 'torch_npu'?"),
+    (fake_entry("m", options={"slices": 2}, option_rules={"slices": {"minimum": 1}}),
+     "option_rules['slices'] must be an object with one or more of 'min', 'max', 'choices', got {'minimum': 1}; "
+     "did you mean 'min'?"),
+    (fake_entry("m", options={"slices": 2}, option_rules={"slice": {"min": 1}}),
+     "option_rules names 'slice', which is not an option (options: slices); did you mean 'slices'?"),
+])
+def test_unknown_names_inside_an_entry_suggest_the_closest(tmp_path, entry, message):
+    path = write(tmp_path, json.dumps({"patches": {"mine": entry}}))
+    with pytest.raises(ConfigError) as error:
+        registry.load(path)
+    assert str(error.value) == f"{path}: patches['mine']: {message}"
+
+
+def test_unknown_override_option_suggests_the_closest(tmp_path):
+    path = write(tmp_path, json.dumps({"patches": {"swap_optimizer": {"options": {"slice": 8}}}}))
+    with pytest.raises(ConfigError) as error:
+        registry.load(path)
+    assert str(error.value) == (f"{path}: patches['swap_optimizer']: unknown option 'slice' for patch "
+                                "'swap_optimizer'; allowed: slices; did you mean 'slices'?")
+
+
+def test_requiring_a_retired_patch_says_what_replaced_it(tmp_path):
+    path = write(tmp_path, json.dumps({"patches": {"mine": fake_entry("m", requires=["rank_sync"])}}))
+    with pytest.raises(ConfigError) as error:
+        registry.load(path)
+    assert str(error.value) == (f"{path}: patch 'mine' requires 'rank_sync', which is no longer a patch: "
+                                f"{registry.RETIRED_IDS['rank_sync']}")
+
+
+def test_empty_registry_file_says_so(tmp_path):
+    path = write(tmp_path, "\n")
+    with pytest.raises(ConfigError) as error:
+        registry.load(path)
+    assert str(error.value) == f"{path}: empty registry file; a registry is a JSON object with a 'patches' key"
+
+
+def test_entry_point_that_cannot_load_names_the_entry_point(tmp_path, monkeypatch):
+    dist_info = tmp_path / "broken_patches-1.0.dist-info"
+    dist_info.mkdir()
+    (dist_info / "METADATA").write_text("Metadata-Version: 2.1\nName: broken-patches\nVersion: 1.0\n")
+    (dist_info / "entry_points.txt").write_text("[npu_inject.registry]\nextra = no_such_catalog_module:REGISTRY\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    with pytest.raises(ConfigError) as error:
+        registry.load(None)
+    assert str(error.value) == (
+        "entry point extra = no_such_catalog_module:REGISTRY (distribution broken-patches 1.0): cannot load: "
+        "No module named 'no_such_catalog_module'; fix or uninstall the distribution that publishes it")
+
+
+def test_registry_variable_naming_a_directory_says_so(tmp_path):
+    with pytest.raises(ConfigError) as error:
+        settings.load({"TORCHTITAN_NPU": "cpu", "TORCHTITAN_NPU_REGISTRY": str(tmp_path)})
+    assert str(error.value) == (f"TORCHTITAN_NPU_REGISTRY={str(tmp_path)!r}: a directory, not a file; "
+                                "point it at a JSON registry file or unset it")
