@@ -83,13 +83,15 @@ def where_lines(timing) -> list[str]:
 
 
 def rates_line(profile, efficiency: dict[str, float]) -> str:
-    """Which kernel rates the plan's times come from, and the overhead term's origin."""
+    """Which kernel rates the plan's times come from, and where its overhead term comes from."""
     if profile.rates is not None:
-        kernels = f"kernel rates measured ({profile.rates.about}" + (", PARTIAL" if profile.rates.partial else "") + ")"
+        kernels = f"kernel rates: {profile.rates.about}" + (" (PARTIAL)" if profile.rates.partial else "")
     else:
         kernels = (f"kernel rates: the {profile.family} family's fractions of the peaks (matmul {efficiency['cube']:.3f}, "
                    f"attention {efficiency['attention']:.3f}); npu-inject calibrate measures them on the machine")
-    return f"  {kernels}"
+    overhead = profile.overhead if profile.overhead is not None else efficiency.get("overhead", 0.0)
+    whose = f"{profile.name}'s own" if profile.overhead is not None else f"the {profile.family} family's, fitted"
+    return f"  {kernels}; overhead {overhead:.3f} ({whose}; hardware.json)"
 
 
 def time_lines(plan) -> list[str]:
