@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import subprocess
 import sys
 import tempfile
@@ -62,9 +63,15 @@ def run(patch: str, model: str, python: str, workdir: Path) -> dict:
             "losses": [losses[step] for step in sorted(losses)], "status": status, "cause": cause, "attributed_to": who}
 
 
+# CANN's own account of a refused argument (161002), which torch_npu prints after "call aclnnX failed":
+# "AclNN_Parameter_Error(EZ1001): Tensor self not implemented for DT_COMPLEX64, should be in ...".
+CANN_DETAIL = re.compile(r"AclNN_Parameter_Error\(EZ1001\): ([^\n]*?)(?:, should be in dtype support list|\n|$)")
+
+
 def classify(returncode: int, output: str, trained: bool) -> tuple[str, str, str]:
     """(status, cause, who): green; stopped with one line at start-up (the runtime's configuration error,
-    or torchtitan's own config check naming the flag); red with the first error, attributed."""
+    or torchtitan's own config check naming the flag); red with the first error, attributed, and CANN's
+    reason when it gave one."""
     if returncode == 0:
         return "green", "", ""
     stop = STOP_LINE.search(output)
@@ -73,6 +80,9 @@ def classify(returncode: int, output: str, trained: bool) -> tuple[str, str, str
     cause, who = root_cause(output)
     if not trained and cause.startswith("torchtitan's config parser:"):
         return "stopped", cause, "torchtitan (its own config check, at start-up)"
+    detail = CANN_DETAIL.search(output)
+    if detail and "161002" in cause:
+        cause = f"{cause}: {detail.group(1)}"
     return "red", cause, who
 
 

@@ -299,7 +299,9 @@ def test_unsupported_dtype_fails_as_cann_with_the_operators_name(session):
     # FLOAT8_E4M3FN is outside aclnnInplaceFillScalar's Atlas A2 list, UINT32 inside (hicann/ops-math
     # conversion/fill/docs/aclnnInplaceFillScalar.md; its English page, older, lacked UINT16/32/64).
     assert "161002" in session["float8"]
-    assert "aclnnInplaceFillScalar: selfRef dtype FLOAT8_E4M3FN is not supported" in session["float8"]
+    # CANN's text (opbase's OP_CHECK_DTYPE_NOT_SUPPORT under EZ1001), after the operator's name.
+    assert ("aclnnInplaceFillScalar: AclNN_Parameter_Error(EZ1001): Tensor selfRef not implemented for "
+            "DT_FLOAT8_E4M3FN, should be in dtype support list [DT_FLOAT,") in session["float8"]
     assert session["fill_uint32"] == [5, 5, 5]
 
 

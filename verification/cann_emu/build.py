@@ -107,8 +107,30 @@ def cann_names(package: Path) -> set[str]:
     return names
 
 
+def version_key(version: str) -> tuple:
+    """'9.1.0' < '9.1.0.1' < '9.2.0'; a part that is not a number ('RC1') sorts after the numbers."""
+    return tuple((0, int(part), "") if part.isdigit() else (1, 0, part) for part in version.split("."))
+
+
+def variant_applies(variant: dict, soc: str, cann: str | None) -> bool:
+    """Whether a row's variant speaks for SoC soc at CANN version cann (None: at any version)."""
+    if not soc.startswith(variant.get("soc", "")):
+        return False
+    below = variant.get("cann_below")
+    return below is None or cann is None or version_key(cann) < version_key(below)
+
+
+def _check_dtypes(where: str, args: dict) -> None:
+    for arg, dtypes in args.items():
+        unknown = [d for d in dtypes if d not in ACL_DTYPES]
+        if unknown:
+            raise SystemExit(f"{where}.{arg}: unknown dtypes {unknown} (known: {sorted(ACL_DTYPES)})")
+
+
 def load_op_table(path: Path = OP_TABLE) -> dict[str, dict]:
-    """op_table.json without its '_about', checked: every field present, dtypes and engines known."""
+    """op_table.json without its '_about', checked: every field present, dtypes and engines known, each
+    variant's condition and source given, and every real-machine report ('observed') agreeing with the
+    lists that speak for its SoC: where a report and a document disagree, the report wins for its SoC."""
     table = {name: entry for name, entry in json.loads(path.read_text()).items() if not name.startswith("_")}
     for name, entry in table.items():
         where = f"{path.name}: {name}"
@@ -117,32 +139,75 @@ def load_op_table(path: Path = OP_TABLE) -> dict[str, dict]:
             raise SystemExit(f"{where}: missing {sorted(missing)}")
         if entry["engine"] not in ENGINES:
             raise SystemExit(f"{where}: engine {entry['engine']!r} is not one of {ENGINES}")
-        for arg, dtypes in entry["args"].items():
-            unknown = [d for d in dtypes if d not in ACL_DTYPES]
-            if unknown:
-                raise SystemExit(f"{where}.{arg}: unknown dtypes {unknown} (known: {sorted(ACL_DTYPES)})")
+        _check_dtypes(where, entry["args"])
+        for i, variant in enumerate(entry.get("variants", [])):
+            at = f"{where}: variants[{i}]"
+            if not {"soc", "cann_below"} & set(variant) or not variant.get("source") or not variant.get("args"):
+                raise SystemExit(f"{at}: a variant needs 'soc' (a SoC name prefix, e.g. 'Ascend950') and/or "
+                                 "'cann_below' (e.g. '9.1.0'), 'args' and the 'source' that says so")
+            extra = set(variant["args"]) - set(entry["args"])
+            if extra:
+                raise SystemExit(f"{at}: args {sorted(extra)} are not the row's arguments {sorted(entry['args'])}")
+            _check_dtypes(at, variant["args"])
+        for i, seen in enumerate(entry.get("observed", [])):
+            at = f"{where}: observed[{i}]"
+            if not str(seen.get("source", "")).startswith("https://") or not seen.get("refused"):
+                raise SystemExit(f"{at}: a report needs 'refused' ({{argument: [dtypes]}}) and its 'source' (a URL)")
+            if seen.get("soc") is None:
+                continue  # the report does not say which SoC: it corroborates, it binds no list
+            for arg, refused in seen["refused"].items():
+                for args in lists_for(entry, arg, seen["soc"], seen.get("cann")):
+                    wrong = sorted(set(refused) & set(args[arg]))
+                    if wrong:
+                        raise SystemExit(
+                            f"{at}: {arg} lists {wrong}, which a real {seen['soc']} refused ({seen['source']}): "
+                            f"a real machine's report wins for its SoC (and CANN version, 'cann'), so remove them "
+                            f"from the lists that speak for {seen['soc']} (move what another SoC or release "
+                            f"accepts to a 'variants' entry with its source)")
     return table
 
 
+def lists_for(entry: dict, arg: str, soc: str, cann: str | None) -> list[dict]:
+    """The row's lists the emulation may use for arg on SoC soc: at CANN version cann the first variant
+    naming arg that applies, else the row's own; at an unknown version (None) every one that can apply."""
+    chosen = []
+    for variant in entry.get("variants", []):
+        if arg in variant["args"] and variant_applies(variant, soc, cann):
+            chosen.append(variant["args"])
+            if cann is not None or "cann_below" not in variant:
+                return chosen  # it speaks for soc at this (or every) version: the row's own list never does
+    return [*chosen, entry["args"]]
+
+
 def op_table_source(table: dict[str, dict]) -> str:
-    """C++ for the table: cann_emu::op_arg_dtypes and cann_emu::op_engine (declared in csrc/cann_emu.h)."""
+    """C++ for the table: cann_emu::op_arg_dtypes and cann_emu::op_engine (declared in csrc/cann_emu.h).
+    Each operator's variants come first, in the table's order, its own lists last (soc "", cann_below "")."""
     arrays, rows, engines = [], [], []
     for i, (name, entry) in enumerate(sorted(table.items())):
         engines.append(f'    {{"{name}", "{entry["engine"]}"}},')
-        for j, (arg, dtypes) in enumerate(entry["args"].items()):
-            arrays.append(f"const int k{i}_{j}[] = {{{', '.join(str(ACL_DTYPES[d]) for d in dtypes)}}};")
-            rows.append(f'    {{"{name}", "{arg}", k{i}_{j}, {len(dtypes)}}},')
+        lists = [(v.get("soc", ""), v.get("cann_below", ""), v["args"]) for v in entry.get("variants", [])]
+        for k, (soc, below, args) in enumerate([*lists, ("", "", entry["args"])]):
+            for j, (arg, dtypes) in enumerate(args.items()):
+                arrays.append(f"const int k{i}_{k}_{j}[] = {{{', '.join(str(ACL_DTYPES[d]) for d in dtypes)}}};")
+                rows.append(f'    {{"{name}", "{arg}", "{soc}", "{below}", k{i}_{k}_{j}, {len(dtypes)}}},')
     return (
         "// Generated by verification/cann_emu/build.py from op_table.json.\n"
-        "#include <cstring>\n\nnamespace cann_emu {\nnamespace {\n"
+        "#include <cstring>\n\nnamespace cann_emu {\n"
+        "bool cann_version_below(const char* version, const char* bound);  // runtime.cpp\n"
+        "namespace {\n"
         + "\n".join(arrays)
-        + "\nstruct Row { const char* op; const char* arg; const int* dtypes; int n; };\n"
+        + "\nstruct Row { const char* op; const char* arg; const char* soc; const char* cann_below; const int* dtypes; "
+        "int n; };\n"
         "const Row kRows[] = {\n" + "\n".join(rows) + "\n};\n"
         "struct Engine { const char* op; const char* engine; };\n"
         "const Engine kEngines[] = {\n" + "\n".join(engines) + "\n};\n}  // namespace\n\n"
-        "bool op_arg_dtypes(const char* op, const char* arg, const int** dtypes, int* n) {\n"
+        "bool op_arg_dtypes(const char* op, const char* arg, const char* soc, const char* cann, const int** dtypes,\n"
+        "                   int* n) {\n"
         "    for (const Row& r : kRows)\n"
-        "        if (!std::strcmp(r.op, op) && !std::strcmp(r.arg, arg)) { *dtypes = r.dtypes; *n = r.n; return true; }\n"
+        "        if (!std::strcmp(r.op, op) && !std::strcmp(r.arg, arg) &&\n"
+        "            !std::strncmp(soc, r.soc, std::strlen(r.soc)) &&\n"
+        "            (!*r.cann_below || cann_version_below(cann, r.cann_below))) {\n"
+        "            *dtypes = r.dtypes;\n            *n = r.n;\n            return true;\n        }\n"
         "    return false;\n}\n"
         "const char* op_engine(const char* op) {\n"
         "    for (const Engine& e : kEngines) if (!std::strcmp(e.op, op)) return e.engine;\n"

@@ -3,12 +3,18 @@
     python verification/cann_emu/op_docs.py DOCS_ROOT aclnnMul aclnnSilu ...   # prints op_table.json rows
     python verification/cann_emu/op_docs.py DOCS_ROOT --check                 # op_table.json against the documents
 
-DOCS_ROOT holds checkouts of hicann/ops-math, ops-nn and ops-transformer (one folder each, any names):
-each operator's document (``docs/aclnn<Op>*.md``) has a parameter table per function with a data-type
-column. A cell may name products ("<term>Atlas A2 训练系列产品</term>：FLOAT16、BFLOAT16"); the clause
-for Atlas A2 training products is taken, else the cell's product-free part. "同self"-style cells
-("数据类型与self一致", "same as self") copy the named parameter's list. Rows the reader cannot settle are
-printed with "verified": false and the raw cell, for a person to read.
+DOCS_ROOT holds checkouts of hicann/ops-math, ops-nn, ops-cv and ops-transformer (one folder each, any
+names) at the emulated release (their 9.1.0 branches: a master describes a later CANN): each operator's
+document (``docs/aclnn<Op>*.md``) has a parameter table per function with a data-type column. A cell
+may name products ("<term>Atlas A2 训练系列产品</term>：FLOAT16、BFLOAT16"); the clause for Atlas A2
+training products is taken, else the cell's product-free part. "同self"-style cells
+("数据类型与self一致", "same as self") copy the named parameter's list. The notes below the table narrow
+it per product ("- <term>Atlas A2 训练系列产品/...</term>、<term>Atlas A3 ...</term>：不支持COMPLEX64。",
+"self和out的数据类型不支持BOOL"): what a note naming Atlas A2 excludes leaves the row (for every tensor
+parameter, or for those the note names), and the row's "a2_notes" quotes it. A cell lists what the
+operator takes on some product; only these notes say which. Rows the reader cannot settle (an A2 note
+that names a dtype but excludes none the reader recognises, e.g. "当输入数据类型为BFLOAT16时不支持该选项")
+are printed with "verified": false and the raw text, for a person to read.
 
 This is how op_table.json's rows were made and how they are re-checked; nothing here runs in the
 emulation.
@@ -93,11 +99,13 @@ def tensor_parameters(text: str, op: str) -> set[str] | None:
     return names
 
 
-def parameter_table(text: str, op: str) -> dict[str, tuple[str, list[str], bool]] | None:
-    """{parameter: (raw cell, dtypes, settled)} from the table documenting op's GetWorkspaceSize."""
+def parameter_table(text: str, op: str) -> tuple[dict[str, tuple[str, list[str], bool]], int] | None:
+    """({parameter: (raw cell, dtypes, settled)}, where the table ends) for the table documenting op's
+    GetWorkspaceSize."""
     tensors = tensor_parameters(text, op)
     best, best_score = None, (0, 0)
-    for table in re.findall(r"<table.*?</table>", text, flags=re.S):
+    for match in re.finditer(r"<table.*?</table>", text, flags=re.S):
+        table = match.group(0)
         header = [TAG.sub("", h).strip() for h in re.findall(r"<th[^>]*>(.*?)</th>", table, flags=re.S)]
         if "数据类型" not in header:
             continue
@@ -121,8 +129,52 @@ def parameter_table(text: str, op: str) -> dict[str, tuple[str, list[str], bool]
         wanted = tensors if tensors is not None else set(rows)
         score = (len(wanted & set(rows)), -len(set(rows) - wanted))
         if score[0] and score > best_score:
-            best, best_score = {k: v for k, v in rows.items() if k in wanted}, score
+            best, best_score = ({k: v for k, v in rows.items() if k in wanted}, match.end()), score
     return best
+
+
+# Where the notes below a parameter table end: the next table, heading, or bold item ("- **返回值**").
+NOTES_END = re.compile(r"<table|\n\s*#|\n\s*-\s*\*\*|\*\*返回值\*\*")
+# A run of dtype names ("COMPLEX64", "INT8、UINT8", "`FLOAT16`和`BFLOAT16`"): one character class, no nesting.
+DTYPE_RUN = r"(`?[A-Z][A-Z0-9_`、,，和及/ ]*)"
+
+
+def product_notes(text: str, table_end: int, names: set[str]) -> tuple[dict[str, set[str]], list[str], list[str]]:
+    """What the notes below a parameter table exclude on Atlas A2: ({parameter: dtypes}, the notes applied,
+    the A2 notes that name a dtype but exclude none the reader recognises)."""
+    region = text[table_end:]
+    end = NOTES_END.search(region)
+    # One note per product clause: "<term>products</term>、<term>...</term>：body", the body going on over the
+    # lines below it up to the next clause (a note may also miss its closing </term>).
+    notes: list[tuple[str, list[str]]] = []
+    for line in (region[:end.start()] if end else region).splitlines():
+        if "<term>" in line:
+            head, colon, body = line.partition("：") if "：" in line else line.partition(":")
+            notes.append((head if colon else line, [body]))
+        elif notes:
+            notes[-1][1].append(line)
+    excluded: dict[str, set[str]] = {}
+    applied, unsettled = [], []
+    for head, body_lines in notes:
+        if A2 not in TAG.sub(" ", head):
+            continue
+        body = html.unescape(TAG.sub(" ", " ".join(body_lines)))
+        quoted = " ".join(f"{TAG.sub('', head).strip().lstrip('-* ').strip()}：{body}".split())
+        for sentence in re.split(r"[。；;]", body):
+            found = (re.search(r"不支持\s*" + DTYPE_RUN, sentence)
+                     or re.search(DTYPE_RUN + r"数据类型在该型号中不支持", sentence))
+            dtypes = set(_dtypes(found.group(1))) if found else set()
+            if not dtypes:
+                if "不支持" in sentence and _dtypes(sentence) and quoted not in unsettled:
+                    unsettled.append(quoted)
+                continue
+            # ASCII names: \w would read "self和out" as one word.
+            named = set(re.findall(r"[A-Za-z_][A-Za-z0-9_]*", sentence[:found.start()])) & names
+            for name in named or names:
+                excluded.setdefault(name, set()).update(dtypes)
+            if quoted not in applied:
+                applied.append(quoted)
+    return excluded, applied, unsettled
 
 
 def parameter_list(text: str, op: str) -> dict[str, tuple[str, list[str], bool]] | None:
@@ -161,7 +213,8 @@ def table_rows(root: Path, op: str) -> dict:
     if doc is None:
         return {"error": f"no document docs/{op}*.md under {root}"}
     text = doc.read_text(errors="ignore")
-    rows = parameter_table(text, op) or parameter_list(text, op)
+    found = parameter_table(text, op)
+    rows, table_end = found if found else (parameter_list(text, op), None)
     repo_root = next((p for p in doc.parents if (p / ".git").exists() or p.parent == root), doc.parent)
     source = f"hicann/{repo_root.name} {doc.relative_to(repo_root)}" if repo_root != doc.parent else str(doc)
     if rows is None:
@@ -176,7 +229,17 @@ def table_rows(root: Path, op: str) -> dict:
             settled = False
             notes[name] = raw
         args[name] = dtypes
+    a2_notes = []
+    if table_end is not None:
+        excluded, a2_notes, unread = product_notes(text, table_end, set(args))
+        for name, dtypes in excluded.items():
+            args[name] = [d for d in args[name] if d not in dtypes]
+        for line in unread:
+            settled = False
+            notes.setdefault("a2_note", line)
     entry = {"args": args, "formats": ["ND"], "engine": "AiCore", "source": source, "verified": settled}
+    if a2_notes:
+        entry["a2_notes"] = a2_notes
     if notes:
         entry["unsettled"] = notes
     return entry

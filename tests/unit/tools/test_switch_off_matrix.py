@@ -36,3 +36,9 @@ def test_a_run_is_green_stopped_in_one_line_or_red():
     status, cause, who = switch_off_matrix.classify(1, upstream_stop, False)
     assert (status, who) == ("stopped", "torchtitan (its own config check, at start-up)") and "CUDA graphs" in cause
     assert switch_off_matrix.classify(1, "step:  1  loss:  8.1\nValueError: boom\n", True)[:2] == ("red", "ValueError: boom")
+    # a 161002 names CANN's reason (the EZ1001 line torch_npu prints after its own)
+    refused = ("RuntimeError: x.cpp:40 NPU function error: call aclnnIndex failed, error code is 161002\n"
+               "AclNN_Parameter_Error(EZ1001): Tensor self not implemented for DT_COMPLEX64, should be in dtype "
+               "support list [DT_FLOAT,].\n")
+    assert switch_off_matrix.classify(1, refused, False)[1].endswith(
+        "error code is 161002: Tensor self not implemented for DT_COMPLEX64")

@@ -287,19 +287,27 @@ bool broadcastable_to(const aclTensor& t, const aclTensor& out) {
 }
 }  // namespace cann_emu
 
-// ---- operator support: op_table.json (CANN's documents for Atlas A2 training products) ----------
+// ---- operator support: op_table.json (CANN's documents for Atlas A2 training products, per SoC and CANN
+// version where a row says so, real-machine reports winning over documents) -------------------------------
 namespace cann_emu {
 aclnnStatus check_tensor(const char* op, const char* arg, const aclTensor* t, bool takes_complex) {
     if (!t) return fail(ACLNN_ERR_PARAM_NULLPTR, std::string(op) + ": " + arg + " is null");
     const int* dtypes = nullptr;
     int n = 0;
-    if (!op_arg_dtypes(op, arg, &dtypes, &n))
+    if (!op_arg_dtypes(op, arg, config().soc.c_str(), config().cann_version.c_str(), &dtypes, &n))
         return fail(ACLNN_ERR_INNER, std::string(op) + ": op_table.json has no dtypes for argument " + arg);
     bool ok = false;
     for (int i = 0; i < n; ++i) ok |= dtypes[i] == t->dtype;
-    if (!ok)
-        return fail(ACLNN_ERR_PARAM_INVALID, std::string(op) + ": " + arg + " dtype " + dtype_name(t->dtype) +
-                                                 " is not supported on " + config().soc);
+    if (!ok) {
+        // CANN's own text (opbase's OP_CHECK_DTYPE_NOT_SUPPORT under the EZ1001 parameter error, e.g.
+        // "Tensor self not implemented for DT_COMPLEX64, should be in dtype support list [DT_FLOAT,...,]."),
+        // after the operator's name.
+        std::string list = "[";
+        for (int i = 0; i < n; ++i) list += std::string("DT_") + dtype_name(dtypes[i]) + ",";
+        return fail(ACLNN_ERR_PARAM_INVALID, std::string(op) + ": AclNN_Parameter_Error(EZ1001): Tensor " + arg +
+                                                 " not implemented for DT_" + dtype_name(t->dtype) +
+                                                 ", should be in dtype support list " + list + "].");
+    }
     if (t->view.size() > 8)
         return fail(ACLNN_ERR_PARAM_INVALID, std::string(op) + ": " + arg + " has more than 8 dimensions");
     if (t->format != ACL_FORMAT_ND && t->format != ACL_FORMAT_NCHW && t->format != ACL_FORMAT_NHWC &&

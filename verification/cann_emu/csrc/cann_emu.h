@@ -105,9 +105,13 @@ int unimplemented(const char* name);
 int current_device();  // the calling thread's device (aclrtSetDevice), -1 before any
 size_t dtype_size(int dtype);  // bytes per element; 0 for a dtype the emulation does not know
 const char* dtype_name(int dtype);
-// op_table.json, compiled in by build.py: the dtypes argument arg of operator op accepts (false when
+// op_table.json, compiled in by build.py: the dtypes argument arg of operator op accepts on SoC soc at CANN
+// version cann (the first of the row's variants that speaks for them, else the row's own list; false when
 // the table has no such row) and the engine CANN runs op on ("AiCore"/"AiCpu"; null when absent).
-bool op_arg_dtypes(const char* op, const char* arg, const int** dtypes, int* n);
+bool op_arg_dtypes(const char* op, const char* arg, const char* soc, const char* cann, const int** dtypes, int* n);
+// Whether CANN version `version` is older than `bound` ("9.0.0" < "9.1.0"; a part that is not a number,
+// "RC1", sorts after the numbers), as build.py's version_key orders them.
+bool cann_version_below(const char* version, const char* bound);
 const char* op_engine(const char* op);
 // audit.cpp: per training step, what torch_npu asked of CANN (CANN_EMU_COUNTS).
 // An aclnn operator launched (AI CPU too), the model scope current when it was prepared, and where in Python

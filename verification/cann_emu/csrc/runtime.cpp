@@ -27,6 +27,27 @@ static int env_int(const char* name, int fallback) {
     return v && *v ? std::atoi(v) : fallback;
 }
 
+bool cann_version_below(const char* version, const char* bound) {
+    // Part by part: numbers numerically, before any other part; other parts as strings; a missing part first.
+    auto parts = [](const char* v) {
+        std::vector<std::string> out(1);
+        for (; *v; ++v) {
+            if (*v == '.') out.emplace_back();
+            else out.back().push_back(*v);
+        }
+        return out;
+    };
+    auto numeric = [](const std::string& p) { return !p.empty() && p.find_first_not_of("0123456789") == std::string::npos; };
+    std::vector<std::string> a = parts(version), b = parts(bound);
+    for (size_t i = 0; i < a.size() && i < b.size(); ++i) {
+        bool na = numeric(a[i]), nb = numeric(b[i]);
+        if (na != nb) return na;
+        if (na ? std::stoll(a[i]) != std::stoll(b[i]) : a[i] != b[i])
+            return na ? std::stoll(a[i]) < std::stoll(b[i]) : a[i] < b[i];
+    }
+    return a.size() < b.size();
+}
+
 const Config& config() {
     // Never destroyed: static destructors (the operator counts' writer) and late runtime calls read it.
     static const Config& cfg = *new Config([] {
