@@ -3,8 +3,9 @@
 No datasheet figure describes what this process's threads can do, so the peak is measured once per
 process: the best of five 512x512x512 matmuls in float32, and in bfloat16 too where the CPU computes
 it natively (AVX-512 BF16, AMX), the faster of the two, with the process's own thread count. The
-``metrics`` patch divides the rehearsal's MFU by it; :func:`npu_inject.hardware.measure_host` makes
-this host a device profile from it. torch is imported when the probe runs, not at import.
+``metrics`` patch divides the rehearsal's MFU by rank 0's measurement on every rank (unless a calibrated
+``cpu`` profile gives the peak); :func:`npu_inject.hardware.measure_host` makes this host a device
+profile from it. torch is imported when the probe runs, not at import.
 """
 
 from __future__ import annotations

@@ -21,10 +21,21 @@ from tools import forklaunch  # noqa: E402
 
 
 def clean_env(**overrides: str) -> dict[str, str]:
-    """The current environment without TORCHTITAN_NPU*, plus overrides."""
+    """The current environment without TORCHTITAN_NPU*, plus overrides (the rehearsal's host check off unless
+    named: :func:`without_host_memory_check`)."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("TORCHTITAN_NPU")}
     env.update(overrides)
-    return env
+    return without_host_memory_check(env)
+
+
+def without_host_memory_check(env: dict[str, str]) -> dict[str, str]:
+    """``env`` with the rehearsal's start-up host check off unless the selection names it: the check plans each
+    run first (15-30 s of a test's time; tests/unit/patches/test_host_memory_check.py and its e2e case cover it),
+    and the tests' jobs are small enough for any host."""
+    selection = env.get("TORCHTITAN_NPU_PATCHES", "")
+    if env.get("TORCHTITAN_NPU") != "cpu" or "host_memory_check" in selection:
+        return env
+    return {**env, "TORCHTITAN_NPU_PATCHES": f"{selection},-host_memory_check" if selection else "-host_memory_check"}
 
 
 def parse_losses(log: str) -> dict[int, float]:
@@ -42,6 +53,7 @@ def torchrun(args: list[str], env: dict[str, str], nproc: int = 2, timeout: int 
     another interpreter (e.g. the CANN emulation's venv), the run changes a variable read at
     import time, or NPU_INJECT_TEST_LAUNCHER=torchrun."""
     env = {"HF_HUB_OFFLINE": "1", **env}
+    env = without_host_memory_check(env)
     port = _free_port()
     if python is None and not real and os.environ.get(forklaunch.LAUNCHER_VAR, "fork") != "torchrun":
         if _LAUNCHER.process is None:

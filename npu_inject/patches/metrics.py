@@ -1,4 +1,4 @@
-"""MFU against the peak of the device the run uses: its hardware profile's BF16 peak, the host's measured peak in the rehearsal.
+"""MFU against the peak of the device the run uses: its profile's BF16 peak; in the rehearsal one host peak on every rank.
 
 torchtitan's ``get_peak_flops(device_name)`` (``torchtitan.tools.utils``, read
 through the module by ``MetricsProcessor`` and ``Trainer``) knows no Ascend part and
@@ -10,17 +10,23 @@ falls back to A100's 312 TFLOPS, so MFU on an NPU is off by the ratio of the pea
   Option ``peak_tflops`` (> 0) overrides them, e.g. for a part they do not list. A name they do
   not know and no override: MFU becomes NaN (``mfu: nan%``) and the fallback is logged once and
   reported -- never another device's peak.
-* CPU rehearsal: no datasheet figure describes what this process's threads can do, so the
-  peak is measured once per process: the best of five 512x512x512 matmuls in float32, and in
-  bfloat16 too where the CPU computes it natively (AVX-512 BF16, AMX), the faster of the two,
-  with the process's own thread count. The rehearsal's log then shows an MFU against the host's
-  measured matmul peak (the report says so and gives the figure), never ``nan%``; option
-  ``peak_tflops`` overrides it as on the NPU.
+* CPU rehearsal: no datasheet figure describes what this process's threads can do, and a peak
+  measured by each rank for itself differed by 5x between runs and ranks under load (2.3e10 to
+  1.29e11 FLOP/s seen; two ranks printed 27% and 46% MFU for the same step). Every rank divides by
+  one peak, in this order: option ``peak_tflops`` (> 0); the ``cpu`` profile of a hardware file
+  (``TORCHTITAN_NPU_HARDWARE``, as ``npu-inject calibrate`` on this host writes it: its best matmul
+  rate, the faster of bf16 and fp32); else rank 0's measurement (``npu_inject.host_peak``: the best
+  of five 512x512x512 matmuls, in bf16 too where the CPU computes it natively), taken when the patch
+  applies and handed to every rank when the process group starts (``PatchContext.agree_with_rank0``).
+  The rehearsal's log shows an MFU against it, never ``nan%``; the report says which peak and where
+  it came from. Called before the ranks agreed (outside a ``Trainer``), it divides by this process's
+  own measurement and reports that as a fallback.
 """
 
 from __future__ import annotations
 
 import math
+import os
 
 from npu_inject import hardware
 from npu_inject.errors import ConfigError
@@ -41,17 +47,58 @@ def ascend_peak_flops(device_name: str) -> tuple[float, str] | None:
     return profile.peak("bfloat16"), profile.sources["peak_tflops.bf16"]
 
 
+def calibrated_host_peak() -> tuple[float, str] | None:
+    """(FLOP/s, its source) of a hardware file's ``cpu`` profile (npu-inject calibrate on this host), or None."""
+    catalog = hardware.load()
+    if hardware.CPU not in catalog.profiles:
+        return None
+    profile = catalog.profiles[hardware.CPU]
+    dtype = max(("bf16", "fp32"), key=lambda short: profile.peak_tflops.get(short, 0.0))
+    origin = os.environ.get(hardware.ENV_FILE) or hardware.PACKAGED
+    return profile.peak(dtype), (f"calibrated cpu profile's {dtype} matmul peak "
+                                 f"{profile.peak(dtype) / 1e9:.1f} GFLOP/s ({origin}: "
+                                 f"{profile.sources.get(f'peak_tflops.{dtype}', 'no source given')})")
+
+
 def apply(ctx: PatchContext) -> None:
     override_tflops = float(ctx.options["peak_tflops"])  # option_rules: >= 0; 0 = use the table
+    host_peak: dict[str, tuple[float, str]] = {}  # "agreed" or "calibrated": (FLOP/s, where it comes from)
+
+    if ctx.device_kind == "cpu" and override_tflops <= 0:
+        try:
+            calibrated = calibrated_host_peak()
+        except ConfigError as exc:
+            calibrated = None
+            ctx.fallback(f"{exc}: MFU against rank 0's measured host peak instead")
+        if calibrated is not None:
+            host_peak["calibrated"] = calibrated
+        else:
+            def use_rank0_peak(measured: tuple[float, str]) -> None:
+                host_peak["agreed"] = measured
+
+            # Measured now, while torchtitan is imported: the proposal must exist before the process group
+            # does (Trainer.init_distributed, where the runtime hands every rank rank 0's).
+            ctx.agree_with_rank0("host_peak", measured_host_peak_flops(), use_rank0_peak)
+
+    def rehearsal_peak() -> float:
+        if "calibrated" in host_peak:
+            rate, how = host_peak["calibrated"]
+            ctx.note(f"MFU in the CPU rehearsal is against the {how}, the same on every rank")
+        elif "agreed" in host_peak:
+            rate, how = host_peak["agreed"]
+            ctx.note(f"MFU in the CPU rehearsal is against the {how}: rank 0's measurement, the same on every rank")
+        else:
+            rate, how = measured_host_peak_flops()
+            ctx.fallback(f"MFU against this process's own {how}: get_peak_flops ran before the ranks agreed on "
+                         "rank 0's (Trainer.init_distributed); other ranks may divide by another peak")
+        return rate
 
     def get_peak_flops(original, device_name: str) -> float:
         if override_tflops > 0:
             ctx.note(f"peak FLOPs for {device_name!r}: {override_tflops} TFLOPS (option peak_tflops)")
             return override_tflops * 1e12
         if ctx.device_kind == "cpu":
-            rate, how = measured_host_peak_flops()
-            ctx.note(f"MFU in the CPU rehearsal is against the {how}")
-            return rate
+            return rehearsal_peak()
         found = ascend_peak_flops(device_name)
         if found is None:
             ctx.fallback(

@@ -9,8 +9,9 @@ torchtitan's memory line at every step), and checked as ``model_guard`` checks i
 The runtime runs the CPU rehearsal's patches (the NPU target's code paths, with the NPU kernels'
 fakes), less those whose work is a probe or a host-side choice: ``rehearsal_dtype`` (the NPU keeps
 bf16), ``optimizer`` (its probe steps a real optimizer; the NPU runs torchtitan's fused AdamW, as on
-the emulation) and ``model_guard``, whose checks the planner runs itself except the data set's
-presence (no data is read). ``compile`` is planned as eager (noted in the result).
+the emulation), ``model_guard``, whose checks the planner runs itself except the data set's
+presence (no data is read), and ``host_memory_check``, which runs the planner (a recording would plan
+itself again). ``compile`` is planned as eager (noted in the result).
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from typing import Any
 from npu_inject import model_checks
 from npu_inject.torchtitan_argv import with_flags
 
-PLANNER_EXCLUDED = ("rehearsal_dtype", "optimizer", "model_guard")
+PLANNER_EXCLUDED = ("rehearsal_dtype", "optimizer", "model_guard", "host_memory_check")
 FORCED_FLAGS = ("--comm.mode", "fake_backend", "--checkpoint.no-enable", "--validator.no-enable",
                 "--metrics.log_freq", "1")
 

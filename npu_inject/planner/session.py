@@ -149,6 +149,9 @@ def run(argv: list[str], *, world_size: int, rank: int, steps: int = 2, selectio
     argv = with_flags(argv, [*FORCED_FLAGS, "--dump_folder", dump_folder.name,
                              *([] if "--debug.seed" in argv else ["--debug.seed", "0"])])
     config = guard(argv, world_size)
+    # The learning-rate schedule must reach the steps recorded: a job of fewer (--training.steps 1) is planned
+    # as its steps, torchtitan's scheduler refusing to decay over zero steps otherwise.
+    config.training.steps = max(config.training.steps, steps)
     # Planned as eager: dynamo would skip every frame under the planner's dispatch modes, which torch 2.14
     # refuses for torchtitan's fullgraph blocks ("found no compiled frames").
     compiled, config.compile.enable = bool(config.compile.enable), False

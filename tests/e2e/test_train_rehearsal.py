@@ -94,3 +94,17 @@ def test_ranks_compute_in_rank0s_choice_of_dtype_when_their_probes_disagree(tmp_
     for rank in (0, 1):
         record = json.load(open(dump / "npu_inject" / f"report_rank{rank}.json"))["patches"]["rehearsal_dtype"]
         assert record["state"] == "applied" and record["notes"] == [chosen.removeprefix("npu_inject: ")], record
+
+
+def test_a_job_this_host_cannot_hold_stops_at_start_up_with_one_line(tmp_path):
+    """host_memory_check (named: the test harness turns it off elsewhere): a rehearsal whose plan asks more of this
+    host than it has stops on every rank before the model is built, instead of the OOM killer minutes in."""
+    env = clean_env(TORCHTITAN_NPU="cpu", TORCHTITAN_NPU_PATCHES="+host_memory_check")
+    result = torchrun(["--module", "llama3", "--config", "llama3_debugmodel", "--training.seq_len", "65536",
+                       "--training.local_batch_size", "8", "--training.steps", "1", "--checkpoint.no-enable",
+                       "--dump_folder", str(tmp_path / "dump")], env, timeout=600)
+    assert result.returncode != 0
+    lines = [line for line in result.stdout.splitlines() if "npu_inject host_memory_check: this host cannot hold" in line]
+    assert len(lines) == 2, result.stdout[-4000:]  # one per rank, the same
+    assert "What would fit: --training." in lines[0] and "TORCHTITAN_NPU_PATCHES=-host_memory_check" in lines[0]
+    assert not parse_losses(result.stdout)  # no step ran

@@ -10,6 +10,7 @@ must carry what upstream's ``init_distributed`` writes into NCCL's, and upstream
 from __future__ import annotations
 
 import importlib
+import json
 import math
 import os
 import time
@@ -80,18 +81,22 @@ def test_option_overrides_the_table(applied):
     assert utils.get_peak_flops("Ascend310P3") == pytest.approx(400e12)
 
 
-def test_rehearsal_mfu_is_against_the_hosts_measured_matmul_peak(applied):
+CPU_DEVICE = "CPU rehearsal (host memory: process RSS)"
+
+
+def test_rehearsal_mfu_is_against_the_hosts_measured_matmul_peak_without_an_agreement(applied):
+    """get_peak_flops called outside a Trainer (no rank agreement): this process's own measurement, said so."""
     from torchtitan.tools import utils
 
-    upstream = utils.get_peak_flops("CPU rehearsal (host memory: process RSS)")
+    upstream = utils.get_peak_flops(CPU_DEVICE)
     assert upstream == 312e12  # what torchtitan would divide by: A100's peak
-    _, ctx = applied("metrics", "cpu")
     from npu_inject import host_peak
 
     host_peak.measured_host_peak_flops.cache_clear()
     rng_before = torch.get_rng_state()
-    peak = utils.get_peak_flops("CPU rehearsal (host memory: process RSS)")
-    # The probe runs after torchtitan seeded the job: it must not move the random stream (weights, data).
+    _, ctx = applied("metrics", "cpu")  # measures rank 0's proposal as it applies
+    peak = utils.get_peak_flops(CPU_DEVICE)
+    # The probe may run after torchtitan seeded the job: it must not move the random stream (weights, data).
     assert torch.equal(torch.get_rng_state(), rng_before)
     # Independent of the patch's probe: one timed float32 matmul of another shape on this host.
     a, b = torch.randn(384, 384), torch.randn(384, 384)
@@ -100,9 +105,66 @@ def test_rehearsal_mfu_is_against_the_hosts_measured_matmul_peak(applied):
     torch.mm(a, b)
     float32_rate = 2 * 384**3 / (time.perf_counter() - started)
     assert math.isfinite(peak) and peak > 0.2 * float32_rate, (peak, float32_rate)
-    assert any("host matmul peak" in note and "GFLOP/s" in note for note in ctx.notes)
+    (fallback,) = ctx.fallbacks
+    assert fallback.startswith("MFU against this process's own host matmul peak") and "GFLOP/s" in fallback
+    assert "before the ranks agreed" in fallback
     applied("metrics", "cpu", peak_tflops=2.0)
-    assert utils.get_peak_flops("CPU rehearsal (host memory: process RSS)") == pytest.approx(2e12)
+    assert utils.get_peak_flops(CPU_DEVICE) == pytest.approx(2e12)
+
+
+def test_every_rank_divides_by_rank0s_measured_peak(applied, monkeypatch):
+    """Issue 43: each rank divided by its own measurement (27% and 46% MFU for one step); now rank 0's, on all."""
+    from npu_inject.patches import metrics
+
+    this_rank = (4.6e10, "host matmul peak 46.0 GFLOP/s measured in float32 (512x512x512, best of 5, 1 thread(s))")
+    rank0 = (2.7e10, "host matmul peak 27.0 GFLOP/s measured in float32 (512x512x512, best of 5, 1 thread(s))")
+    monkeypatch.setattr(metrics, "measured_host_peak_flops", lambda: this_rank)
+    monkeypatch.delenv("TORCHTITAN_NPU_HARDWARE", raising=False)
+    _, ctx = applied("metrics", "cpu")
+    ((name, proposal, use),) = ctx.agreements
+    assert (name, proposal) == ("host_peak", this_rank)
+    use(rank0)  # what the runtime's rank agreement hands every rank when the process group starts
+    from torchtitan.tools import utils
+
+    assert utils.get_peak_flops(CPU_DEVICE) == 2.7e10
+    assert ctx.notes == ["MFU in the CPU rehearsal is against the host matmul peak 27.0 GFLOP/s measured in "
+                         "float32 (512x512x512, best of 5, 1 thread(s)): rank 0's measurement, the same on every rank"]
+    assert not ctx.fallbacks
+
+
+def test_a_calibrated_cpu_profile_gives_the_rehearsals_peak(applied, monkeypatch, tmp_path):
+    from npu_inject import hardware
+    from npu_inject.patches import metrics
+
+    def no_probe():
+        raise AssertionError("a calibrated cpu profile needs no measurement")
+
+    monkeypatch.setattr(metrics, "measured_host_peak_flops", no_probe)
+    document = json.load(open(hardware.PACKAGED))
+    profile = dict(document["profiles"]["Ascend910B1"], family="cpu", description="this host, calibrated")
+    profile.pop("rates")
+    profile["peak_tflops"] = {"bf16": {"value": 0.031, "source": "npu-inject calibrate: the best matmul of the grid"},
+                              "fp32": {"value": 0.052, "source": "npu-inject calibrate: the best matmul of the grid"}}
+    path = tmp_path / "host.json"
+    path.write_text(json.dumps({"profiles": {"cpu": profile}}))
+    monkeypatch.setenv("TORCHTITAN_NPU_HARDWARE", str(path))
+    _, ctx = applied("metrics", "cpu")
+    assert ctx.agreements == []  # every rank reads the same file
+    from torchtitan.tools import utils
+
+    assert utils.get_peak_flops(CPU_DEVICE) == pytest.approx(0.052e12)
+    assert ctx.notes == [f"MFU in the CPU rehearsal is against the calibrated cpu profile's fp32 matmul peak 52.0 "
+                         f"GFLOP/s ({path}: npu-inject calibrate: the best matmul of the grid), the same on every rank"]
+
+
+def test_an_unreadable_hardware_file_falls_back_to_rank0s_peak_and_says_so(applied, monkeypatch, tmp_path):
+    path = tmp_path / "broken.json"
+    path.write_text("{")
+    monkeypatch.setenv("TORCHTITAN_NPU_HARDWARE", str(path))
+    _, ctx = applied("metrics", "cpu")
+    (fallback,) = ctx.fallbacks
+    assert str(path) in fallback and fallback.endswith("MFU against rank 0's measured host peak instead")
+    assert [name for name, _, _ in ctx.agreements] == ["host_peak"]
 
 
 # -- determinism ------------------------------------------------------------------------------
