@@ -51,7 +51,9 @@ def plan(hardware: str, hardware_file: str | None, ranks: int, argv: list[str]) 
 
 def rehearsal_step_s(steps: int, ranks: int) -> list[float]:
     """Each logged step's seconds on rank 0: the tokens it trains (local batch x seq) over torchtitan's tps."""
-    env = {**os.environ, "TORCHTITAN_NPU": "cpu", "HF_HUB_OFFLINE": "1"}
+    # One thread per rank, as torchrun sets for several ranks (and calibrate measures with --threads 1): the
+    # 1-rank row would otherwise compute on every core.
+    env = {**os.environ, "TORCHTITAN_NPU": "cpu", "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
     with tempfile.TemporaryDirectory() as folder:
         done = subprocess.run([os.path.join(BIN, "torchrun"), "--standalone", "--nproc_per_node", str(ranks),
                                "-m", "torchtitan.train", *REHEARSAL, "--training.steps", str(steps),
