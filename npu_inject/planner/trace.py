@@ -310,8 +310,11 @@ def _kernel_shape(func, args, kwargs) -> tuple:
             return (a.shape[0] * a.shape[1], b.shape[2], a.shape[2])  # the batch as more rows
         if short == "_grouped_mm":
             a, b = args[0], args[1]
-            groups = b.shape[0] if b.dim() == 3 else max(a.shape[0], 1)
-            return (max(a.shape[0] // groups, 1), b.shape[-1], a.shape[-1]) if b.dim() == 3 else (a.shape[0], b.shape[-1], a.shape[-1] // groups)
+            offsets = args[2] if len(args) > 2 else kwargs.get("offs")
+            groups = offsets.shape[0] if offsets is not None else (b.shape[0] if b.dim() == 3 else 1)
+            if b.dim() == 3:  # along M: a (rows, K), b (groups, K, N)
+                return (max(a.shape[0] // groups, 1), b.shape[-1], a.shape[-1])
+            return (a.shape[0], b.shape[-1], max(a.shape[-1] // groups, 1))  # along K: the per-group weight gradient
         return ()
     if func.namespace != "npu_inject":
         return ()

@@ -139,3 +139,23 @@ def test_the_packaged_measured_profile_reaches_what_its_measurements_say():
     tflops = profile.rates.matmul_tflops("bf16", 16384, 4096, 4096)
     assert 0.6 * 989 < tflops < 0.9 * 989
     assert math.isfinite(profile.rates.host_us) and profile.rates.host_us > 0
+
+
+def test_the_trace_records_a_matrix_kernels_shape_as_its_rate_is_looked_up():
+    """(M, N, K) of C[M, N] = A[M, K] @ B[K, N]; a batched product's batch as more rows; a grouped product per group."""
+    import torch
+
+    from npu_inject.planner.trace import _kernel_shape
+
+    aten = torch.ops.aten
+    a_MK, b_KN = torch.empty(8, 4), torch.empty(4, 2)
+    assert _kernel_shape(aten.mm.default, (a_MK, b_KN), {}) == (8, 2, 4)
+    assert _kernel_shape(aten.addmm.default, (torch.empty(2), a_MK, b_KN), {}) == (8, 2, 4)
+    assert _kernel_shape(aten.bmm.default, (torch.empty(3, 8, 4), torch.empty(3, 4, 2)), {}) == (24, 2, 4)
+    rows_RK, weights_GKN = torch.empty(64, 32, dtype=torch.bfloat16), torch.empty(4, 32, 16, dtype=torch.bfloat16)
+    offsets_G = torch.tensor([16, 32, 48, 64], dtype=torch.int32)
+    assert _kernel_shape(aten._grouped_mm.default, (rows_RK, weights_GKN, offsets_G), {}) == (16, 16, 32)
+    # Along K (the experts' weight gradient): x (M, K summed over groups), y (K, N) -> per group (M, N, K / groups).
+    x_MK, y_KN = torch.empty(32, 64, dtype=torch.bfloat16), torch.empty(64, 16, dtype=torch.bfloat16)
+    assert _kernel_shape(aten._grouped_mm.default, (x_MK, y_KN, offsets_G), {}) == (32, 16, 16)
+    assert _kernel_shape(aten.add.Tensor, (a_MK, a_MK), {}) == ()
