@@ -28,13 +28,13 @@ class _ActivatingLoader:
         if module.__spec__ is not None:
             module.__spec__.loader = self.loader
         from npu_inject import runtime
-        from npu_inject.errors import ConfigError
+        from npu_inject.errors import ConfigError, stop_run
 
         try:
             active = runtime.activate(install_hooks=False)
         except ConfigError as exc:
             # One clear message, no traceback, nothing applied, no training.
-            raise SystemExit(f"npu_inject: configuration error: {exc}") from None
+            stop_run(f"npu_inject: configuration error: {exc}")
         self.loader.exec_module(module)
         if active is not None:
             # Hooks go in once the package exists: the one for "torchtitan" itself fires now.

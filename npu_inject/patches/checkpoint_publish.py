@@ -36,6 +36,7 @@ import re
 import shutil
 from concurrent.futures import Future
 
+from npu_inject.errors import stop_run
 from npu_inject.patching import PatchContext
 
 TARGETS = (
@@ -223,7 +224,7 @@ def apply(ctx: PatchContext) -> None:
             ctx.fallback(f"checkpoint {name} skipped: incomplete ({problem}); trying an older one")
         if step == -1 and skipped:
             # torchtitan would log "fresh start" and train from step 1 over the user's folder.
-            raise SystemExit(none_complete_message(folder, skipped))
+            stop_run(none_complete_message(folder, skipped))
         return step
 
     def dcp_load(original, manager, state_dict, checkpoint_id, from_hf, from_quantized):

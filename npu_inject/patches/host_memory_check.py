@@ -43,6 +43,7 @@ import tempfile
 import time
 from typing import Callable
 
+from npu_inject.errors import stop_run
 from npu_inject.patching import PatchContext
 from npu_inject.torchtitan_argv import with_flags
 
@@ -200,7 +201,7 @@ def apply(ctx: PatchContext) -> None:
         used.append(status)
         if status == DOES_NOT_FIT:
             ctx.note(line)  # the report, written as the process exits, says why it stopped
-            raise SystemExit(f"npu_inject host_memory_check: {line}")
+            stop_run(f"npu_inject host_memory_check: {line}")
         if status == UNCHECKED:
             ctx.fallback(line)
             return

@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import sys
 
+from npu_inject.errors import stop_run
 from npu_inject.model_checks import (
     data_problem,
     family_problem,
@@ -68,6 +69,6 @@ def apply(ctx: PatchContext) -> None:
                            or override_problem(config, ctx.device_kind) or data_problem(config, config_name))
                 if problem is None:
                     return config
-        raise SystemExit(f"npu_inject model_guard: {problem}")
+        stop_run(f"npu_inject model_guard: {problem}")
 
     ctx.wrap("ConfigManager.parse_args", parse_args)

@@ -12,11 +12,14 @@ replays (:mod:`npu_inject.planner.allocator`).
 
 from __future__ import annotations
 
+import contextlib
+import sys
 import weakref
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
+from torch.distributed._tools.mod_tracker import ModTracker
 from torch.distributed.tensor import DTensor
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
@@ -100,6 +103,29 @@ def _storage(tensor: torch.Tensor):
         return None
 
 
+class _UncheckedModTracker(ModTracker):
+    """torch's ModTracker whose gradient hooks are registered outside spmd_types' checker.
+
+    --debug.spmd_typechecking runs the step under spmd_types' TorchFunctionMode, which has no rule for
+    ``Tensor.register_hook`` on a typed tensor and stops the plan. The hooks are the planner's bookkeeping,
+    not the model's math, so they bypass the checker; everything the model computes is still checked.
+    """
+
+    def _fw_pre_hook(self, mod, input):
+        with _no_typecheck():
+            return super()._fw_pre_hook(mod, input)
+
+    def _fw_post_hook(self, mod, input, output):
+        with _no_typecheck():
+            return super()._fw_post_hook(mod, input, output)
+
+
+def _no_typecheck():
+    """spmd_types' pause when torchtitan's type checker is loaded (a no-op without an active checker)."""
+    module = sys.modules.get("spmd_types")
+    return module.no_typecheck() if module is not None else contextlib.nullcontext()
+
+
 class Recorder(TorchDispatchMode):
     """Records ops and allocations under the active FakeTensorMode (see module docstring)."""
 
@@ -111,9 +137,7 @@ class Recorder(TorchDispatchMode):
         self._stream_ids = stream_ids  # torch.cpu.Stream -> small int (0: the default stream)
         # Which module each op runs in, forward, backward and recomputation: torch's module tracker (hooks on
         # every module's forward and on the gradients of its inputs and outputs).
-        from torch.distributed._tools.mod_tracker import ModTracker
-
-        self._modules = ModTracker()
+        self._modules = _UncheckedModTracker()
         self._ids: dict[int, int] = {}  # storage _cdata -> allocation id, while alive
         self.paused = 0  # > 0 inside DTensor's sharding propagation (global shapes, not this rank's work)
         self._refs: dict[int, weakref.ref] = {}  # storage _cdata -> weakref whose callback records the free

@@ -65,7 +65,7 @@ for module, config in json.loads(sys.argv[1]):
     try:
         ConfigManager().parse_args(["--module", module, "--config", config])
     except SystemExit as exc:
-        stops[config] = str(exc.code)
+        stops[config] = str(exc)
     else:
         stops[config] = None
 print("STOPS " + json.dumps(stops))

@@ -73,7 +73,7 @@ for path in sys.argv[1:]:
         config = ConfigManager().parse_args(["--module", "llama3", "--config", "llama3_debugmodel",
                                              "--dataloader.dataset_path", path])
     except SystemExit as exc:
-        print("STOP", exc.code)
+        print("STOP", exc)
     else:
         print("PASS", config.dataloader.dataset, config.dataloader.dataset_path)
 """
