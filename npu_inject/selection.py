@@ -166,6 +166,10 @@ def make(environ: os._Environ | dict | None = None) -> Selection:
     settings = settings_mod.load(environ)
     registry = registry_mod.load(settings.registry_path)
     enabled = select(registry, settings.patches)
+    if settings.faults and not enabled.get("inject_faults"):
+        # Faults asked for and silently not caused would make a recovery test pass for nothing.
+        raise ConfigError(f"{settings_mod.ENV_FAULTS} asks for faults but patch inject_faults is not enabled; "
+                          f"add +inject_faults to {settings_mod.ENV_PATCHES} or unset {settings_mod.ENV_FAULTS}")
     initial = {patch_id: initial_state(spec, enabled, settings.target) for patch_id, spec in registry.patches.items()}
     pending = [patch_id for patch_id, (state, _) in initial.items() if state == "pending"]
     versions = {dist: installed_version(dist) for dist in registry_mod.VERSIONED_DISTRIBUTIONS}

@@ -16,6 +16,11 @@ ENV_PATCHES = "TORCHTITAN_NPU_PATCHES"
 ENV_REGISTRY = "TORCHTITAN_NPU_REGISTRY"
 ENV_STRICT = "TORCHTITAN_NPU_STRICT"
 ENV_REPORT_DIR = "TORCHTITAN_NPU_REPORT_DIR"
+ENV_FAULTS = "TORCHTITAN_NPU_FAULTS"
+
+# Faults the inject_faults patch can cause, and what each does at its step.
+FAULT_KINDS = {"nan_loss": "the model's output times NaN on the chosen ranks, so the loss and every gradient are NaN"}
+FAULT_FORM = "KIND@STEP or KIND@STEP:rank=R, comma-separated"
 
 # Values of TORCHTITAN_NPU and the target each one selects (None: runtime off).
 TARGET_VALUES = {"": None, "0": None, "1": "npu", "npu": "npu", "cpu": "cpu"}
@@ -42,6 +47,41 @@ def parse_flag(name: str, raw: str | None) -> bool:
 
 
 @dataclass(frozen=True)
+class Fault:
+    """One fault to inject: ``kind`` at training step ``step`` on ``rank`` (None: every rank)."""
+
+    kind: str
+    step: int
+    rank: int | None = None
+
+
+def parse_faults(raw: str | None) -> tuple[Fault, ...]:
+    """TORCHTITAN_NPU_FAULTS (``nan_loss@3,nan_loss@7:rank=1``) as Faults; raises ConfigError naming the item."""
+    faults = []
+    for item in (part.strip() for part in (raw or "").split(",")):
+        if not item:
+            continue
+        head, _, rank_part = item.partition(":")
+        kind, at, step = head.partition("@")
+        rank = None
+        problem = ""
+        if kind not in FAULT_KINDS:
+            problem = f"unknown fault {kind!r} (known: {', '.join(FAULT_KINDS)})"
+        elif not at or not step.isdigit() or int(step) < 1:
+            problem = "the step must be a training step >= 1"
+        elif rank_part:
+            name, _, value = rank_part.partition("=")
+            if name != "rank" or not value.isdigit():
+                problem = f"{rank_part!r} is not rank=R"
+            else:
+                rank = int(value)
+        if problem:
+            raise ConfigError(f"{ENV_FAULTS}: {item!r}: {problem}; use {FAULT_FORM}")
+        faults.append(Fault(kind, int(step), rank))
+    return tuple(faults)
+
+
+@dataclass(frozen=True)
 class Settings:
     """The runtime's view of the environment, validated."""
 
@@ -50,6 +90,7 @@ class Settings:
     registry_path: str | None  # user registry merged over the packaged one
     strict: bool
     report_dir: str | None  # where the report goes until torchtitan's dump folder is known
+    faults: tuple[Fault, ...] = ()  # what the inject_faults patch causes (TORCHTITAN_NPU_FAULTS)
 
     @property
     def enabled(self) -> bool:
@@ -76,4 +117,5 @@ def load(environ: os._Environ | dict | None = None) -> Settings:
         registry_path=registry_path,
         strict=parse_flag(ENV_STRICT, env.get(ENV_STRICT)),
         report_dir=env.get(ENV_REPORT_DIR) or None,
+        faults=parse_faults(env.get(ENV_FAULTS)),
     )

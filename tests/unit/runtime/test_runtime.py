@@ -187,3 +187,27 @@ def test_fallbacks_and_notes_recorded_inside_a_compiled_function_cause_no_recomp
     assert len(graphs) == 1
     assert context.fallbacks == ["reference path for 1-D input", *(f"recorded eagerly at step {s}" for s in range(3))]
     assert context.notes == ["a note"]
+
+
+@pytest.mark.parametrize("faults, message", [
+    ("nan_los@3", "unknown fault 'nan_los' (known: nan_loss)"),
+    ("nan_loss@0", "the step must be a training step >= 1"),
+    ("nan_loss", "the step must be a training step >= 1"),
+    ("nan_loss@3:rnk=1", "'rnk=1' is not rank=R"),
+])
+def test_a_bad_fault_is_one_configuration_error_naming_it(faults, message):
+    from npu_inject import settings
+
+    with pytest.raises(ConfigError) as raised:
+        settings.load(clean_env(TORCHTITAN_NPU="cpu", TORCHTITAN_NPU_FAULTS=faults))
+    assert str(raised.value).startswith(f"TORCHTITAN_NPU_FAULTS: {faults.split(',')[0]!r}: {message}")
+
+
+def test_faults_asked_for_without_the_patch_that_causes_them_stop_at_start_up():
+    from npu_inject import selection, settings
+
+    env = clean_env(TORCHTITAN_NPU="cpu", TORCHTITAN_NPU_FAULTS="nan_loss@3:rank=1")
+    assert settings.load(env).faults == (settings.Fault("nan_loss", 3, 1),)
+    with pytest.raises(ConfigError, match="patch inject_faults is not enabled; add \\+inject_faults"):
+        selection.make(env)
+    assert selection.make({**env, "TORCHTITAN_NPU_PATCHES": "+inject_faults"}).enabled["inject_faults"]

@@ -1,0 +1,51 @@
+"""Faults on purpose, to rehearse what a long job meets: TORCHTITAN_NPU_FAULTS names them.
+
+Off by default; ``TORCHTITAN_NPU_PATCHES=+inject_faults`` with ``TORCHTITAN_NPU_FAULTS`` set causes
+them (the variable set without the patch stops at start-up: faults asked for and silently not caused
+would let a recovery check pass for nothing). Its form is ``KIND@STEP`` or ``KIND@STEP:rank=R``,
+comma-separated; a bad item stops at start-up naming it.
+
+* ``nan_loss@K``: during training step K, the output of the rank's first model part is multiplied by
+  NaN, so that rank's loss and, through the gradient reduction, every rank's gradients are NaN (what a
+  bad batch or an overflow does). With :mod:`npu_inject.patches.finite_steps` the step is then not
+  applied; without it, torchtitan writes NaN into the weights.
+
+Module ``torchtitan.trainer``: ``Trainer.train_step`` is wrapped; a forward hook lives for the chosen
+step only. Each fault caused is noted in the report.
+"""
+
+from __future__ import annotations
+
+import os
+
+from npu_inject.patching import PatchContext
+
+TARGETS = (
+    "torchtitan.trainer:Trainer.train_step",
+)
+
+
+def _times_nan(module, args, output):
+    if isinstance(output, tuple):
+        return (output[0] * float("nan"), *output[1:])
+    return output * float("nan")
+
+
+def apply(ctx: PatchContext) -> None:
+    from npu_inject import selection
+
+    faults = selection.current().settings.faults
+    rank = int(os.environ.get("RANK", "0"))
+    nan_steps = {fault.step for fault in faults if fault.kind == "nan_loss" and fault.rank in (None, rank)}
+
+    def train_step(original, trainer, *args, **kwargs):
+        if trainer.step not in nan_steps:
+            return original(trainer, *args, **kwargs)
+        hook = trainer.model_parts[0].register_forward_hook(_times_nan)
+        ctx.note(f"step {trainer.step}: nan_loss injected on rank {rank}")
+        try:
+            return original(trainer, *args, **kwargs)
+        finally:
+            hook.remove()
+
+    ctx.wrap("Trainer.train_step", train_step)
