@@ -23,17 +23,34 @@ Module ``torchtitan.components.checkpointer.dcp``:
   ``CheckpointManager.dcp_load`` checks the same before loading an explicit step or
   initial path, and names what is missing instead of failing inside DCP.
 
+* Checksums: DCP's ``FileSystem.create_stream`` is wrapped so that each data file
+  (``*.distcp``) is summed (size and CRC-32) as its bytes are written, not read back
+  afterwards, and the sum lands beside it as ``.<file>.checksum.json``. A resume verifies
+  the checkpoint it is about to load: the ranks split its files, each reads its share once,
+  and all agree on the first problem (an all-gather). A file changed since it was written
+  (same size or not) or gone stops every rank with one line naming it and the newest
+  earlier checkpoint that verifies, instead of training on from garbage; a checkpoint with
+  checksums that lost bytes is damaged, not skipped as an unfinished save. Every async mode
+  writes them (the writers run in the training process). A checkpoint without checksums
+  (written without the runtime) is checked for presence and sizes only, said in the report.
+  Cost: one CRC-32 pass over the bytes as they are written, and one read of the checkpoint,
+  split over the ranks, at resume.
+
 Remote (fsspec) folders keep upstream behavior, noted in the report. The files
-written are plain DCP checkpoints, loadable without this runtime.
+written are plain DCP checkpoints, loadable without this runtime (DCP reads the files
+``.metadata`` names and ignores the checksum files).
 """
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import errno
+import json
 import os
 import re
 import shutil
+import zlib
 from concurrent.futures import Future
 
 from npu_inject.errors import stop_run
@@ -43,11 +60,15 @@ TARGETS = (
     "torchtitan.components.checkpointer.dcp:CheckpointManager.dcp_save",
     "torchtitan.components.checkpointer.dcp:CheckpointManager.dcp_load",
     "torchtitan.components.checkpointer.dcp:CheckpointManager._find_load_step",
+    "torch.distributed.checkpoint.filesystem:FileSystem.create_stream",
 )
 
 STAGING_PREFIX = ".saving-"
 STEP_PATTERN = re.compile(r"step-(\d+)")  # torchtitan's own (re.search) pattern
 HF_INDEX = "model.safetensors.index.json"
+DATA_SUFFIX = ".distcp"  # DCP's data files; .metadata is a pickle DCP itself refuses when damaged
+CHECKSUM_SUFFIX = ".checksum.json"
+READ_CHUNK = 16 << 20
 NOT_ATOMIC = "replaced the previous checkpoint of this step with two renames (no atomic exchange on this file system)"
 
 
@@ -123,6 +144,101 @@ def checkpoint_problem(path: str) -> str | None:
     if os.path.isfile(os.path.join(path, HF_INDEX)):
         return None  # a Hugging Face export: torchtitan's own criterion
     return "no .metadata (the save did not finish)"
+
+
+# -- checksums: summed as written, verified before a resume loads --------------------------
+class SummingStream:
+    """A data file being written: every write goes to the file and into its size and CRC-32."""
+
+    def __init__(self, stream) -> None:
+        self._stream = stream
+        self.size = 0
+        self.crc32 = 0
+
+    def write(self, data) -> int:
+        view = memoryview(data).cast("B")
+        self.crc32 = zlib.crc32(view, self.crc32)
+        self.size += view.nbytes
+        return self._stream.write(data)
+
+    def __getattr__(self, name):  # tell, flush, fileno, close: the file's own
+        return getattr(self._stream, name)
+
+
+def checksum_path(data_path: str) -> str:
+    folder, name = os.path.split(data_path)
+    return os.path.join(folder, f".{name}{CHECKSUM_SUFFIX}")
+
+
+@contextlib.contextmanager
+def summed(opened, data_path: str):
+    """``opened`` (DCP's stream context for a data file), summed; the sum is written once the file is closed."""
+    with opened as stream:
+        summing = SummingStream(stream)
+        yield summing
+    with open(checksum_path(data_path), "w", encoding="utf-8") as handle:
+        json.dump({"size": summing.size, "crc32": summing.crc32}, handle)
+
+
+def checksum_files(path: str) -> list[str]:
+    """The data files of checkpoint ``path`` that carry a checksum, sorted."""
+    return sorted(name[1:-len(CHECKSUM_SUFFIX)] for name in os.listdir(path)
+                  if name.startswith(".") and name.endswith(DATA_SUFFIX + CHECKSUM_SUFFIX))
+
+
+def file_problem(path: str, name: str) -> str | None:
+    """None when data file ``name`` of checkpoint ``path`` holds exactly what was written, else what differs."""
+    with open(checksum_path(os.path.join(path, name)), encoding="utf-8") as handle:
+        written = json.load(handle)
+    data_path = os.path.join(path, name)
+    if not os.path.isfile(data_path):
+        return f"{name} is missing"
+    actual_size = os.path.getsize(data_path)
+    if actual_size != written["size"]:
+        return f"{name} holds {actual_size} bytes, {written['size']} were written"
+    crc = 0
+    with open(data_path, "rb") as handle:
+        while chunk := handle.read(READ_CHUNK):
+            crc = zlib.crc32(chunk, crc)
+    if crc != written["crc32"]:
+        return f"{name} changed since it was written (CRC-32 {crc:08x}, written {written['crc32']:08x})"
+    return None
+
+
+def checksum_problem(path: str, rank: int = 0, world_size: int = 1) -> str | None:
+    """This rank's share of checkpoint ``path``'s files (every ``world_size``-th from ``rank``), verified:
+    the first problem, or None."""
+    for name in checksum_files(path)[rank::world_size]:
+        problem = file_problem(path, name)
+        if problem is not None:
+            return problem
+    return None
+
+
+def _agreed_checksum_problem(path: str) -> str | None:
+    """checksum_problem with the files split over the job's ranks; every rank returns the same answer."""
+    import torch.distributed as dist
+
+    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
+        return checksum_problem(path)
+    rank, world_size = dist.get_rank(), dist.get_world_size()
+    problems: list[str | None] = [None] * world_size
+    dist.all_gather_object(problems, checksum_problem(path, rank, world_size))
+    return next((problem for problem in problems if problem is not None), None)
+
+
+def damaged_message(folder: str, name: str, problem: str, intact: str | None, searched: bool = True) -> str:
+    """One line: checkpoint ``name`` changed after it was written, and where to resume instead: the newest
+    intact earlier one when ``searched``, else how to find it."""
+    if not searched:
+        offer = "Load another step (--checkpoint.load_step), or leave load_step at -1 to find the newest intact one"
+    elif intact:
+        offer = (f"The newest intact checkpoint is {intact}: resume from it with --checkpoint.load_step "
+                 f"{STEP_PATTERN.search(intact).group(1)}, or move {name} away")
+    else:
+        offer = "No earlier checkpoint verifies; move the folder away to start fresh"
+    return (f"npu_inject checkpoint_publish: checkpoint {os.path.join(folder, name)} is damaged: {problem}; "
+            f"loading it would train on from garbage. {offer}")
 
 
 def newest_complete_step(folder: str, steps: list[tuple[int, str]]) -> tuple[int, list[tuple[str, str]]]:
@@ -202,6 +318,30 @@ def apply(ctx: PatchContext) -> None:
         publish_on_rank0(staging, final)
         return result
 
+    verified: set[str] = set()  # checkpoints this process verified (find_load_step, then dcp_load)
+    unsummed: set[str] = set()
+
+    def create_stream(original, fs, path, mode):
+        if mode != "wb" or not str(path).endswith(DATA_SUFFIX):
+            return original(fs, path, mode)
+        return summed(original(fs, path, mode), str(path))
+
+    def verify(path: str) -> str | None:
+        """The agreed problem with checkpoint ``path``'s checksums (None: intact, or none to check)."""
+        path = os.path.normpath(path)
+        if path in verified:
+            return None
+        if not checksum_files(path):
+            if path not in unsummed:
+                unsummed.add(path)
+                ctx.fallback(f"checkpoint {os.path.basename(path)} carries no checksums (written without the "
+                             "runtime): only its files' presence and sizes are checked")
+            return None
+        problem = _agreed_checksum_problem(path)
+        if problem is None:
+            verified.add(path)
+        return problem
+
     def find_load_step(original, manager, folder=""):
         folder = folder or manager.folder
         if filesystem.is_remote(folder):
@@ -220,24 +360,49 @@ def apply(ctx: PatchContext) -> None:
             if match and os.path.isdir(os.path.join(folder, name)):
                 steps.append((int(match.group(1)), name))
         step, skipped = newest_complete_step(folder, steps)
-        for name, problem in skipped:
-            ctx.fallback(f"checkpoint {name} skipped: incomplete ({problem}); trying an older one")
-        if step == -1 and skipped:
-            # torchtitan would log "fresh start" and train from step 1 over the user's folder.
-            stop_run(none_complete_message(folder, skipped))
+        # A newer checkpoint with checksums was published whole by the runtime: incomplete now means damaged.
+        damaged = next((name for name, _ in skipped if checksum_files(os.path.join(folder, name))), None)
+        if damaged is None:
+            for name, problem in skipped:
+                ctx.fallback(f"checkpoint {name} skipped: incomplete ({problem}); trying an older one")
+            if step == -1 and skipped:
+                # torchtitan would log "fresh start" and train from step 1 over the user's folder.
+                stop_run(none_complete_message(folder, skipped))
+            if step == -1:
+                return step
+            name = dict((n, name) for n, name in steps)[step]
+            problem = verify(os.path.join(folder, name))
+        else:
+            name = damaged
+            problem = verify(os.path.join(folder, name)) or dict(skipped)[name]
+        if problem is not None:
+            newest = dict((name, n) for n, name in steps)[name]
+            intact = next((older for n, older in sorted(steps, reverse=True) if n < newest
+                           and checkpoint_problem(os.path.join(folder, older)) is None
+                           and verify(os.path.join(folder, older)) is None), None)
+            stop_run(damaged_message(folder, name, problem, intact))
         return step
 
     def dcp_load(original, manager, state_dict, checkpoint_id, from_hf, from_quantized):
         if not from_hf and not filesystem.is_remote(str(checkpoint_id)):
-            problem = checkpoint_problem(str(checkpoint_id))
-            if problem is not None:
-                raise FileNotFoundError(
-                    f"checkpoint {checkpoint_id} is incomplete: {problem}. Its save did not finish; load "
-                    "another step (--checkpoint.load_step) or leave load_step at -1 to take the newest "
-                    "complete one"
-                )
+            path = str(checkpoint_id)
+            if os.path.isdir(path) and checksum_files(path):  # published whole by the runtime: verify it
+                problem = verify(path) or checkpoint_problem(path)
+                if problem is not None:
+                    folder, name = os.path.split(os.path.normpath(path))
+                    stop_run(damaged_message(folder, name, problem, None, searched=False))
+            else:
+                problem = checkpoint_problem(path)
+                if problem is not None:
+                    raise FileNotFoundError(
+                        f"checkpoint {checkpoint_id} is incomplete: {problem}. Its save did not finish; load "
+                        "another step (--checkpoint.load_step) or leave load_step at -1 to take the newest "
+                        "complete one"
+                    )
+                verify(path)  # says in the report that it carries no checksums
         return original(manager, state_dict, checkpoint_id, from_hf, from_quantized)
 
     ctx.wrap("CheckpointManager.dcp_save", dcp_save)
     ctx.wrap("CheckpointManager.dcp_load", dcp_load)
     ctx.wrap("CheckpointManager._find_load_step", find_load_step)
+    ctx.wrap("FileSystem.create_stream", create_stream)

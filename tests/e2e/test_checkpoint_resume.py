@@ -229,6 +229,25 @@ def test_a_resume_that_finds_no_complete_checkpoint_stops_before_training(tmp_pa
     assert os.listdir(folder / "step-2") == [".metadata"] and (folder / "step-2" / ".metadata").read_bytes() == b""
 
 
+def test_a_shard_overwritten_in_place_stops_every_rank_naming_it_and_the_newest_intact_one(tmp_path):
+    """Same size, other bytes (a bad disk, a partial copy between storage tiers): upstream loads it without a
+    word and trains on from garbage. Rank 1 verifies that file (the ranks split the files), both stop."""
+    ckpt_train(tmp_path, steps=4)
+    folder = tmp_path / "checkpoint"
+    shard = folder / "step-4" / "__1_0.distcp"
+    data = bytearray(shard.read_bytes())
+    data[len(data) // 2:len(data) // 2 + 64] = bytes(64)
+    shard.write_bytes(bytes(data))
+    losses, result = ckpt_train(tmp_path, steps=6, expect_ok=False)
+    assert result.returncode != 0 and losses == {}, result.stdout[-3000:]
+    stops = [line for line in result.stdout.splitlines() if line.startswith("npu_inject checkpoint_publish: checkpoint")]
+    assert len(stops) == 2 and stops[0] == stops[1], result.stdout[-3000:]  # every rank, the same line
+    assert stops[0].startswith(f"npu_inject checkpoint_publish: checkpoint {folder / 'step-4'} is damaged: "
+                               "__1_0.distcp changed since it was written (CRC-32 "), stops[0]
+    assert stops[0].endswith("The newest intact checkpoint is step-2: resume from it with --checkpoint.load_step 2, "
+                             "or move step-4 away"), stops[0]
+
+
 def sim_npu_env(**overrides):
     """2 simulated NPUs with the audit on (stream order of pinned staging and swapped states)."""
     return sim_env(clean_env(TORCHTITAN_NPU="1", TORCHTITAN_NPU_SIM_AUDIT="1", **overrides), devices=2)

@@ -435,3 +435,62 @@ def test_on_simulated_npu_staging_is_pinned_by_the_device_allocator():
     # Upstream pins only through CUDA; here the npu allocator holds both staging buffers.
     assert result["pinned_bytes"] >= 4096 * 4 + 7 * 4, result
     assert any("pinned host buffers from the npu allocator" in n for n in result["notes"])
+
+
+def _saved_twice(tmp_path):
+    """A runtime-written folder with step-1 and step-2 (a training step between them)."""
+    _activate()
+    model = _model()
+    manager, optimizers = _manager(tmp_path, model)
+    manager.save(curr_step=1)
+    _train_step(model, optimizers, 0)
+    manager.save(curr_step=2)
+    manager.close()
+    return manager._create_checkpoint_id(1), manager._create_checkpoint_id(2)
+
+
+def test_each_data_file_carries_the_size_and_crc32_of_the_bytes_written(tmp_path):
+    import zlib
+
+    step1, _ = _saved_twice(tmp_path)
+    data_files = sorted(name for name in os.listdir(step1) if name.endswith(".distcp"))
+    assert data_files
+    for name in data_files:
+        with open(os.path.join(step1, f".{name}.checksum.json"), encoding="utf-8") as handle:
+            written = json.load(handle)
+        data = open(os.path.join(step1, name), "rb").read()
+        assert written == {"size": len(data), "crc32": zlib.crc32(data)}
+    # plain DCP, no runtime, reads the folder as ever (it reads what .metadata names)
+    loaded = {k: torch.empty_like(v) for k, v in _model(seed=5).state_dict().items()}
+    runtime.deactivate()
+    dcp.load(loaded, checkpoint_id=step1)
+    assert all(torch.equal(v, _model().state_dict()[k]) for k, v in loaded.items())
+
+
+@pytest.mark.parametrize("damage", ["overwritten in place", "truncated"])
+def test_a_resume_refuses_a_damaged_checkpoint_naming_the_file_and_the_newest_intact_one(tmp_path, damage):
+    step1, step2 = _saved_twice(tmp_path)
+    data_file = sorted(name for name in os.listdir(step2) if name.endswith(".distcp"))[0]
+    path = os.path.join(step2, data_file)
+    size = os.path.getsize(path)
+    with open(path, "r+b") as handle:
+        if damage == "truncated":
+            handle.truncate(size // 2)
+        else:
+            handle.seek(size // 2)
+            handle.write(b"\xff" * 16)
+    assert os.path.getsize(path) == (size // 2 if damage == "truncated" else size)
+
+    reader, _ = _manager(tmp_path, _model(seed=3))
+    with pytest.raises(SystemExit) as stopped:
+        reader.load()
+    message = str(stopped.value)
+    problem = (f"{data_file} holds {size // 2} bytes, {size} were written" if damage == "truncated"
+               else f"{data_file} changed since it was written (CRC-32 ")
+    assert message.startswith(f"npu_inject checkpoint_publish: checkpoint {step2} is damaged: {problem}"), message
+    assert message.endswith("loading it would train on from garbage. The newest intact checkpoint is step-1: "
+                            "resume from it with --checkpoint.load_step 1, or move step-2 away"), message
+    with pytest.raises(SystemExit, match=f"checkpoint {step2} is damaged"):
+        reader.load(step=2)
+    assert reader.load(step=1)  # the intact one loads as ever
+    reader.close()
