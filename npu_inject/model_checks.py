@@ -214,3 +214,49 @@ def data_problem(config, config_name: str | None) -> str | None:
         return (f"--config {config_name} loads its autoencoder from {os.path.abspath(autoencoder)}, which does "
                 f"not exist: put FLUX.1-dev's ae.safetensors (Hugging Face black-forest-labs/FLUX.1-dev) there")
     return None
+
+
+# torchtitan's TorchFTManager builds these torchft process groups (experiments/torchft/manager.py).
+FT_PROCESS_GROUPS = ("gloo", "nccl", "mccl")
+FT_EXTRA = "pip install 'npu-inject[torchft]'"
+LIGHTHOUSE_CONNECT_TIMEOUT_S = 5.0
+
+
+def lighthouse_problem(address: str | None) -> str | None:
+    """Why torchft's lighthouse at ``address`` (TORCHFT_LIGHTHOUSE, ``http://host:port``) cannot be reached, or None."""
+    import socket
+    from urllib.parse import urlsplit
+
+    if not address:
+        return ("--fault_tolerance.enable needs torchft's lighthouse: start `torchft_lighthouse --min_replicas 1` "
+                "and set TORCHFT_LIGHTHOUSE=http://<its host>:29510 on every replica group")
+    parts = urlsplit(address if "://" in address else f"http://{address}")
+    if parts.hostname is None or parts.port is None:
+        return f"TORCHFT_LIGHTHOUSE={address!r} is not http://host:port"
+    try:
+        with socket.create_connection((parts.hostname, parts.port), timeout=LIGHTHOUSE_CONNECT_TIMEOUT_S):
+            return None
+    except OSError as exc:
+        return (f"TORCHFT_LIGHTHOUSE={address}: no lighthouse answers there ({exc.strerror or exc}); "
+                "start `torchft_lighthouse --min_replicas 1` on that host first")
+
+
+def fault_tolerance_problem(config, target: str, environ=os.environ) -> str | None:
+    """Why ``--fault_tolerance.enable`` cannot run on ``target`` as configured, or None (not enabled, or fine)."""
+    ft = getattr(config, "fault_tolerance", None)
+    if ft is None or not getattr(ft, "enable", False):
+        return None
+    if importlib.util.find_spec("torchft") is None:
+        return f"--fault_tolerance.enable needs torchft, not installed: {FT_EXTRA}"
+    group = ft.process_group
+    if group not in FT_PROCESS_GROUPS:
+        return (f"--fault_tolerance.process_group {group!r} does not exist: torchtitan's TorchFTManager builds "
+                f"{', '.join(FT_PROCESS_GROUPS)}")
+    if target == "npu":
+        return ("--fault_tolerance.enable cannot train on NPUs with this runtime yet: torchft 0.2.0's process "
+                "groups are gloo (host tensors only) and CUDA's NCCL, and its streams are CUDA's; rehearse it with "
+                "TORCHTITAN_NPU=cpu (docs/fault-tolerance.md)")
+    if group == "mccl":
+        return ("--fault_tolerance.process_group mccl is torchcomms' CUDA backend; the rehearsal runs torchft on "
+                "gloo (a config naming nccl is run on gloo)")
+    return lighthouse_problem(environ.get("TORCHFT_LIGHTHOUSE"))

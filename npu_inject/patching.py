@@ -150,6 +150,45 @@ class PatchContext:
         self.replace(target, installed)
         return installed
 
+    def wrap_overrides(self, target: str, wrapper: Callable[..., Any]) -> None:
+        """:meth:`wrap` a method, and the same method wherever a subclass overrides it, now or later.
+
+        torchtitan's trainers for other model kinds (torchft's FaultTolerantTrainer, flux's, the graph
+        trainer) override ``Trainer.train_step`` or ``init_distributed`` without calling the base method: a
+        wrapper on the base class alone would silently do nothing for them. Overrides that exist are wrapped
+        now; a subclass defined later is wrapped as it is created (``__init_subclass__`` on the class). A
+        wrapper that can be reached twice (an override calling ``super()``) must tolerate nesting.
+        """
+        self.wrap(target, wrapper)
+        full_target = self.declared(target)
+        owner, attribute = resolve_owner(full_target)
+        if not inspect.isclass(owner):
+            raise TypeError(f"{full_target}: wrap_overrides needs a method of a class, {owner!r} is not one")
+
+        def wrap_class(cls: type) -> None:
+            value = vars(cls).get(attribute)
+            if isinstance(value, types.FunctionType):
+                self.changes.append(_Change(cls, attribute, value, f"{cls.__module__}:{cls.__qualname__}.{attribute}"))
+                setattr(cls, attribute, _forwarding(value, wrapper))
+
+        pending = list(owner.__subclasses__())
+        while pending:
+            cls = pending.pop()
+            wrap_class(cls)
+            pending.extend(cls.__subclasses__())
+        previous = vars(owner).get("__init_subclass__")
+
+        def init_subclass(cls, **kwargs) -> None:
+            if previous is not None:
+                previous.__get__(None, cls)(**kwargs)
+            else:
+                super(owner, cls).__init_subclass__(**kwargs)
+            wrap_class(cls)
+
+        self.changes.append(_Change(owner, "__init_subclass__", _MISSING if previous is None else previous,
+                                    f"{full_target} (subclasses)"))
+        owner.__init_subclass__ = classmethod(init_subclass)
+
     def serve_modules(self, names: Iterable[str], fill: Callable[[types.ModuleType], None], *,
                       missing: Callable[[str, str], Any], packages: Iterable[str] = (),
                       origin: str | None = None) -> None:

@@ -95,10 +95,18 @@ def install(runtime: Any):
     context = PatchContext(patch_id="runtime", device_kind=runtime.settings.target, options={},
                            declared_targets=(TARGET,))
 
+    depth = [0]  # an override calling super().init_distributed() reaches this twice: check once
+
     def init_distributed(original, trainer, *args, **kwargs):
-        parallel_dims = original(trainer, *args, **kwargs)
-        check_ranks_and_report(runtime, trainer.config.dump_folder)
+        depth[0] += 1
+        try:
+            parallel_dims = original(trainer, *args, **kwargs)
+        finally:
+            depth[0] -= 1
+        if depth[0] == 0:
+            check_ranks_and_report(runtime, trainer.config.dump_folder)
         return parallel_dims
 
-    context.wrap(TARGET, init_distributed)
+    # torchft's FaultTolerantTrainer overrides init_distributed without calling the base method.
+    context.wrap_overrides(TARGET, init_distributed)
     return context

@@ -8,10 +8,13 @@ device fault) is then written into every parameter and both Adam moments, and on
 does torchtitan notice the loss, after the update ("Loss is not finite ... Stopping training"). Upstream
 main stops such steps before the optimizer since its PR #4226; the supported release does not.
 
-This patch wraps ``Trainer.train_step`` and the ``clip_grad_norm_`` it calls: when the returned norm
-is not finite, this step's ``optimizers.step`` and ``lr_schedulers.step`` do nothing (the optimizer's
-pre- and post-step hooks, MoE's expert-bias update among them, do not run either), so parameters,
-optimizer state and the learning-rate schedule stay exactly those of the last applied step. The
+This patch wraps ``Trainer.train_step`` (and the overrides of torchft's, flux's and the graph
+trainer's) and the ``clip_grad_norm_`` it calls: when the returned norm is not finite, this step's
+``optimizers.step`` and ``lr_schedulers.step`` do nothing (the optimizer's pre- and post-step hooks,
+MoE's expert-bias update among them, do not run either), so parameters, optimizer state and the
+learning-rate schedule stay exactly those of the last applied step. With torchft committing every
+step, the error is reported to torchft instead, whose ``should_commit`` then refuses the step on the
+whole replica group. The
 skipped step is logged on rank 0 and noted in the report; torchtitan's own "Loss is not finite" stop
 for that step is the skip it already handled and is not raised. After ``stop_after`` such steps in a
 row (registry option, default 3) every rank stops with one line naming the steps and the last step
@@ -63,11 +66,16 @@ class StepGuard:
         self.skipped_this_step = True
         self.in_a_row.append(step)
         self.skipped_in_all += 1
-        optimizers, schedulers = self.trainer.optimizers, self.trainer.lr_schedulers
         # Instance attributes shadow the methods for this step only (train_step's wrapper removes them),
         # so the optimizers' own step machinery, hooks included, is not entered.
-        optimizers.step = _no_step
-        schedulers.step = _no_step
+        ft = getattr(self.trainer, "ft_manager", None)
+        if getattr(ft, "enabled", False) and getattr(ft, "use_async_quorum", False):
+            # torchft commits each step: its optimizer wrapper must still ask should_commit, which an error
+            # reported here makes false on the whole replica group, so no replica applies the step.
+            ft.manager.report_error(FloatingPointError(f"gradient norm {value} at step {step} (npu_inject finite_steps)"))
+        else:
+            self.trainer.optimizers.step = _no_step
+        self.trainer.lr_schedulers.step = _no_step
 
 
 def _no_step(*args, **kwargs) -> None:
@@ -84,6 +92,8 @@ def apply(ctx: PatchContext) -> None:
         return total_norm
 
     def train_step(original, trainer, *args, **kwargs):
+        if guard.trainer is not None:  # an override calling super().train_step(): the outer call decides
+            return original(trainer, *args, **kwargs)
         guard.trainer, guard.skipped_this_step = trainer, False
         try:
             result = original(trainer, *args, **kwargs)
@@ -116,4 +126,5 @@ def apply(ctx: PatchContext) -> None:
                      "steps, or resume from a checkpoint at or before that step")
 
     ctx.wrap("clip_grad_norm_", clip_grad_norm_)
-    ctx.wrap("Trainer.train_step", train_step)
+    # torchft's, flux's and the graph trainer's train_step override the base one
+    ctx.wrap_overrides("Trainer.train_step", train_step)

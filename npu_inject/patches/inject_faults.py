@@ -38,14 +38,17 @@ def apply(ctx: PatchContext) -> None:
     rank = int(os.environ.get("RANK", "0"))
     nan_steps = {fault.step for fault in faults if fault.kind == "nan_loss" and fault.rank in (None, rank)}
 
+    active: list = []  # the hook of the step in progress (an override calling super() nests)
+
     def train_step(original, trainer, *args, **kwargs):
-        if trainer.step not in nan_steps:
+        if trainer.step not in nan_steps or active:
             return original(trainer, *args, **kwargs)
-        hook = trainer.model_parts[0].register_forward_hook(_times_nan)
+        active.append(trainer.model_parts[0].register_forward_hook(_times_nan))
         ctx.note(f"step {trainer.step}: nan_loss injected on rank {rank}")
         try:
             return original(trainer, *args, **kwargs)
         finally:
-            hook.remove()
+            active.pop().remove()
 
-    ctx.wrap("Trainer.train_step", train_step)
+    # torchft's, flux's and the graph trainer's train_step override the base one
+    ctx.wrap_overrides("Trainer.train_step", train_step)

@@ -38,6 +38,7 @@ from npu_inject.errors import stop_run
 from npu_inject.model_checks import (
     data_problem,
     family_problem,
+    fault_tolerance_problem,
     optimizer_problem,
     override_problem,
     quantization_problem,
@@ -66,7 +67,8 @@ def apply(ctx: PatchContext) -> None:
             else:
                 # After the command line is merged: a --dataloader.* override may point elsewhere.
                 problem = (setting_problem(config) or optimizer_problem(config, config_name, ctx.device_kind)
-                           or override_problem(config, ctx.device_kind) or data_problem(config, config_name))
+                           or override_problem(config, ctx.device_kind) or data_problem(config, config_name)
+                           or fault_tolerance_problem(config, ctx.device_kind))
                 if problem is None:
                     return config
         stop_run(f"npu_inject model_guard: {problem}")

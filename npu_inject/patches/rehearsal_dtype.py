@@ -50,7 +50,18 @@ def apply(ctx: PatchContext) -> None:
         (logger.warning if dtype != configured else logger.info)("npu_inject: %s", message)
         ctx.note(message)
 
+    depth = [0]  # a trainer whose __init__ calls super().__init__() reaches this twice: decide once
+
     def trainer_init(original, trainer, config, *args, **kwargs):
+        if depth[0]:
+            return original(trainer, config, *args, **kwargs)
+        depth[0] += 1
+        try:
+            return decided_init(original, trainer, config, *args, **kwargs)
+        finally:
+            depth[0] -= 1
+
+    def decided_init(original, trainer, config, *args, **kwargs):
         training = config.training
         configured = training.mixed_precision_param
         if choice != "auto" or configured == "float32":
@@ -73,4 +84,4 @@ def apply(ctx: PatchContext) -> None:
                                "or keep to decide without it")
         return result
 
-    ctx.wrap("Trainer.__init__", trainer_init)
+    ctx.wrap_overrides("Trainer.__init__", trainer_init)  # torchft's, flux's and the graph trainer's own

@@ -211,3 +211,47 @@ def test_faults_asked_for_without_the_patch_that_causes_them_stop_at_start_up():
     with pytest.raises(ConfigError, match="patch inject_faults is not enabled; add \\+inject_faults"):
         selection.make(env)
     assert selection.make({**env, "TORCHTITAN_NPU_PATCHES": "+inject_faults"}).enabled["inject_faults"]
+
+
+def test_wrap_overrides_reaches_overrides_now_and_later_and_reverts(tmp_path, monkeypatch):
+    """A base method wrapped alone would silently miss a subclass's own override (torchft's trainer)."""
+    from npu_inject.patching import PatchContext
+
+    (tmp_path / "trainers_mod.py").write_text(
+        "class Base:\n"
+        "    def step(self):\n        return ['base']\n"
+        "class Early(Base):\n"
+        "    def step(self):\n        return ['early']\n"
+        "class Calls(Base):\n"
+        "    def step(self):\n        return super().step() + ['calls']\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    import trainers_mod
+
+    seen = []
+
+    def wrapper(original, self):
+        seen.append(type(self).__name__)
+        return original(self)
+
+    context = PatchContext("p", "cpu", {}, declared_targets=("trainers_mod:Base.step",))
+    context.wrap_overrides("Base.step", wrapper)
+
+    class Late(trainers_mod.Base):
+        def step(self):
+            return ["late"]
+
+    assert [cls().step() for cls in (trainers_mod.Base, trainers_mod.Early, Late)] == [["base"], ["early"], ["late"]]
+    assert seen == ["Base", "Early", "Late"]
+    seen.clear()
+    assert trainers_mod.Calls().step() == ["base", "calls"] and seen == ["Calls", "Calls"]  # nested: wrappers tolerate it
+    context.restore()
+    seen.clear()
+
+    class After(trainers_mod.Base):
+        def step(self):
+            return ["after"]
+
+    for cls in (trainers_mod.Base, trainers_mod.Early, trainers_mod.Calls, Late, After):
+        cls().step()
+    assert seen == [] and "__init_subclass__" not in vars(trainers_mod.Base)
+    sys.modules.pop("trainers_mod")

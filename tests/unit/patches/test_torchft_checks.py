@@ -1,0 +1,64 @@
+"""torchft's bad input is one line at start-up (model_checks.fault_tolerance_problem, model_guard's check)."""
+
+from __future__ import annotations
+
+import importlib.util
+import socket
+from types import SimpleNamespace
+
+import pytest
+
+from npu_inject import model_checks
+
+
+def _config(**ft):
+    return SimpleNamespace(fault_tolerance=SimpleNamespace(**{"enable": True, "process_group": "gloo", **ft}))
+
+
+@pytest.fixture
+def lighthouse_port():
+    """A port something listens on (standing in for torchft's lighthouse)."""
+    with socket.socket() as server:
+        server.bind(("127.0.0.1", 0))
+        server.listen()
+        yield server.getsockname()[1]
+
+
+def _closed_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def test_a_run_without_fault_tolerance_is_not_checked():
+    assert model_checks.fault_tolerance_problem(SimpleNamespace(), "cpu") is None
+    assert model_checks.fault_tolerance_problem(_config(enable=False, process_group="nope"), "cpu") is None
+
+
+def test_rehearsal_with_a_lighthouse_passes_and_each_bad_input_is_one_line(lighthouse_port):
+    here = {"TORCHFT_LIGHTHOUSE": f"http://127.0.0.1:{lighthouse_port}"}
+    assert model_checks.fault_tolerance_problem(_config(process_group="nccl"), "cpu", here) is None
+    problems = {
+        "group": model_checks.fault_tolerance_problem(_config(process_group="hcc"), "cpu", here),
+        "mccl": model_checks.fault_tolerance_problem(_config(process_group="mccl"), "cpu", here),
+        "npu": model_checks.fault_tolerance_problem(_config(), "npu", here),
+        "unset": model_checks.fault_tolerance_problem(_config(), "cpu", {}),
+        "closed": model_checks.fault_tolerance_problem(_config(), "cpu",
+                                                      {"TORCHFT_LIGHTHOUSE": f"http://127.0.0.1:{_closed_port()}"}),
+        "malformed": model_checks.fault_tolerance_problem(_config(), "cpu", {"TORCHFT_LIGHTHOUSE": "localhost"}),
+    }
+    assert all(problem and "\n" not in problem for problem in problems.values()), problems
+    assert problems["group"].startswith("--fault_tolerance.process_group 'hcc' does not exist: torchtitan's "
+                                        "TorchFTManager builds gloo, nccl, mccl")
+    assert "mccl is torchcomms' CUDA backend" in problems["mccl"]
+    assert problems["npu"].startswith("--fault_tolerance.enable cannot train on NPUs with this runtime yet")
+    assert problems["unset"].startswith("--fault_tolerance.enable needs torchft's lighthouse")
+    assert problems["closed"].startswith(f"TORCHFT_LIGHTHOUSE=http://127.0.0.1:") and "no lighthouse answers" in problems["closed"]
+    assert problems["malformed"] == "TORCHFT_LIGHTHOUSE='localhost' is not http://host:port"
+
+
+def test_torchft_missing_names_the_extra(monkeypatch):
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "torchft" else real(name, *a))
+    assert model_checks.fault_tolerance_problem(_config(), "cpu", {}) == (
+        "--fault_tolerance.enable needs torchft, not installed: pip install 'npu-inject[torchft]'")
