@@ -53,7 +53,7 @@ class StepGuard:
         self.skipped_this_step = False
         self.in_a_row: list[int] = []
         self.skipped_in_all = 0
-        self.last_applied = 0
+        self.last_applied: int | None = None  # set at the first step (a resumed job starts past 1)
 
     def check(self, total_norm) -> None:
         """Called with the step's total gradient norm before the optimizer runs."""
@@ -95,6 +95,8 @@ def apply(ctx: PatchContext) -> None:
         if guard.trainer is not None:  # an override calling super().train_step(): the outer call decides
             return original(trainer, *args, **kwargs)
         guard.trainer, guard.skipped_this_step = trainer, False
+        if guard.last_applied is None:
+            guard.last_applied = trainer.step - 1
         try:
             result = original(trainer, *args, **kwargs)
         except RuntimeError as exc:
