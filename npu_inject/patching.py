@@ -76,6 +76,19 @@ class _Inherited:
         self.value = value
 
 
+def _method_original(value: Any) -> Any:
+    """A class attribute ``value`` as a function of ``(self, ...)``. A wrapped method (wrapt's FunctionWrapper,
+    which passes for a function) is bound to the instance first: called unbound, its wrapper would see no instance."""
+    if type(value) is types.FunctionType or not hasattr(value, "__get__"):
+        return value
+
+    @functools.wraps(value)
+    def bound_call(instance: Any, *args: Any, **kwargs: Any) -> Any:
+        return value.__get__(instance, type(instance))(*args, **kwargs)
+
+    return bound_call
+
+
 def _forwarding(original: Callable[..., Any], wrapper: Callable[..., Any]) -> Callable[..., Any]:
     @functools.wraps(original)
     def patched(*args: Any, **kwargs: Any) -> Any:
@@ -141,7 +154,7 @@ class PatchContext:
         if isinstance(value, (staticmethod, classmethod)):
             installed = type(value)(_forwarding(value.__func__, wrapper))
         elif isinstance(value, (types.FunctionType, types.BuiltinFunctionType)):
-            installed = _forwarding(value, wrapper)
+            installed = _forwarding(_method_original(value) if inspect.isclass(owner) else value, wrapper)
         else:
             raise TypeError(
                 f"{target} is a {type(value).__name__}, not a function or method; "
@@ -169,7 +182,7 @@ class PatchContext:
             value = vars(cls).get(attribute)
             if isinstance(value, types.FunctionType):
                 self.changes.append(_Change(cls, attribute, value, f"{cls.__module__}:{cls.__qualname__}.{attribute}"))
-                setattr(cls, attribute, _forwarding(value, wrapper))
+                setattr(cls, attribute, _forwarding(_method_original(value), wrapper))
 
         pending = list(owner.__subclasses__())
         while pending:

@@ -53,6 +53,7 @@ class StepGuard:
         self.skipped_this_step = False
         self.in_a_row: list[int] = []
         self.skipped_in_all = 0
+        self.shadowed: list[tuple[object, object]] = []  # (owner, its own instance step or _NOT_SET)
         self.last_applied: int | None = None  # set at the first step (a resumed job starts past 1)
 
     def check(self, total_norm) -> None:
@@ -66,7 +67,7 @@ class StepGuard:
         self.skipped_this_step = True
         self.in_a_row.append(step)
         self.skipped_in_all += 1
-        # Instance attributes shadow the methods for this step only (train_step's wrapper removes them),
+        # Instance attributes shadow the methods for this step only (train_step's wrapper puts them back),
         # so the optimizers' own step machinery, hooks included, is not entered.
         ft = getattr(self.trainer, "ft_manager", None)
         if getattr(ft, "enabled", False) and getattr(ft, "use_async_quorum", False):
@@ -74,8 +75,25 @@ class StepGuard:
             # reported here makes false on the whole replica group, so no replica applies the step.
             ft.manager.report_error(FloatingPointError(f"gradient norm {value} at step {step} (npu_inject finite_steps)"))
         else:
-            self.trainer.optimizers.step = _no_step
-        self.trainer.lr_schedulers.step = _no_step
+            self._shadow(self.trainer.optimizers)
+        self._shadow(self.trainer.lr_schedulers)
+
+    def _shadow(self, owner) -> None:
+        """``owner.step`` does nothing until :meth:`unshadow`; an instance ``step`` already there (another
+        tool's wrapper) is kept aside and put back."""
+        self.shadowed.append((owner, vars(owner).get("step", _NOT_SET)))
+        owner.step = _no_step
+
+    def unshadow(self) -> None:
+        for owner, previous in reversed(self.shadowed):
+            if previous is _NOT_SET:
+                del owner.step
+            else:
+                owner.step = previous
+        self.shadowed.clear()
+
+
+_NOT_SET = object()
 
 
 def _no_step(*args, **kwargs) -> None:
@@ -105,8 +123,7 @@ def apply(ctx: PatchContext) -> None:
             result = None  # upstream's check of the loss whose update this guard already kept out
         finally:
             guard.trainer = None
-            for owner in (trainer.optimizers, trainer.lr_schedulers):
-                vars(owner).pop("step", None)
+            guard.unshadow()
         if guard.skipped_this_step:
             _skipped(trainer.step)
         else:

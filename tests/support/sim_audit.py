@@ -31,6 +31,8 @@ STEP_SYNCS = {
         "int(global_valid_tokens) for the trace log and grad_norm.item() for the metrics line (torchtitan)",
     (".item() / bool() / tolist()", "torchtitan/distributed/utils.py"):
         "loss metrics: dist_mean/dist_max read with .item() for the metrics line (torchtitan)",
+    (".item() / bool() / tolist()", "npu_inject/patches/finite_steps.py"):
+        "the gradient norm's finiteness, read before the optimizer runs: a non-finite step is not applied",
     ("data-dependent shape", "npu_inject/ops/attention.py"):
         "document boundaries (nonzero) for npu_fusion_attention_v3's TND lengths, which torch_npu reads "
         "from a CPU tensor; once per forward, shared by every layer",
@@ -54,17 +56,18 @@ H2D = "blocking host-to-device copy"
 D2H = "device-to-host copy"
 NONZERO = "data-dependent shape"
 
-# Host syncs of every step whatever the model (README: "llama3 flex: 9").
+# Host syncs of every step whatever the model (README: "llama3 flex: 10").
 TRAINER_STEP_SYNCS = {
     (H2D, "torchtitan/trainer.py"): 4,
     (ITEM, "torchtitan/trainer.py"): 2,
     (ITEM, "torchtitan/distributed/utils.py"): 3,
+    (ITEM, "npu_inject/patches/finite_steps.py"): 1,
 }
 
 
 def expected_step_syncs(attention: str, batch_rows: int = 0, moe_layers: int = 0) -> Counter:
     """Host syncs of one training step with one forward, by (kind, file), as the README's table
-    counts them: the trainer's 9, then per forward nothing more for flex attention (its document boundaries'
+    counts them: the trainer's 10 (finite_steps' read of the gradient norm among them), then per forward nothing more for flex attention (its document boundaries'
     host copy is hidden from this audit, see below), or for varlen 1 nonzero per batch row, 1 .item() and 1 copy of
     the document ends; 1 copy of the all-to-all split sizes per MoE layer."""
     expected = Counter(TRAINER_STEP_SYNCS)
