@@ -370,13 +370,13 @@ def apply(ctx: PatchContext) -> None:
                 stop_run(none_complete_message(folder, skipped))
             if step == -1:
                 return step
-            name = dict((n, name) for n, name in steps)[step]
+            name = dict(steps)[step]
             problem = verify(os.path.join(folder, name))
         else:
             name = damaged
             problem = verify(os.path.join(folder, name)) or dict(skipped)[name]
         if problem is not None:
-            newest = dict((name, n) for n, name in steps)[name]
+            newest = next(n for n, step_name in steps if step_name == name)
             intact = next((older for n, older in sorted(steps, reverse=True) if n < newest
                            and checkpoint_problem(os.path.join(folder, older)) is None
                            and verify(os.path.join(folder, older)) is None), None)
