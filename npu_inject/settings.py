@@ -19,7 +19,13 @@ ENV_REPORT_DIR = "TORCHTITAN_NPU_REPORT_DIR"
 ENV_FAULTS = "TORCHTITAN_NPU_FAULTS"
 
 # Faults the inject_faults patch can cause, and what each does at its step.
-FAULT_KINDS = {"nan_loss": "the model's output times NaN on the chosen ranks, so the loss and every gradient are NaN"}
+FAULT_KINDS = {
+    "nan_loss": "the model's output times NaN on the chosen ranks, so the loss and every gradient are NaN",
+    "kill": "the rank's process SIGKILLs itself as the step starts (a dead process: node loss, the OOM killer), "
+            "in the launcher's first attempt only, so a restarted rank trains on",
+    "hang": "the rank stops inside the step and never returns (a hung device or collective): its peers' next "
+            "collective times out; first attempt only",
+}
 FAULT_FORM = "KIND@STEP or KIND@STEP:rank=R, comma-separated"
 
 # Values of TORCHTITAN_NPU and the target each one selects (None: runtime off).

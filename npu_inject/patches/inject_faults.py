@@ -9,6 +9,14 @@ comma-separated; a bad item stops at start-up naming it.
   NaN, so that rank's loss and, through the gradient reduction, every rank's gradients are NaN (what a
   bad batch or an overflow does). With :mod:`npu_inject.patches.finite_steps` the step is then not
   applied; without it, torchtitan writes NaN into the weights.
+* ``kill@K``: as step K starts, the rank's process sends itself SIGKILL: no exception, no cleanup, what
+  a lost node or the OOM killer leaves. Its peers' next collective fails or times out.
+* ``hang@K``: as step K starts, the rank sleeps and never returns, as a hung device or a collective
+  whose peer is gone would: its peers' next collective times out (``--comm.train_timeout_seconds``,
+  torchft's ``--fault_tolerance.process_group_timeout_ms``).
+
+``kill`` and ``hang`` fire in the launcher's first attempt only (torchrun's TORCHELASTIC_RESTART_COUNT
+unset or 0): the ranks ``--max-restarts`` brings back train on, which is what a recovery check needs.
 
 Module ``torchtitan.trainer``: ``Trainer.train_step`` is wrapped; a forward hook lives for the chosen
 step only. Each fault caused is noted in the report.
@@ -17,6 +25,9 @@ step only. Each fault caused is noted in the report.
 from __future__ import annotations
 
 import os
+import signal
+import sys
+import threading
 
 from npu_inject.patching import PatchContext
 
@@ -36,11 +47,21 @@ def apply(ctx: PatchContext) -> None:
 
     faults = selection.current().settings.faults
     rank = int(os.environ.get("RANK", "0"))
-    nan_steps = {fault.step for fault in faults if fault.kind == "nan_loss" and fault.rank in (None, rank)}
+    mine = [fault for fault in faults if fault.rank in (None, rank)]
+    nan_steps = {fault.step for fault in mine if fault.kind == "nan_loss"}
+    first_attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") == "0"
+    stops = {fault.step: fault.kind for fault in mine if fault.kind in ("kill", "hang") and first_attempt}
 
     active: list = []  # the hook of the step in progress (an override calling super() nests)
 
     def train_step(original, trainer, *args, **kwargs):
+        kind = stops.get(trainer.step)
+        if kind and not active:
+            # Said on stderr, not in the report: a killed or hung rank writes no report.
+            print(f"npu_inject inject_faults: step {trainer.step}: {kind} on rank {rank}", file=sys.stderr, flush=True)
+            if kind == "kill":
+                os.kill(os.getpid(), signal.SIGKILL)
+            threading.Event().wait()
         if trainer.step not in nan_steps or active:
             return original(trainer, *args, **kwargs)
         active.append(trainer.model_parts[0].register_forward_hook(_times_nan))

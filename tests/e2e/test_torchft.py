@@ -4,6 +4,11 @@ A lighthouse and one replica group of 2 ranks (torchft 0.2.0 from PyPI, DiLoCo a
 Upstream alone: torchft's NCCL group fails at every quorum and nothing is committed while the log looks like
 training. Through the runtime: the group runs on gloo and every commit point commits; a group that can never
 commit (min_replica_size above the replicas there are) stops on every rank with one line.
+
+Failover (tools/bench_failover.py): two replica groups of 2 ranks committing every step; rank 1 of group 1 is
+SIGKILLed at step 4. Group 0 never restarts and trains on; torchrun restarts group 1, which heals from group
+0's live state (it has no checkpoint on disk) and rejoins; at the end both groups hold the same parameters,
+optimizer state, schedule and step, tensor for tensor, and every step was applied once.
 """
 
 from __future__ import annotations
@@ -16,8 +21,11 @@ import time
 from pathlib import Path
 
 import pytest
+import torch
 
+from test_checkpoint_resume import read_plain
 from testkit import clean_env, parse_losses, torchrun
+from tools.bench_failover import run_failover, stall
 
 pytest.importorskip("torchft")
 
@@ -68,3 +76,41 @@ def test_a_replica_group_that_never_commits_stops_with_one_line(lighthouse, tmp_
     assert len(stops) == 2 and stops[0] == stops[1], result.stdout[-4000:]
     assert stops[0].startswith("npu_inject torchft_commits: torchft committed none of its first 5 commit points")
     assert max(parse_losses(result.stdout)) < 20
+
+
+def test_a_killed_replica_group_restarts_heals_from_the_live_group_and_ends_bitwise_equal(tmp_path):
+    steps, killed_at = 30, 4
+    run = run_failover(tmp_path, steps, f"kill@{killed_at}:rank=1")
+    assert run.returncodes == [0, 0], run.logs[0][-3000:] + run.logs[1][-3000:]
+    survivor, restarted = run.logs
+    assert "npu_inject inject_faults: step 4: kill on rank 1" in restarted
+    assert survivor.count("Training starts at step 1") == 2  # one attempt of 2 ranks: group 0 never restarted
+    assert restarted.count("Training starts at step 1") == 4  # two attempts: nothing on disk to resume from
+
+    assert run.steps_logged(0) == list(range(1, steps + 1))
+    rejoined = run.steps_logged(1)
+    resumed = rejoined[rejoined.index(killed_at - 1) + 1]
+    assert rejoined[:killed_at - 1] == list(range(1, killed_at)) and resumed > killed_at + 1, rejoined
+    assert rejoined[rejoined.index(resumed):] == list(range(resumed, steps + 1)), rejoined
+    # group 0 trained the steps between, while group 1 was down
+    times = run.step_times(0)
+    assert times[resumed - 1] - times[killed_at] > 0
+
+    report = json.loads((run.dumps[1] / "npu_inject" / "report_rank0.json").read_text())["patches"]["torchft_heal"]
+    assert any(note.startswith("healed from a peer replica group's live state") for note in report["notes"]), report
+    assert survivor.count("should_commit=True enough_replicas=True") >= 2 * steps  # both ranks, every step
+
+    assert [sorted(p.name for p in (dump / "checkpoint").iterdir()) for dump in run.dumps] == [[f"step-{steps}"]] * 2
+    group0, group1 = (
+        {key: value for key, value in entries.items() if not key.startswith("dataloader")}
+        for entries in read_plain(tmp_path, *(dump / "checkpoint" / f"step-{steps}" for dump in run.dumps)))
+    assert sorted(group0) == sorted(group1)
+    tensors = [key for key, value in group0.items() if isinstance(value, torch.Tensor)]
+    assert any(key.startswith("optimizer.") for key in tensors) and len(tensors) > 100
+    for key, value in group0.items():
+        assert torch.equal(value, group1[key]) if key in tensors else value == group1[key], key
+    # every step applied once: Adam's count is torchtitan's one initialising step plus one per training step
+    assert group0["train_state.step"] == steps
+    assert {group0[key].item() for key in tensors if key.endswith(".step")} == {steps + 1}
+    median, longest, at = stall(run)
+    print(f"group 0 stalled {longest:.1f} s at step {at} (median step {median:.2f} s); group 1 rejoined at step {resumed}")

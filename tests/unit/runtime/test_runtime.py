@@ -190,7 +190,7 @@ def test_fallbacks_and_notes_recorded_inside_a_compiled_function_cause_no_recomp
 
 
 @pytest.mark.parametrize("faults, message", [
-    ("nan_los@3", "unknown fault 'nan_los' (known: nan_loss)"),
+    ("nan_los@3", "unknown fault 'nan_los' (known: nan_loss, kill, hang)"),
     ("nan_loss@0", "the step must be a training step >= 1"),
     ("nan_loss", "the step must be a training step >= 1"),
     ("nan_loss@3:rnk=1", "'rnk=1' is not rank=R"),
@@ -206,8 +206,9 @@ def test_a_bad_fault_is_one_configuration_error_naming_it(faults, message):
 def test_faults_asked_for_without_the_patch_that_causes_them_stop_at_start_up():
     from npu_inject import selection, settings
 
-    env = clean_env(TORCHTITAN_NPU="cpu", TORCHTITAN_NPU_FAULTS="nan_loss@3:rank=1")
-    assert settings.load(env).faults == (settings.Fault("nan_loss", 3, 1),)
+    env = clean_env(TORCHTITAN_NPU="cpu", TORCHTITAN_NPU_FAULTS="nan_loss@3:rank=1,kill@5:rank=0,hang@7")
+    assert settings.load(env).faults == (settings.Fault("nan_loss", 3, 1), settings.Fault("kill", 5, 0),
+                                         settings.Fault("hang", 7, None))
     with pytest.raises(ConfigError, match="patch inject_faults is not enabled; add \\+inject_faults"):
         selection.make(env)
     assert selection.make({**env, "TORCHTITAN_NPU_PATCHES": "+inject_faults"}).enabled["inject_faults"]

@@ -1,0 +1,170 @@
+"""A replica group's failure on the CPU rehearsal: the survivor's stall, the failed group's restart and heal.
+
+torchtitan's torchft trainer (upstream's ``llama3_torchft_debugmodel``, a commit every step), torchft 0.2.0's
+lighthouse, two replica groups of 2 ranks, each its own ``torchrun --max-restarts 1``; one rank of group 1 is
+killed (or hung) at a chosen step by TORCHTITAN_NPU_FAULTS. Group 0 trains on alone; torchrun restarts
+group 1, which heals from group 0's live state and rejoins. Both groups save their final state, so the two
+can be compared tensor for tensor.
+
+    python tools/bench_failover.py                 # kill (30 steps), then hang (60 steps): each run's stall
+    python tools/bench_failover.py --fault kill@4:rank=1 --steps 30
+
+tests/e2e/test_torchft.py runs :func:`run_failover` once (kill) and checks the outcome.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import datetime
+import os
+import re
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+if REPO not in sys.path:
+    sys.path.insert(0, REPO)
+
+from tools.training_runs import clean_env  # noqa: E402
+
+GROUP_SIZE = 2
+PROCESS_GROUP_TIMEOUT_MS = 10000  # upstream's config; what bounds a hung peer's cost to the survivor
+ARGS = ["--module", "torchft.llama3", "--config", "llama3_torchft_debugmodel", "--training.seq_len", "128",
+        "--training.local_batch_size", "1", "--validator.no-enable", "--profiler.no-enable_profiling",
+        "--metrics.log_freq", "1", "--debug.seed", "42", "--fault_tolerance.group_size", str(GROUP_SIZE),
+        # a commit every step (HSDP across the groups), not upstream's DiLoCo
+        "--fault_tolerance.semi_sync_method", "None",
+        "--fault_tolerance.process_group_timeout_ms", str(PROCESS_GROUP_TIMEOUT_MS),
+        # each group saves its full final state (upstream saves it from one group only) and nothing before
+        # it: a restarted group can only get its weights from a live peer
+        "--checkpoint.enable", "--checkpoint.interval", "100000", "--checkpoint.no-enable_ft_dataloader_checkpoints"]
+STEP_LINE = re.compile(r"^\[default0\]:\[titan\] (\S+ \S+) - root - INFO - .*?step:\s*(\d+)\s", re.M)
+
+
+def _free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+@contextlib.contextmanager
+def lighthouse():
+    """torchft's lighthouse on a free port (quorum of one group allowed); yields its address."""
+    port = _free_port()
+    binary = Path(sys.executable).with_name("torchft_lighthouse")
+    server = subprocess.Popen([str(binary), "--min_replicas", "1", "--join_timeout_ms", "1000", "--bind",
+                               f"[::]:{port}"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                socket.create_connection(("127.0.0.1", port), timeout=1).close()
+                break
+            except OSError:
+                if time.monotonic() > deadline:
+                    raise RuntimeError(f"torchft_lighthouse did not answer on port {port} within 30 s") from None
+                time.sleep(0.2)
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        server.kill()
+        server.wait()
+
+
+@dataclass
+class Failover:
+    logs: list[str]  # per group, both ranks' output (torchrun --tee, "[defaultN]:" prefixes)
+    returncodes: list[int]
+    dumps: list[Path]
+
+    def step_times(self, group: int) -> dict[int, float]:
+        """step -> wall time (s since the epoch) of rank 0's metric line, in the group's last attempt."""
+        times = {}
+        for stamp, step in STEP_LINE.findall(self.logs[group]):
+            times[int(step)] = datetime.datetime.strptime(stamp, "%Y-%m-%d %H:%M:%S,%f").timestamp()
+        return times
+
+    def steps_logged(self, group: int) -> list[int]:
+        return [int(step) for _, step in STEP_LINE.findall(self.logs[group])]
+
+
+def run_failover(workdir: Path, steps: int = 30, fault: str = "kill@4:rank=1", timeout: int = 900) -> Failover:
+    """Two replica groups, the fault in group 1, each group under ``torchrun --max-restarts 1``."""
+    dumps = [workdir / f"group{group}" for group in range(2)]
+    with lighthouse() as address:
+        processes = []
+        for group, dump in enumerate(dumps):
+            env = clean_env(TORCHTITAN_NPU="cpu", TORCHFT_LIGHTHOUSE=address, HF_HUB_OFFLINE="1")
+            if group == 1:
+                env.update(TORCHTITAN_NPU_PATCHES=env["TORCHTITAN_NPU_PATCHES"] + ",+inject_faults",
+                           TORCHTITAN_NPU_FAULTS=fault)
+            command = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(GROUP_SIZE),
+                       "--master_port", str(_free_port()), "--max-restarts", "1", "--tee", "3",
+                       "-m", "torchtitan.train", *ARGS, "--training.steps", str(steps),
+                       "--fault_tolerance.replica_id", str(group), "--dump_folder", str(dump)]
+            log = open(workdir / f"group{group}.log", "w+", encoding="utf-8")
+            processes.append((subprocess.Popen(command, env=env, cwd=REPO, stdout=log,
+                                               stderr=subprocess.STDOUT), log))
+        deadline = time.monotonic() + timeout
+        returncodes = []
+        for process, _ in processes:
+            try:
+                returncodes.append(process.wait(timeout=max(1.0, deadline - time.monotonic())))
+            except subprocess.TimeoutExpired:
+                for other, _ in processes:
+                    other.kill()
+                raise
+    logs = []
+    for _, log in processes:
+        log.seek(0)
+        logs.append(log.read())
+        log.close()
+    return Failover(logs, returncodes, dumps)
+
+
+def stall(run: Failover) -> tuple[float, float, int]:
+    """(median step interval, longest interval, the step that ended it) of group 0, the survivor."""
+    times = run.step_times(0)
+    intervals = {step: times[step] - times[step - 1] for step in sorted(times) if step - 1 in times}
+    longest = max(intervals, key=intervals.get)
+    return statistics.median(intervals.values()), intervals[longest], longest
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--fault", action="append", help="TORCHTITAN_NPU_FAULTS for group 1 (repeatable; "
+                        "default: kill@4:rank=1, then hang@4:rank=1)")
+    parser.add_argument("--steps", type=int, help="default: 30 for kill, 60 for hang (a hung group comes back "
+                        "after its 15 s collective timeout and a restart: group 0 must still be training)")
+    options = parser.parse_args()
+    print(f"2 replica groups x {GROUP_SIZE} ranks, CPU rehearsal, "
+          f"--fault_tolerance.process_group_timeout_ms {PROCESS_GROUP_TIMEOUT_MS}")
+    for fault in options.fault or ["kill@4:rank=1", "hang@4:rank=1"]:
+        steps = options.steps or (60 if fault.startswith("hang") else 30)
+        with tempfile.TemporaryDirectory() as workdir:
+            started = time.monotonic()
+            run = run_failover(Path(workdir), steps, fault)
+            took = time.monotonic() - started
+            if run.returncodes != [0, 0]:
+                print(f"{fault}: exit codes {run.returncodes}; logs' last lines:\n{run.logs[0][-2000:]}\n"
+                      f"{run.logs[1][-2000:]}")
+                continue
+            median, longest, at = stall(run)
+            logged = run.steps_logged(1)
+            resumed = next((b for a, b in zip(logged, logged[1:]) if b != a + 1), None)
+            healed = "healed from a peer replica group's live state" in (
+                run.dumps[1] / "npu_inject" / "report_rank0.json").read_text(encoding="utf-8")
+            rejoin = (f"group 1 healed and rejoined at step {resumed}" if healed and resumed else
+                      f"group 1 did not heal (its restarted attempt began at step {resumed}: group 0 had finished)")
+            print(f"{fault}: group 0 stalled {longest:.1f} s at step {at} (median step {median:.2f} s: "
+                  f"{longest - median:.1f} s lost); {rejoin}; {steps} steps in {took:.0f} s")
+
+
+if __name__ == "__main__":
+    main()
