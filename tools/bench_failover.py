@@ -157,7 +157,9 @@ def main() -> None:
                 continue
             median, longest, at = stall(run)
             logged = run.steps_logged(1)
-            resumed = next((b for a, b in zip(logged, logged[1:]) if b != a + 1), None)
+            # the last break in group 1's steps: where it rejoined group 0's count (a restarted group may
+            # train a step or more on its own count before its first heal)
+            resumed = next((b for a, b in reversed(list(zip(logged, logged[1:]))) if b != a + 1), None)
             healed = "healed from a peer replica group's live state" in (
                 run.dumps[1] / "npu_inject" / "report_rank0.json").read_text(encoding="utf-8")
             rejoin = (f"group 1 healed and rejoined at step {resumed}" if healed and resumed else
