@@ -104,9 +104,9 @@ def apply(ctx: PatchContext) -> None:
     def set_state_dict_fns(original, ft_manager, load_state_dict, state_dict):
         if not building:
             return original(ft_manager, load_state_dict, state_dict)
-        key_of_manager = id(building[-1])
         checkpointer = building[-1]
-        shards[key_of_manager] = {}
+        key_of_manager = id(checkpointer)
+        shards[key_of_manager] = {}  # filled when its __init__ returns
 
         def live_state():
             # upstream's function, but the model's entry is its tensors as they are: no split, no collective;
@@ -118,12 +118,15 @@ def apply(ctx: PatchContext) -> None:
         def load_live_state(received):
             own = shards[key_of_manager]
             got = received.get(model_key, {})
-            if set(got) != set(own):
-                missing, extra = sorted(set(own) - set(got)), sorted(set(got) - set(own))
+            missing, extra = sorted(set(own) - set(got)), sorted(set(got) - set(own))
+            reshaped = [f"{key} {tuple(local(got[key]).shape)} for {tuple(local(own[key]).shape)}"
+                        for key in sorted(set(own) & set(got)) if local(got[key]).shape != local(own[key]).shape]
+            if missing or extra or reshaped:
                 stop_run(f"npu_inject torchft_heal: the live state received from a peer replica group does not "
                          f"match this group's model ({len(missing)} tensors missing, e.g. {missing[:3]}; "
-                         f"{len(extra)} unknown, e.g. {extra[:3]}): every replica group must run the same "
-                         "model, layout and npu_inject patch selection")
+                         f"{len(extra)} unknown, e.g. {extra[:3]}; {len(reshaped)} of another shape, e.g. "
+                         f"{reshaped[:2]}): every replica group must run the same model, layout, group size "
+                         "and npu_inject patch selection")
             # Shard into shard, in place: no hook, no collective (torchft picks a recovery source per rank, so
             # only some ranks of a group may be healing). ModelWrapper's cached split tensors are recomputed
             # at its next state_dict(); its parameter entries share their storage.
