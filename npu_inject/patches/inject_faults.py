@@ -15,7 +15,8 @@ comma-separated; a bad item stops at start-up naming it.
   whose peer is gone would: its peers' next collective times out (``--comm.train_timeout_seconds``,
   torchft's ``--fault_tolerance.process_group_timeout_ms``).
 
-``kill`` and ``hang`` fire in the launcher's first attempt only (torchrun's TORCHELASTIC_RESTART_COUNT
+``kill`` and ``hang`` fire as the first step at or after K starts (a rank healed from a torchft peer
+jumps to the peer's step), in the launcher's first attempt only (torchrun's TORCHELASTIC_RESTART_COUNT
 unset or 0): the ranks ``--max-restarts`` brings back train on, which is what a recovery check needs.
 
 Module ``torchtitan.trainer``: ``Trainer.train_step`` is wrapped; a forward hook lives for the chosen
@@ -55,7 +56,9 @@ def apply(ctx: PatchContext) -> None:
     active: list = []  # the hook of the step in progress (an override calling super() nests)
 
     def train_step(original, trainer, *args, **kwargs):
-        kind = stops.get(trainer.step)
+        # the first step at or after K: a rank that healed from a torchft peer may jump past K
+        due = [step for step in stops if step <= trainer.step]
+        kind = stops[min(due)] if due else None
         if kind and not active:
             # Said on stderr, not in the report: a killed or hung rank writes no report.
             print(f"npu_inject inject_faults: step {trainer.step}: {kind} on rank {rank}", file=sys.stderr, flush=True)

@@ -6,7 +6,7 @@ training. Through the runtime: the group runs on gloo and every commit point com
 commit (min_replica_size above the replicas there are) stops on every rank with one line.
 
 Failover (tools/bench_failover.py): two replica groups of 2 ranks committing every step; rank 1 of group 1 is
-SIGKILLed at step 4. Group 0 never restarts and trains on; torchrun restarts group 1, which heals from group
+SIGKILLed at step 6. Group 0 never restarts and trains on; torchrun restarts group 1, which heals from group
 0's live state (it has no checkpoint on disk) and rejoins; at the end both groups hold the same parameters,
 optimizer state, schedule and step, tensor for tensor, and every step was applied once.
 """
@@ -14,6 +14,7 @@ optimizer state, schedule and step, tensor for tensor, and every step was applie
 from __future__ import annotations
 
 import json
+import re
 import socket
 import subprocess
 import sys
@@ -79,19 +80,21 @@ def test_a_replica_group_that_never_commits_stops_with_one_line(lighthouse, tmp_
 
 
 def test_a_killed_replica_group_restarts_heals_from_the_live_group_and_ends_bitwise_equal(tmp_path):
-    steps, killed_at = 30, 4
-    run = run_failover(tmp_path, steps, f"kill@{killed_at}:rank=1")
+    steps, kill_at = 40, 6
+    run = run_failover(tmp_path, steps, f"kill@{kill_at}:rank=1")
     assert run.returncodes == [0, 0], run.logs[0][-3000:] + run.logs[1][-3000:]
     survivor, restarted = run.logs
-    assert "npu_inject inject_faults: step 4: kill on rank 1" in restarted
+    # at step 6, or the first step after it group 1 trained (a group that starts late heals to group 0's step)
+    killed = re.search(r"npu_inject inject_faults: step (\d+): kill on rank 1", restarted)
+    assert killed and int(killed.group(1)) >= kill_at, restarted[-3000:]
+    killed_at = int(killed.group(1))
     assert survivor.count("Training starts at step 1") == 2  # one attempt of 2 ranks: group 0 never restarted
     assert restarted.count("Training starts at step 1") == 4  # two attempts: nothing on disk to resume from
 
     assert run.steps_logged(0) == list(range(1, steps + 1))
-    rejoined = run.steps_logged(1)
-    resumed = rejoined[rejoined.index(killed_at - 1) + 1]
-    assert rejoined[:killed_at - 1] == list(range(1, killed_at)) and resumed > killed_at + 1, rejoined
-    assert rejoined[rejoined.index(resumed):] == list(range(resumed, steps + 1)), rejoined
+    logged = run.steps_logged(1)
+    resumed = next(b for a, b in reversed(list(zip(logged, logged[1:]))) if b != a + 1)  # rejoined group 0 here
+    assert resumed > killed_at + 1 and logged[logged.index(resumed):] == list(range(resumed, steps + 1)), logged
     # group 0 trained the steps between, while group 1 was down
     times = run.step_times(0)
     assert times[resumed - 1] - times[killed_at] > 0
