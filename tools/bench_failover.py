@@ -32,7 +32,7 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if REPO not in sys.path:
     sys.path.insert(0, REPO)
 
-from tools.training_runs import clean_env  # noqa: E402
+from tools.training_runs import _free_port, clean_env  # noqa: E402
 
 GROUP_SIZE = 2
 PROCESS_GROUP_TIMEOUT_MS = 10000  # upstream's config; what bounds a hung peer's cost to the survivor
@@ -46,12 +46,6 @@ ARGS = ["--module", "torchft.llama3", "--config", "llama3_torchft_debugmodel", "
         # it: a restarted group can only get its weights from a live peer
         "--checkpoint.enable", "--checkpoint.interval", "100000", "--checkpoint.no-enable_ft_dataloader_checkpoints"]
 STEP_LINE = re.compile(r"^\[default0\]:\[titan\] (\S+ \S+) - root - INFO - .*?step:\s*(\d+)\s", re.M)
-
-
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
 
 
 @contextlib.contextmanager
@@ -92,6 +86,12 @@ class Failover:
 
     def steps_logged(self, group: int) -> list[int]:
         return [int(step) for _, step in STEP_LINE.findall(self.logs[group])]
+
+    def rejoined_at(self) -> int | None:
+        """The step after the last break in group 1's steps: where it rejoined group 0's count (a restarted
+        group may train a step or more on its own count before its first heal)."""
+        logged = self.steps_logged(1)
+        return next((b for a, b in reversed(list(zip(logged, logged[1:]))) if b != a + 1), None)
 
 
 def run_failover(workdir: Path, steps: int = 30, fault: str = "kill@4:rank=1", timeout: int = 900) -> Failover:
@@ -156,10 +156,7 @@ def main() -> None:
                       f"{run.logs[1][-2000:]}")
                 continue
             median, longest, at = stall(run)
-            logged = run.steps_logged(1)
-            # the last break in group 1's steps: where it rejoined group 0's count (a restarted group may
-            # train a step or more on its own count before its first heal)
-            resumed = next((b for a, b in reversed(list(zip(logged, logged[1:]))) if b != a + 1), None)
+            resumed = run.rejoined_at()
             healed = "healed from a peer replica group's live state" in (
                 run.dumps[1] / "npu_inject" / "report_rank0.json").read_text(encoding="utf-8")
             rejoin = (f"group 1 healed and rejoined at step {resumed}" if healed and resumed else

@@ -15,18 +15,13 @@ from __future__ import annotations
 
 import json
 import re
-import socket
-import subprocess
-import sys
-import time
-from pathlib import Path
 
 import pytest
 import torch
 
 from test_checkpoint_resume import read_plain
 from testkit import clean_env, parse_losses, torchrun
-from tools.bench_failover import run_failover, stall
+from tools.bench_failover import lighthouse as lighthouse_at, run_failover, stall
 
 pytest.importorskip("torchft")
 
@@ -38,22 +33,8 @@ ARGS = ["--module", "torchft.llama3", "--config", "llama3_torchft_debugmodel", "
 
 @pytest.fixture
 def lighthouse():
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
-    binary = Path(sys.executable).with_name("torchft_lighthouse")
-    server = subprocess.Popen([str(binary), "--min_replicas", "1", "--join_timeout_ms", "1000",
-                               "--bind", f"[::]:{port}"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline:
-        try:
-            socket.create_connection(("127.0.0.1", port), timeout=1).close()
-            break
-        except OSError:
-            time.sleep(0.2)
-    yield f"http://127.0.0.1:{port}"
-    server.kill()
-    server.wait()
+    with lighthouse_at() as address:
+        yield address
 
 
 def test_upstream_torchft_config_commits_on_the_rehearsal(lighthouse, tmp_path):
@@ -93,7 +74,7 @@ def test_a_killed_replica_group_restarts_heals_from_the_live_group_and_ends_bitw
 
     assert run.steps_logged(0) == list(range(1, steps + 1))
     logged = run.steps_logged(1)
-    resumed = next(b for a, b in reversed(list(zip(logged, logged[1:]))) if b != a + 1)  # rejoined group 0 here
+    resumed = run.rejoined_at()
     assert resumed > killed_at + 1 and logged[logged.index(resumed):] == list(range(resumed, steps + 1)), logged
     # group 0 trained the steps between, while group 1 was down
     times = run.step_times(0)
