@@ -1,8 +1,9 @@
 """torchtitan's own integration cases through ``npu-inject suite`` on the CPU rehearsal, simulated NPUs and the
 real torch_npu wheel on the CANN emulation.
 
-CI runs one case per parallelism dimension, one checkpoint save-and-resume, one compile and one
-model-suite case on the rehearsal (``CI_CASES``; the dry-run modes are tests/e2e/test_dry_runs.py),
+CI runs one case per parallelism dimension and one model-suite case on the rehearsal (``CI_CASES``; the
+dry-run modes are tests/e2e/test_dry_runs.py; a checkpoint's save and resume is tests/e2e/test_checkpoint_resume.py,
+torch.compile tests/e2e/test_compile_train.py, both through torchtitan.train as these cases are),
 ``SIM_CI_CASES`` on simulated NPUs and ``CANN_CI_CASES`` on the emulation (through upstream's run_train.sh,
 expandable segments on), 2 steps at a shrunk shape. ``-m upstream_suite`` runs every enabled case of
 both suites on the rehearsal and simulated NPUs, and upstream's advanced suite (``h100``) on all three
@@ -29,8 +30,6 @@ CI_CASES = {
     ("features", "ddp"): "data parallel (replicate)",
     ("features", "2d_eager"): "FSDP x tensor parallel",
     ("features", "cp"): "context parallel",
-    ("features", "full_checkpoint"): "checkpoint save, then resume",
-    ("features", "1d_compile"): "torch.compile",
     ("models", "deepseek_v3_hsdp+ep"): "a model-suite case (MoE: HSDP x expert parallel)",
 }
 
