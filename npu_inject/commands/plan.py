@@ -134,12 +134,15 @@ def advice(argv: list[str], plan, run_variant) -> list[str]:
     info = plan.info
     layout = search.Layout(*(plan.parallel[name] for name in ("dp_replicate", "dp_shard", "cp", "tp", "pp", "ep")))
     global_batch = plan.tokens_per_step // info["seq_len"]
-    current_ac = next((arg.split(":", 1)[1] for arg in argv if arg.startswith("activation-checkpoint:")), None)
+    # The job's own mode, whether its command line or its config chose it (llama3_70b's config says full).
+    current_ac = next((arg.split(":", 1)[1] for arg in argv if arg.startswith("activation-checkpoint:")),
+                      info.get("activation_checkpoint"))
     variants = []
     if current_ac != "full":
         variants.append(search.Candidate(layout, info["local_batch_size"], "full", global_batch))
     if info["local_batch_size"] > 1:
-        variants.append(search.Candidate(layout, info["local_batch_size"] // 2, current_ac or "selective", global_batch))
+        variants.append(search.Candidate(layout, info["local_batch_size"] // 2,
+                                         current_ac if current_ac in ("selective", "full") else "selective", global_batch))
     lines = []
     for candidate in variants:
         try:

@@ -207,3 +207,26 @@ def test_the_rehearsals_ranks_share_the_host_one_verdict_for_all():
     assert f"{asked / gib:.1f} GiB with the 70% margin" in fits[0]
     short = render.host_lines(job, need, "MemAvailable")  # the bare plan fits; with the margin it does not
     assert short[-1].startswith("DOES NOT FIT THIS HOST") and f"{(asked - need) / gib:.1f} more than" in short[-1]
+
+
+@pytest.mark.parametrize("config_ac, on_command_line, planned", [
+    ("full", None, ["full"]),  # llama3_70b's config says full: only the halved batch (still full) is planned
+    ("none", None, ["full", "selective"]),  # full recomputation; the halved batch with selective
+    ("none", "full", ["full"]),  # the command line's mode wins over the config's
+])
+def test_the_advice_plans_only_variants_that_differ_from_the_job(config_ac, on_command_line, planned):
+    fitting = types.SimpleNamespace(fits=True, worst=types.SimpleNamespace(total=2**30), tokens_per_s_per_npu=1.0)
+    job_plan = types.SimpleNamespace(
+        parallel={"dp_replicate": 1, "dp_shard": 8, "cp": 1, "tp": 1, "pp": 1, "ep": 1},
+        info={"seq_len": 1024, "local_batch_size": 4, "activation_checkpoint": config_ac},
+        tokens_per_step=32 * 1024, capacity=64 * 2**30, worst=types.SimpleNamespace(at_peak={}))
+    argv = ["--module", "llama3", "--config", "llama3_8b"] + ([f"activation-checkpoint:{on_command_line}"]
+                                                              if on_command_line else [])
+    asked = []
+
+    def run_variant(variant_argv):
+        asked.append(variant_argv[-1].split(":", 1)[1])
+        return fitting
+
+    lines = plan_cmd.advice(argv, job_plan, run_variant)
+    assert asked == planned and len(lines) == len(planned), lines
