@@ -230,3 +230,16 @@ def test_the_advice_plans_only_variants_that_differ_from_the_job(config_ac, on_c
 
     lines = plan_cmd.advice(argv, job_plan, run_variant)
     assert asked == planned and len(lines) == len(planned), lines
+    assert all("tokens/s/NPU" in line for line in lines), lines
+
+
+def test_the_advice_gives_a_pipelines_memory_only():
+    """A shallow plan of a pipeline with many microbatches was 3x slow (llama3_70b PP 4, 512 microbatches)."""
+    fitting = types.SimpleNamespace(fits=True, worst=types.SimpleNamespace(total=2**30), tokens_per_s_per_npu=90.0)
+    job_plan = types.SimpleNamespace(
+        parallel={"dp_replicate": 1, "dp_shard": 1, "cp": 1, "tp": 8, "pp": 4, "ep": 1},
+        info={"seq_len": 8192, "local_batch_size": 512, "activation_checkpoint": "full"},
+        tokens_per_step=512 * 8192, capacity=64 * 2**30, worst=types.SimpleNamespace(at_peak={}))
+    lines = plan_cmd.advice(["--module", "llama3", "--config", "llama3_70b"], job_plan, lambda argv: fitting)
+    assert lines[0] == "  tp 8 x pp 4, local batch 256 x 2 accumulated, AC full: fits, 1.0 GiB", lines
+    assert "memory only" in lines[1] and len(lines) == 2, lines
