@@ -125,6 +125,13 @@ def describe(argv: list[str], world_size: int) -> dict[str, Any]:
         "pp": parallelism.pipeline_parallel_degree,
         "dp": dp,
         "pp_schedule": parallelism.pipeline_parallel_schedule,
-        "activation_checkpoint": type(config.activation_checkpoint).__qualname__.split(".")[0]
-        if config.activation_checkpoint is not None else "none",
+        "activation_checkpoint": activation_checkpoint_mode(config),
     }
+
+
+def activation_checkpoint_mode(config) -> str:
+    """The job's activation checkpointing as the search names it (none, selective, full), another kind by its class."""
+    if config.activation_checkpoint is None:
+        return "none"
+    name = type(config.activation_checkpoint).__qualname__.split(".")[0]
+    return {"FullAC": "full", "SelectiveAC": "selective"}.get(name, name)

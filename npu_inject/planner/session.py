@@ -17,7 +17,7 @@ import tempfile
 from dataclasses import dataclass, field
 from typing import Any
 
-from npu_inject.planner.config import FORCED_FLAGS, PlanError, environment, guard
+from npu_inject.planner.config import FORCED_FLAGS, PlanError, activation_checkpoint_mode, environment, guard
 from npu_inject.torchtitan_argv import with_flags
 
 
@@ -200,13 +200,5 @@ def _role_info(trainer) -> dict[str, Any]:
         "pp_schedule": config.parallelism.pipeline_parallel_schedule if dims.pp_enabled else None,
         "dtype": config.training.mixed_precision_param,
         "compile": bool(config.compile.enable),
-        "activation_checkpoint": _ac_mode(config.activation_checkpoint),
+        "activation_checkpoint": activation_checkpoint_mode(config),
     }
-
-
-def _ac_mode(activation_checkpoint) -> str:
-    """The job's activation checkpointing as the search names it (none, selective, full; another kind by its class)."""
-    if activation_checkpoint is None:
-        return "none"
-    name = type(activation_checkpoint).__qualname__.split(".")[0]
-    return {"FullAC": "full", "SelectiveAC": "selective"}.get(name, name)

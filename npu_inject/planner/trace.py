@@ -114,10 +114,10 @@ class _UncheckedModTracker(ModTracker):
 
     def _fw_pre_hook(self, mod, input):
         with _no_typecheck():
-            leaves = [t for t in tree_flatten(input)[0]
-                      if isinstance(t, torch.Tensor) and t.requires_grad and t.grad_fn is None]
-            if not leaves:
-                return super()._fw_pre_hook(mod, input)
+            tensors = [t for t in tree_flatten(input)[0] if isinstance(t, torch.Tensor) and t.requires_grad]
+            inner = [t for t in tensors if t.grad_fn is not None]
+            if len(inner) == len(tensors) or torch._dynamo.eval_frame._is_in_optimized_module():
+                return super()._fw_pre_hook(mod, input)  # (which returns at once in a compiled module)
             # torch's pre-hook waits for all inputs' gradients with register_multi_grad_hook(mode="all"), whose
             # closure holds each input's grad_fn; a leaf's is its AccumulateGrad, which holds the leaf, and the
             # hook it carries holds the closure: a cycle gc cannot see, so the leaf and its storage never die.
@@ -130,12 +130,9 @@ class _UncheckedModTracker(ModTracker):
             self._get_append_fn(module, name, False)()
             if self._user_pre_fw_hook is not None:
                 self._user_pre_fw_hook(mod, input)
-            if self.is_bw:
-                return None
-            inner = [t for t in tree_flatten(input)[0]
-                     if isinstance(t, torch.Tensor) and t.requires_grad and t.grad_fn is not None]
-            register_multi_grad_hook(inner or leaves, self._get_pop_fn(module, name, True),
-                                     mode="all" if inner else "any")
+            if not self.is_bw:
+                register_multi_grad_hook(inner or tensors, self._get_pop_fn(module, name, True),
+                                         mode="all" if inner else "any")
             return None
 
     def _fw_post_hook(self, mod, input, output):
