@@ -32,7 +32,7 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if REPO not in sys.path:
     sys.path.insert(0, REPO)
 
-from tools.training_runs import _free_port, clean_env  # noqa: E402
+from tools.training_runs import clean_env, free_port  # noqa: E402
 
 GROUP_SIZE = 2
 PROCESS_GROUP_TIMEOUT_MS = 10000  # upstream's config; what bounds a hung peer's cost to the survivor
@@ -51,7 +51,7 @@ STEP_LINE = re.compile(r"^\[default0\]:\[titan\] (\S+ \S+) - root - INFO - .*?st
 @contextlib.contextmanager
 def lighthouse():
     """torchft's lighthouse on a free port (quorum of one group allowed); yields its address."""
-    port = _free_port()
+    port = free_port()
     binary = Path(sys.executable).with_name("torchft_lighthouse")
     server = subprocess.Popen([str(binary), "--min_replicas", "1", "--join_timeout_ms", "1000", "--bind",
                                f"[::]:{port}"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
@@ -105,7 +105,7 @@ def run_failover(workdir: Path, steps: int = 30, fault: str = "kill@4:rank=1", t
                 env.update(TORCHTITAN_NPU_PATCHES=env["TORCHTITAN_NPU_PATCHES"] + ",+inject_faults",
                            TORCHTITAN_NPU_FAULTS=fault)
             command = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(GROUP_SIZE),
-                       "--master_port", str(_free_port()), "--max-restarts", "1", "--tee", "3",
+                       "--master_port", str(free_port()), "--max-restarts", "1", "--tee", "3",
                        "-m", "torchtitan.train", *ARGS, "--training.steps", str(steps),
                        "--fault_tolerance.replica_id", str(group), "--dump_folder", str(dump)]
             log = open(workdir / f"group{group}.log", "w+", encoding="utf-8")

@@ -54,7 +54,7 @@ def torchrun(args: list[str], env: dict[str, str], nproc: int = 2, timeout: int 
     import time, or NPU_INJECT_TEST_LAUNCHER=torchrun."""
     env = {"HF_HUB_OFFLINE": "1", **env}
     env = without_host_memory_check(env)
-    port = _free_port()
+    port = free_port()
     if python is None and not real and os.environ.get(forklaunch.LAUNCHER_VAR, "fork") != "torchrun":
         if _LAUNCHER.process is None:
             _LAUNCHER.start(clean_env(HF_HUB_OFFLINE="1"))
@@ -72,7 +72,7 @@ def torchrun(args: list[str], env: dict[str, str], nproc: int = 2, timeout: int 
 _LAUNCHER = forklaunch.Launcher()
 
 
-def _free_port() -> int:
+def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return sock.getsockname()[1]

@@ -209,24 +209,31 @@ def test_the_rehearsals_ranks_share_the_host_one_verdict_for_all():
     assert short[-1].startswith("DOES NOT FIT THIS HOST") and f"{(asked - need) / gib:.1f} more than" in short[-1]
 
 
+# What advice() reads of a plan: a variant that fits in 1 GiB, and the job's own plan.
+FITTING_VARIANT = types.SimpleNamespace(fits=True, worst=types.SimpleNamespace(total=2**30), tokens_per_s_per_npu=90.0)
+
+
+def _unfit_plan(degrees: dict[str, int], *, seq_len: int, local_batch: int, global_batch: int, ac: str):
+    parallel = {"dp_replicate": 1, "dp_shard": 1, "cp": 1, "tp": 1, "pp": 1, "ep": 1, **degrees}
+    return types.SimpleNamespace(
+        parallel=parallel, info={"seq_len": seq_len, "local_batch_size": local_batch, "activation_checkpoint": ac},
+        tokens_per_step=global_batch * seq_len, capacity=64 * 2**30, worst=types.SimpleNamespace(at_peak={}))
+
+
 @pytest.mark.parametrize("config_ac, on_command_line, planned", [
     ("full", None, ["full"]),  # llama3_70b's config says full: only the halved batch (still full) is planned
     ("none", None, ["full", "selective"]),  # full recomputation; the halved batch with selective
     ("none", "full", ["full"]),  # the command line's mode wins over the config's
 ])
 def test_the_advice_plans_only_variants_that_differ_from_the_job(config_ac, on_command_line, planned):
-    fitting = types.SimpleNamespace(fits=True, worst=types.SimpleNamespace(total=2**30), tokens_per_s_per_npu=1.0)
-    job_plan = types.SimpleNamespace(
-        parallel={"dp_replicate": 1, "dp_shard": 8, "cp": 1, "tp": 1, "pp": 1, "ep": 1},
-        info={"seq_len": 1024, "local_batch_size": 4, "activation_checkpoint": config_ac},
-        tokens_per_step=32 * 1024, capacity=64 * 2**30, worst=types.SimpleNamespace(at_peak={}))
+    job_plan = _unfit_plan({"dp_shard": 8}, seq_len=1024, local_batch=4, global_batch=32, ac=config_ac)
     argv = ["--module", "llama3", "--config", "llama3_8b"] + ([f"activation-checkpoint:{on_command_line}"]
                                                               if on_command_line else [])
     asked = []
 
     def run_variant(variant_argv):
         asked.append(variant_argv[-1].split(":", 1)[1])
-        return fitting
+        return FITTING_VARIANT
 
     lines = plan_cmd.advice(argv, job_plan, run_variant)
     assert asked == planned and len(lines) == len(planned), lines
@@ -235,11 +242,7 @@ def test_the_advice_plans_only_variants_that_differ_from_the_job(config_ac, on_c
 
 def test_the_advice_gives_a_pipelines_memory_only():
     """A shallow plan of a pipeline with many microbatches was 3x slow (llama3_70b PP 4, 512 microbatches)."""
-    fitting = types.SimpleNamespace(fits=True, worst=types.SimpleNamespace(total=2**30), tokens_per_s_per_npu=90.0)
-    job_plan = types.SimpleNamespace(
-        parallel={"dp_replicate": 1, "dp_shard": 1, "cp": 1, "tp": 8, "pp": 4, "ep": 1},
-        info={"seq_len": 8192, "local_batch_size": 512, "activation_checkpoint": "full"},
-        tokens_per_step=512 * 8192, capacity=64 * 2**30, worst=types.SimpleNamespace(at_peak={}))
-    lines = plan_cmd.advice(["--module", "llama3", "--config", "llama3_70b"], job_plan, lambda argv: fitting)
+    job_plan = _unfit_plan({"tp": 8, "pp": 4}, seq_len=8192, local_batch=512, global_batch=512, ac="full")
+    lines = plan_cmd.advice(["--module", "llama3", "--config", "llama3_70b"], job_plan, lambda argv: FITTING_VARIANT)
     assert lines[0] == "  tp 8 x pp 4, local batch 256 x 2 accumulated, AC full: fits, 1.0 GiB", lines
     assert "memory only" in lines[1] and len(lines) == 2, lines
