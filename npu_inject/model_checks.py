@@ -216,8 +216,9 @@ def data_problem(config, config_name: str | None) -> str | None:
     return None
 
 
-# torchtitan's TorchFTManager builds these torchft process groups (experiments/torchft/manager.py).
-FT_PROCESS_GROUPS = ("gloo", "nccl", "mccl")
+# torchtitan's TorchFTManager builds these torchft process groups (experiments/torchft/manager.py); hccl is the
+# runtime's (patches/torchft_npu.py; the rehearsal runs it, and nccl, on gloo).
+FT_PROCESS_GROUPS = ("gloo", "nccl", "mccl", "hccl")
 FT_EXTRA = "pip install 'npu-inject[torchft]'"
 LIGHTHOUSE_CONNECT_TIMEOUT_S = 5.0
 
@@ -241,8 +242,9 @@ def lighthouse_problem(address: str | None) -> str | None:
                 "start `torchft_lighthouse --min_replicas 1` on that host first")
 
 
-def fault_tolerance_problem(config, target: str, environ=os.environ) -> str | None:
-    """Why ``--fault_tolerance.enable`` cannot run on ``target`` as configured, or None (not enabled, or fine)."""
+def fault_tolerance_problem(config, target: str, environ=os.environ, hccl_group: bool = True) -> str | None:
+    """Why ``--fault_tolerance.enable`` cannot run on ``target`` as configured, or None (not enabled, or fine).
+    ``hccl_group``: patch torchft_npu is selected (it makes torchft's HCCL group)."""
     ft = getattr(config, "fault_tolerance", None)
     if ft is None or not getattr(ft, "enable", False):
         return None
@@ -253,10 +255,13 @@ def fault_tolerance_problem(config, target: str, environ=os.environ) -> str | No
         return (f"--fault_tolerance.process_group {group!r} does not exist: torchtitan's TorchFTManager builds "
                 f"{', '.join(FT_PROCESS_GROUPS)}")
     if target == "npu":
-        return ("--fault_tolerance.enable cannot train on NPUs with this runtime yet: torchft 0.2.0's process "
-                "groups are gloo (host tensors only) and CUDA's NCCL, and its streams are CUDA's; rehearse it with "
-                "TORCHTITAN_NPU=cpu (docs/fault-tolerance.md)")
-    if group == "mccl":
+        if group in ("gloo", "mccl"):
+            return (f"--fault_tolerance.process_group {group} cannot carry NPU tensors (gloo: host tensors; mccl: "
+                    "torchcomms' CUDA backend): use --fault_tolerance.process_group hccl")
+        if not hccl_group:
+            return (f"--fault_tolerance.process_group {group} on NPUs needs patch torchft_npu (torchft's HCCL group "
+                    "and its streams on npu), which this run's TORCHTITAN_NPU_PATCHES turns off")
+    elif group == "mccl":
         return ("--fault_tolerance.process_group mccl is torchcomms' CUDA backend; the rehearsal runs torchft on "
-                "gloo (a config naming nccl is run on gloo)")
+                "gloo (a config naming nccl or hccl is run on gloo)")
     return lighthouse_problem(environ.get("TORCHFT_LIGHTHOUSE"))

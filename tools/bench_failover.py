@@ -1,4 +1,4 @@
-"""A replica group's failure on the CPU rehearsal: the survivor's stall, the failed group's restart and heal.
+"""A replica group's failure: the survivor's stall, the failed group's restart and heal (rehearsal, simulated NPU, emulation).
 
 torchtitan's torchft trainer (upstream's ``llama3_torchft_debugmodel``, a commit every step), torchft 0.2.0's
 lighthouse, two replica groups of 2 ranks, each its own ``torchrun --max-restarts 1``; one rank of group 1 is
@@ -8,6 +8,7 @@ can be compared tensor for tensor.
 
     python tools/bench_failover.py                 # kill (30 steps), then hang (60 steps): each run's stall
     python tools/bench_failover.py --fault kill@4:rank=1 --steps 30
+    python tools/bench_failover.py --target sim     # the simulated NPU; cann: the real torch_npu on the emulation
 
 tests/e2e/test_torchft.py runs :func:`run_failover` once (kill) and checks the outcome.
 """
@@ -32,7 +33,7 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if REPO not in sys.path:
     sys.path.insert(0, REPO)
 
-from tools.training_runs import clean_env, free_port  # noqa: E402
+from tools.training_runs import clean_env, free_port, without_host_memory_check  # noqa: E402
 
 GROUP_SIZE = 2
 PROCESS_GROUP_TIMEOUT_MS = 10000  # upstream's config; what bounds a hung peer's cost to the survivor
@@ -94,17 +95,40 @@ class Failover:
         return next((b for a, b in reversed(list(zip(logged, logged[1:]))) if b != a + 1), None)
 
 
-def run_failover(workdir: Path, steps: int = 30, fault: str = "kill@4:rank=1", timeout: int = 900) -> Failover:
+TARGETS = ("cpu", "sim", "cann")  # the CPU rehearsal, the simulated NPU, the real torch_npu on the CANN emulation
+
+
+def target_environment(target: str, base: dict[str, str]) -> tuple[str, dict[str, str]]:
+    """(python, environment) of one replica group's torchrun on ``target``; ``base`` is clean_env's."""
+    if target == "cpu":
+        return sys.executable, without_host_memory_check({**base, "TORCHTITAN_NPU": "cpu"})
+    if target == "sim":
+        from verification.sim_npu import sim_env
+
+        return sys.executable, sim_env({**base, "TORCHTITAN_NPU": "1"}, devices=GROUP_SIZE)
+    if target == "cann":
+        from verification.cann_emu import DEFAULT_VENV, cann_env
+
+        python = Path(REPO) / os.environ.get("CANN_EMU_VENV", DEFAULT_VENV) / "bin" / "python"
+        if not python.exists():
+            raise FileNotFoundError(f"{python} is missing: run `bash verification/cann_emu/setup.sh` first")
+        # HCCL_CONNECT_TIMEOUT-like bound: a peer that never answers fails the call after this many seconds
+        return str(python), cann_env({**base, "TORCHTITAN_NPU": "1", "CANN_EMU_HCCL_TIMEOUT": "60"})
+    raise ValueError(f"target {target!r}: one of {', '.join(TARGETS)}")
+
+
+def run_failover(workdir: Path, steps: int = 30, fault: str = "kill@4:rank=1", timeout: int = 900,
+                 target: str = "cpu") -> Failover:
     """Two replica groups, the fault in group 1, each group under ``torchrun --max-restarts 1``."""
     dumps = [workdir / f"group{group}" for group in range(2)]
     with lighthouse() as address:
         processes = []
         for group, dump in enumerate(dumps):
-            env = clean_env(TORCHTITAN_NPU="cpu", TORCHFT_LIGHTHOUSE=address, HF_HUB_OFFLINE="1")
+            python, env = target_environment(target, clean_env(TORCHFT_LIGHTHOUSE=address, HF_HUB_OFFLINE="1"))
             if group == 1:
-                env.update(TORCHTITAN_NPU_PATCHES=env["TORCHTITAN_NPU_PATCHES"] + ",+inject_faults",
+                env.update(TORCHTITAN_NPU_PATCHES=",".join(filter(None, [env.get("TORCHTITAN_NPU_PATCHES"), "+inject_faults"])),
                            TORCHTITAN_NPU_FAULTS=fault)
-            command = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(GROUP_SIZE),
+            command = [python, "-m", "torch.distributed.run", "--nproc_per_node", str(GROUP_SIZE),
                        "--master_port", str(free_port()), "--max-restarts", "1", "--tee", "3",
                        "-m", "torchtitan.train", *ARGS, "--training.steps", str(steps),
                        "--fault_tolerance.replica_id", str(group), "--dump_folder", str(dump)]
@@ -142,14 +166,17 @@ def main() -> None:
                         "default: kill@4:rank=1, then hang@4:rank=1)")
     parser.add_argument("--steps", type=int, help="default: 30 for kill, 60 for hang (a hung group comes back "
                         "after its 15 s collective timeout and a restart: group 0 must still be training)")
+    parser.add_argument("--target", choices=TARGETS, default="cpu", help="cpu: the rehearsal (torchft on gloo); "
+                        "sim: the simulated NPU, cann: the real torch_npu on the CANN emulation (both on torchft's "
+                        "HCCL group)")
     options = parser.parse_args()
-    print(f"2 replica groups x {GROUP_SIZE} ranks, CPU rehearsal, "
+    print(f"2 replica groups x {GROUP_SIZE} ranks, target {options.target}, "
           f"--fault_tolerance.process_group_timeout_ms {PROCESS_GROUP_TIMEOUT_MS}")
     for fault in options.fault or ["kill@4:rank=1", "hang@4:rank=1"]:
         steps = options.steps or (60 if fault.startswith("hang") else 30)
         with tempfile.TemporaryDirectory() as workdir:
             started = time.monotonic()
-            run = run_failover(Path(workdir), steps, fault)
+            run = run_failover(Path(workdir), steps, fault, target=options.target)
             took = time.monotonic() - started
             if run.returncodes != [0, 0]:
                 print(f"{fault}: exit codes {run.returncodes}; logs' last lines:\n{run.logs[0][-2000:]}\n"

@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import sys
 
+from npu_inject import runtime
 from npu_inject.errors import stop_run
 from npu_inject.model_checks import (
     data_problem,
@@ -52,6 +53,13 @@ TARGETS = (
 )
 
 
+def patch_selected(patch_id: str) -> bool:
+    """Whether this run's selection has ``patch_id`` on (waiting for its trigger, or applied)."""
+    active = runtime.current()
+    state = active.states.get(patch_id) if active is not None else None
+    return state is not None and state.state in ("pending", "applied")
+
+
 def apply(ctx: PatchContext) -> None:
     def parse_args(original, manager, args=None):
         argv = sys.argv[1:] if args is None else list(args)
@@ -68,7 +76,8 @@ def apply(ctx: PatchContext) -> None:
                 # After the command line is merged: a --dataloader.* override may point elsewhere.
                 problem = (setting_problem(config) or optimizer_problem(config, config_name, ctx.device_kind)
                            or override_problem(config, ctx.device_kind) or data_problem(config, config_name)
-                           or fault_tolerance_problem(config, ctx.device_kind))
+                           or fault_tolerance_problem(config, ctx.device_kind,
+                                                      hccl_group=patch_selected("torchft_npu")))
                 if problem is None:
                     return config
         stop_run(f"npu_inject model_guard: {problem}")

@@ -1,4 +1,4 @@
-"""torchft in the rehearsal: upstream's NCCL setting runs on gloo, and a run whose steps torchft never commits stops.
+"""torchft in the rehearsal: NCCL and HCCL settings run on gloo, and a run whose steps torchft never commits stops.
 
 Module ``torchtitan.experiments.torchft.manager`` (``--module torchft.llama3 ... --fault_tolerance.enable``),
 and torchft's ``Manager.should_commit``:
@@ -6,9 +6,9 @@ and torchft's ``Manager.should_commit``:
 * ``TorchFTManager.__init__`` builds torchft's process group from ``--fault_tolerance.process_group``;
   upstream's ``llama3_torchft_debugmodel`` names ``nccl``. Off CUDA torchft's NCCL group fails at every
   quorum ("ProcessGroupNCCL is only supported with GPUs"), every step ends ``should_commit=False``, and
-  the log still looks like training. In the rehearsal ``nccl`` is run on torchft's gloo group instead
-  (noted), as the device patch runs the main process group on gloo. On NPUs model_guard stops
-  ``--fault_tolerance.enable`` at start-up: torchft 0.2.0 has no HCCL group and CUDA-only streams.
+  the log still looks like training. In the rehearsal ``nccl`` and ``hccl`` (the runtime's HCCL group,
+  :mod:`npu_inject.patches.torchft_npu`, what both run on on NPUs) are run on torchft's gloo group instead
+  (noted), as the device patch runs the main process group on gloo.
 * ``Manager.should_commit`` is watched: when the first ``stop_after`` (registry option, default 5) commit
   points of a replica group (one per step; one per synchronisation with DiLoCo or LocalSGD) commit
   nothing, every rank stops with one line naming torchft's recorded error, instead of training on with
@@ -41,10 +41,11 @@ def apply(ctx: PatchContext) -> None:
     counts = {"calls": 0, "committed": 0, "uncommitted": 0}
 
     def init(original, manager, config, *args, **kwargs):
-        if ctx.rehearsal and config.enable and config.process_group == "nccl":
+        if ctx.rehearsal and config.enable and config.process_group in ("nccl", "hccl"):
+            ctx.note(f"--fault_tolerance.process_group {config.process_group} runs on torchft's gloo group in the "
+                     "rehearsal (torchft's NCCL group needs CUDA GPUs: every quorum would fail and no step would "
+                     "commit; its HCCL group, NPUs)")
             config = dataclasses.replace(config, process_group="gloo")
-            ctx.note("--fault_tolerance.process_group nccl runs on torchft's gloo group in the rehearsal "
-                     "(torchft's NCCL group needs CUDA GPUs: every quorum would fail and no step would commit)")
         return original(manager, config, *args, **kwargs)
 
     def should_commit(original, manager, *args, **kwargs):

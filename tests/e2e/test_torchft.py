@@ -8,7 +8,9 @@ commit (min_replica_size above the replicas there are) stops on every rank with 
 Failover (tools/bench_failover.py): two replica groups of 2 ranks committing every step; rank 1 of group 1 is
 SIGKILLed at step 6. Group 0 never restarts and trains on; torchrun restarts group 1, which heals from group
 0's live state (it has no checkpoint on disk) and rejoins; at the end both groups hold the same parameters,
-optimizer state, schedule and step, tensor for tensor, and every step was applied once.
+optimizer state, schedule and step, tensor for tensor, and every step was applied once. The same failover on
+the simulated NPU runs torchft's cross-group all-reduce on the runtime's HCCL group (patch torchft_npu);
+tests/cann_emu/test_torchft_failover.py runs it on the real torch_npu over the CANN emulation.
 """
 
 from __future__ import annotations
@@ -61,11 +63,19 @@ def test_a_replica_group_that_never_commits_stops_with_one_line(lighthouse, tmp_
 
 
 def test_a_killed_replica_group_restarts_heals_from_the_live_group_and_ends_bitwise_equal(tmp_path):
-    steps, kill_at = 40, 6
-    run = run_failover(tmp_path, steps, f"kill@{kill_at}:rank=1")
+    check_failover(tmp_path, "cpu", steps=40, kill_at=6)
+
+
+def test_the_same_failover_on_the_simulated_npu_over_torchfts_hccl_group(tmp_path):
+    check_failover(tmp_path, "sim", steps=14, kill_at=4)
+
+
+def check_failover(tmp_path, target: str, steps: int, kill_at: int) -> None:
+    """Two replica groups of 2 ranks on ``target``; rank 1 of group 1 killed as step ``kill_at`` starts."""
+    run = run_failover(tmp_path, steps, f"kill@{kill_at}:rank=1", target=target)
     assert run.returncodes == [0, 0], run.logs[0][-3000:] + run.logs[1][-3000:]
     survivor, restarted = run.logs
-    # at step 6, or the first step after it group 1 trained (a group that starts late heals to group 0's step)
+    # at the step, or the first step after it group 1 trained (a group that starts late heals to group 0's step)
     killed = re.search(r"npu_inject inject_faults: step (\d+): kill on rank 1", restarted)
     assert killed and int(killed.group(1)) >= kill_at, restarted[-3000:]
     killed_at = int(killed.group(1))
@@ -80,8 +90,13 @@ def test_a_killed_replica_group_restarts_heals_from_the_live_group_and_ends_bitw
     times = run.step_times(0)
     assert times[resumed - 1] - times[killed_at] > 0
 
-    report = json.loads((run.dumps[1] / "npu_inject" / "report_rank0.json").read_text())["patches"]["torchft_heal"]
-    assert any(note.startswith("healed from a peer replica group's live state") for note in report["notes"]), report
+    reports = [json.loads((dump / "npu_inject" / "report_rank0.json").read_text())["patches"] for dump in run.dumps]
+    heal = reports[1]["torchft_heal"]
+    assert any(note.startswith("healed from a peer replica group's live state") for note in heal["notes"]), heal
+    if target != "cpu":  # upstream's nccl on the runtime's HCCL group: the cross-group all-reduce is HCCL's
+        for report in reports:
+            assert report["torchft_npu"]["state"] == "applied", report["torchft_npu"]
+            assert any("runs on torchft's HCCL group" in note for note in report["torchft_npu"]["notes"])
     assert survivor.count("should_commit=True enough_replicas=True") >= 2 * steps  # both ranks, every step
 
     assert [sorted(p.name for p in (dump / "checkpoint").iterdir()) for dump in run.dumps] == [[f"step-{steps}"]] * 2
@@ -91,10 +106,12 @@ def test_a_killed_replica_group_restarts_heals_from_the_live_group_and_ends_bitw
     assert sorted(group0) == sorted(group1)
     tensors = [key for key, value in group0.items() if isinstance(value, torch.Tensor)]
     assert any(key.startswith("optimizer.") for key in tensors) and len(tensors) > 100
+    # the groups read different data after the heal: equal tensors mean the cross-group all-reduce ran
     for key, value in group0.items():
         assert torch.equal(value, group1[key]) if key in tensors else value == group1[key], key
     # every step applied once: Adam's count is torchtitan's one initialising step plus one per training step
     assert group0["train_state.step"] == steps
     assert {group0[key].item() for key in tensors if key.endswith(".step")} == {steps + 1}
     median, longest, at = stall(run)
-    print(f"group 0 stalled {longest:.1f} s at step {at} (median step {median:.2f} s); group 1 rejoined at step {resumed}")
+    print(f"{target}: group 0 stalled {longest:.1f} s at step {at} (median step {median:.2f} s); "
+          f"group 1 rejoined at step {resumed}")

@@ -37,11 +37,16 @@ def test_a_run_without_fault_tolerance_is_not_checked():
 
 def test_rehearsal_with_a_lighthouse_passes_and_each_bad_input_is_one_line(lighthouse_port):
     here = {"TORCHFT_LIGHTHOUSE": f"http://127.0.0.1:{lighthouse_port}"}
-    assert model_checks.fault_tolerance_problem(_config(process_group="nccl"), "cpu", here) is None
+    for group in ("nccl", "hccl", "gloo"):
+        assert model_checks.fault_tolerance_problem(_config(process_group=group), "cpu", here) is None
+    for group in ("nccl", "hccl"):  # on NPUs both run on the runtime's HCCL group (patch torchft_npu)
+        assert model_checks.fault_tolerance_problem(_config(process_group=group), "npu", here) is None
     problems = {
         "group": model_checks.fault_tolerance_problem(_config(process_group="hcc"), "cpu", here),
         "mccl": model_checks.fault_tolerance_problem(_config(process_group="mccl"), "cpu", here),
-        "npu": model_checks.fault_tolerance_problem(_config(), "npu", here),
+        "npu_gloo": model_checks.fault_tolerance_problem(_config(), "npu", here),
+        "npu_patch_off": model_checks.fault_tolerance_problem(_config(process_group="hccl"), "npu", here,
+                                                              hccl_group=False),
         "unset": model_checks.fault_tolerance_problem(_config(), "cpu", {}),
         "closed": model_checks.fault_tolerance_problem(_config(), "cpu",
                                                       {"TORCHFT_LIGHTHOUSE": f"http://127.0.0.1:{_closed_port()}"}),
@@ -49,9 +54,11 @@ def test_rehearsal_with_a_lighthouse_passes_and_each_bad_input_is_one_line(light
     }
     assert all(problem and "\n" not in problem for problem in problems.values()), problems
     assert problems["group"].startswith("--fault_tolerance.process_group 'hcc' does not exist: torchtitan's "
-                                        "TorchFTManager builds gloo, nccl, mccl")
+                                        "TorchFTManager builds gloo, nccl, mccl, hccl")
     assert "mccl is torchcomms' CUDA backend" in problems["mccl"]
-    assert problems["npu"].startswith("--fault_tolerance.enable cannot train on NPUs with this runtime yet")
+    assert problems["npu_gloo"] == ("--fault_tolerance.process_group gloo cannot carry NPU tensors (gloo: host "
+                                    "tensors; mccl: torchcomms' CUDA backend): use --fault_tolerance.process_group hccl")
+    assert problems["npu_patch_off"].startswith("--fault_tolerance.process_group hccl on NPUs needs patch torchft_npu")
     assert problems["unset"].startswith("--fault_tolerance.enable needs torchft's lighthouse")
     assert problems["closed"].startswith(f"TORCHFT_LIGHTHOUSE=http://127.0.0.1:") and "no lighthouse answers" in problems["closed"]
     assert problems["malformed"] == "TORCHFT_LIGHTHOUSE='localhost' is not http://host:port"

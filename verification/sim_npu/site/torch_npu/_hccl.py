@@ -132,6 +132,14 @@ class HcclSimBackend(_C10dBackend):
         gloo.shutdown()
         del gloo  # the last reference: ~ProcessGroupGloo joins its worker and transport threads here
 
+    def abort(self) -> None:
+        """Tear the communicator down now, as ProcessGroupHCCL's abort does (torchft aborts a group whose
+        collective outlived its timeout, and the old group at every new quorum): a collective blocked in it
+        fails, and any later one raises."""
+        gloo, self._gloo_group = self._gloo_group, None
+        if gloo is not None:
+            gloo.abort()
+
     # -- identity ---------------------------------------------------------
 
     def getBackendName(self) -> str:  # noqa: N802 - name fixed by c10d
