@@ -25,6 +25,9 @@ FAULT_KINDS = {
             "in the launcher's first attempt only, so a restarted rank trains on",
     "hang": "the rank stops inside the step and never returns (a hung device or collective): its peers' next "
             "collective times out; first attempt only",
+    "kill_in_forward": "as kill, but in the rank's forward, after the step's torchft quorum began: its peers meet "
+                       "the loss inside a collective (their own group's, torchft's cross-group all-reduce)",
+    "hang_in_forward": "as hang, but in the rank's forward: its peers wait inside a collective until its timeout",
 }
 FAULT_FORM = "KIND@STEP or KIND@STEP:rank=R, comma-separated"
 

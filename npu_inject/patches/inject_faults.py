@@ -15,7 +15,12 @@ comma-separated; a bad item stops at start-up naming it.
   whose peer is gone would: its peers' next collective times out (``--comm.train_timeout_seconds``,
   torchft's ``--fault_tolerance.process_group_timeout_ms``).
 
-``kill`` and ``hang`` fire as the first step at or after K starts (a rank healed from a torchft peer
+* ``kill_in_forward@K``, ``hang_in_forward@K``: the same, in the rank's forward of step K (a forward pre-hook
+  of its first model part), after the step began: with torchft the rank's group has joined the step's
+  quorum, so its peers meet the failure inside a collective (their group's, or torchft's cross-group
+  all-reduce) instead of before it.
+
+``kill`` and ``hang`` (and their ``_in_forward`` forms) fire as the first step at or after K starts (a rank healed from a torchft peer
 jumps to the peer's step), in the launcher's first attempt only (torchrun's TORCHELASTIC_RESTART_COUNT
 unset or 0): the ranks ``--max-restarts`` brings back train on, which is what a recovery check needs.
 
@@ -43,6 +48,15 @@ def _times_nan(module, args, output):
     return output * float("nan")
 
 
+def stop(kind: str, step: int) -> None:
+    """Kill or hang this rank now. Said on stderr, not in the report: a killed or hung rank writes no report."""
+    print(f"npu_inject inject_faults: step {step}: {kind} on rank {os.environ.get('RANK', '0')}",
+          file=sys.stderr, flush=True)
+    if kind.startswith("kill"):
+        os.kill(os.getpid(), signal.SIGKILL)
+    threading.Event().wait()
+
+
 def apply(ctx: PatchContext) -> None:
     from npu_inject import selection
 
@@ -51,7 +65,8 @@ def apply(ctx: PatchContext) -> None:
     mine = [fault for fault in faults if fault.rank in (None, rank)]
     nan_steps = {fault.step for fault in mine if fault.kind == "nan_loss"}
     first_attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") == "0"
-    stops = {fault.step: fault.kind for fault in mine if fault.kind in ("kill", "hang") and first_attempt}
+    stops = {fault.step: fault.kind for fault in mine
+             if fault.kind in ("kill", "hang", "kill_in_forward", "hang_in_forward") and first_attempt}
 
     active: list = []  # the hook of the step in progress (an override calling super() nests)
 
@@ -60,11 +75,12 @@ def apply(ctx: PatchContext) -> None:
         due = [step for step in stops if step <= trainer.step]
         kind = stops[min(due)] if due else None
         if kind and not active:
-            # Said on stderr, not in the report: a killed or hung rank writes no report.
-            print(f"npu_inject inject_faults: step {trainer.step}: {kind} on rank {rank}", file=sys.stderr, flush=True)
-            if kind == "kill":
-                os.kill(os.getpid(), signal.SIGKILL)
-            threading.Event().wait()
+            if kind in ("kill", "hang"):
+                stop(kind, trainer.step)
+            # the model's forward: the step's quorum and its first collectives have begun
+            step = trainer.step
+            trainer.model_parts[0].register_forward_pre_hook(lambda module, args: stop(kind, step))
+            del stops[min(due)]
         if trainer.step not in nan_steps or active:
             return original(trainer, *args, **kwargs)
         active.append(trainer.model_parts[0].register_forward_hook(_times_nan))

@@ -54,6 +54,7 @@ HCCL = "hccl"
 # torchft's 3 s). torchft's own timeout must abort the group first, so the backend gets torch's default (30
 # min), as torchft's NCCL group leaves NCCL's, and is a backstop only.
 BACKEND_TIMEOUT = timedelta(minutes=30)
+WATCHDOG_STOPPED = 2  # torch_npu.npu._recovery.WATCHDOG_STATUS_STOP
 
 
 def stream_context(stream):
@@ -103,6 +104,9 @@ def make_process_group_class():
                 backend = plugin.creator_fn(options, None)
             else:
                 backend = plugin.creator_fn(store, rank, world_size, BACKEND_TIMEOUT)
+            # torch_npu's watchdog takes the process down when a communicator reports an error: torchft's group
+            # handles its own (abort, report to the manager, a new communicator at the next quorum)
+            backend.set_watchdog_status(WATCHDOG_STOPPED)
             group = dist.ProcessGroup(store, rank, world_size)
             group._set_default_backend(dist.ProcessGroup.BackendType.CUSTOM)
             group._register_backend(torch.device("npu"), dist.ProcessGroup.BackendType.CUSTOM, backend)

@@ -8,8 +8,9 @@ math on inputs every rank can make (seeded per rank). Tensors are made on the CP
 ``.npu()``: the emulation has few aclnn operators yet.
 
 MODE ``collectives``: every collective; ``exit``: after one all_reduce the last rank exits and the
-others try a second; ``hang``: the same, but the last rank stays alive without joining. In
-``exit``/``hang`` every rank exits 0 after writing its result, so torchrun waits for all of them.
+others try a second; ``hang``: the same, but the last rank stays alive without joining; ``stop``: as
+``hang``, and the others stop the device's tasks (torch_npu's stop_device) and restart it. In
+``exit``/``hang``/``stop`` every rank exits 0 after writing its result, so torchrun waits for all of them.
 """
 
 from __future__ import annotations
@@ -139,6 +140,27 @@ def collectives() -> None:
     check("world_after_groups", t, fold("sum", xs))
 
 
+def stop_and_restart(t: torch.Tensor) -> None:
+    """A collective waits for a peer that never joins; torch_npu's stop_device aborts the device's tasks, later
+    operators fail with FORCE STOP until restart_device, then the device and a new communicator work."""
+    dist.all_reduce(t)  # queued: its HCCL call blocks the task queue's thread until the stop
+    time.sleep(1)
+    start = time.monotonic()
+    torch_npu.npu.stop_device(torch.npu.current_device())
+    results["stopped_after_s"] = time.monotonic() - start
+    try:
+        torch.npu.synchronize()
+        results["after_stop"] = None
+    except RuntimeError as error:
+        results["after_stop"] = str(error).splitlines()[0]
+    torch_npu.npu.restart_device(torch.npu.current_device())
+    check("op_after_restart", torch.ones(4).npu() * 5, torch.full((4,), 5.0))
+    alone = dist.new_group([RANK], backend="hccl")  # a new communicator after the restart
+    t = torch.full((4,), 7.0).npu()
+    dist.all_reduce(t, group=alone)
+    check("new_communicator_after_restart", t, torch.full((4,), 7.0))
+
+
 def main() -> None:
     mode, out_dir = sys.argv[1], sys.argv[2]
     torch.npu.set_device(int(os.environ["LOCAL_RANK"]))
@@ -152,8 +174,13 @@ def main() -> None:
         dist.all_reduce(t)
         check("first_all_reduce", t, torch.full((4,), float(WORLD)))
         if RANK == WORLD - 1:
-            if mode == "hang":
+            if mode in ("hang", "stop"):
                 time.sleep(2 * float(os.environ["CANN_EMU_HCCL_TIMEOUT"]))
+            os._exit(0)
+        if mode == "stop":
+            stop_and_restart(t)
+            with open(os.path.join(out_dir, f"rank{RANK}.json"), "w") as f:
+                json.dump(results, f)
             os._exit(0)
         start = time.monotonic()
         try:

@@ -112,3 +112,16 @@ def test_a_rank_that_never_joins_times_out_with_hccl_e_timeout(tmp_path):
     assert error and "timed out after 3 s (CANN_EMU_HCCL_TIMEOUT)" in error and "rank 1 of communicator" in error, error
     assert "(status 9)" in out["output"]  # HCCL_E_TIMEOUT
     assert 2.5 < result["failed_after_s"] < 15, result["failed_after_s"]
+
+
+def test_stop_device_aborts_a_waiting_collective_and_restart_device_recovers(tmp_path):
+    # torch_npu's device recovery (npu._recovery): stop_device calls aclrtDeviceTaskAbort, which ends the HCCL call
+    # blocked on a peer that never joins; operators fail with FORCE STOP until restart_device; then the device and a
+    # new communicator work, all within the HCCL timeout the call would otherwise have waited for.
+    out = run_ranks(tmp_path, 2, "stop", hccl_timeout=10)
+    result = out["ranks"][0]
+    assert result["first_all_reduce"] is True
+    assert result["stopped_after_s"] < 5, result
+    assert result["after_stop"] and result["after_stop"].startswith("FORCE STOP"), result
+    assert result["op_after_restart"] is True and result["new_communicator_after_restart"] is True, result
+    assert "aborted by aclrtDeviceTaskAbort" in out["output"]

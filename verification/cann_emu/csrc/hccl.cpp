@@ -192,6 +192,7 @@ HcclResult on_comm(const char* api, HcclComm handle, F&& body) {
     Comm* c = live(handle);
     if (!c) return fail(HCCL_E_PTR, std::string(api) + ": comm is not a live communicator of this process");
     std::lock_guard<std::mutex> lock(c->call_mutex);
+    start_call();
     if (int e = c->error.load()) {
         std::lock_guard<std::mutex> el(c->error_mutex);
         return fail(e, std::string(api) + " on " + c->label() + ": the communicator failed earlier: " + c->error_msg);
@@ -521,6 +522,7 @@ Comm* init_comm(const char* api, uint32_t nranks, const void* root_info, uint32_
 HcclResult init_api(const char* api, uint32_t nranks, const void* root_info, uint32_t rank, const void* config,
                     HcclComm* comm) {
     if (!comm) return fail(HCCL_E_PTR, std::string(api) + ": comm is null");
+    start_call();
     try {
         Comm* c = init_comm(api, nranks, root_info, rank, config);
         std::lock_guard<std::mutex> lock(g_mutex);
@@ -590,6 +592,14 @@ CANN_API HcclResult HcclCommInitRootInfoConfig(uint32_t nranks, const void* root
                                                const void* config, HcclComm* comm) {
     count_hccl("HcclCommInitRootInfoConfig");
     return init_api("HcclCommInitRootInfoConfig", nranks, root_info, rank, config, comm);
+}
+
+// Stops the device's tasks: here, the HCCL calls blocked in this process (every other task ran at launch).
+CANN_API aclError aclrtDeviceTaskAbort(int32_t device, uint32_t /*timeout*/) {
+    count_hccl("aclrtDeviceTaskAbort");
+    if (device < 0) return fail(ACL_ERROR_INVALID_PARAM, "aclrtDeviceTaskAbort: deviceId " + std::to_string(device) + " is negative");
+    abort_calls();
+    return ACL_SUCCESS;
 }
 
 CANN_API HcclResult HcclCommDestroy(HcclComm handle) {

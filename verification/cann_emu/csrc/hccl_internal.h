@@ -74,6 +74,14 @@ struct Lane {
 // HCCL_E_TIMEOUT at deadline naming the lanes still waiting, HCCL_E_TCP_TRANSFER when a peer closed.
 void pump(std::vector<Lane>& lanes, Clock::time_point deadline, const std::string& what);
 
+// aclrtDeviceTaskAbort (runtime.cpp): every HCCL call blocked in this process when it is called fails within
+// kAbortPollMs with HCCL_E_INTERNAL ("aborted by aclrtDeviceTaskAbort"), as CANN stops a device's tasks. A call
+// notes the abort count as it starts (start_call); the transport's waits check it.
+constexpr int kAbortPollMs = 100;
+void start_call();
+void check_aborted(const std::string& what);
+void abort_calls();
+
 // Sockets on 127.0.0.1.
 int listen_loopback(int* port);
 int connect_loopback(int port, Clock::time_point deadline, const std::string& what);

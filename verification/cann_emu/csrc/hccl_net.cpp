@@ -11,6 +11,7 @@
 #include <fcntl.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
+#include <atomic>
 #include <poll.h>
 #include <sys/socket.h>
 #include <unistd.h>
@@ -20,10 +21,14 @@ namespace {
 
 std::string sys_error(const char* call) { return std::string(call) + ": " + std::strerror(errno); }
 
+std::atomic<uint64_t> g_aborts{0};          // aclrtDeviceTaskAbort calls so far
+thread_local uint64_t t_aborts_at_start = 0;  // g_aborts when this thread's current HCCL call started
+
 int remaining_ms(Clock::time_point deadline) {
     auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now()).count();
     return ms <= 0 ? 0 : ms > 1000 ? 1000 : int(ms);  // wake at least each second to re-check
 }
+
 
 void tune(int fd) {
     int one = 1;
@@ -40,6 +45,13 @@ sockaddr_in loopback(int port) {
 }
 
 }  // namespace
+
+void start_call() { t_aborts_at_start = g_aborts.load(); }
+void check_aborted(const std::string& what) {
+    if (g_aborts.load() != t_aborts_at_start)
+        raise(HCCL_E_INTERNAL, what + ": aborted by aclrtDeviceTaskAbort (the device's tasks were stopped)");
+}
+void abort_calls() { g_aborts.fetch_add(1); }
 
 void close_fd(int fd) {
     if (fd >= 0) ::close(fd);
@@ -74,14 +86,16 @@ int connect_loopback(int port, Clock::time_point deadline, const std::string& wh
         if (Clock::now() >= deadline)
             raise(HCCL_E_TCP_CONNECT, "could not connect to " + what + " at 127.0.0.1:" + std::to_string(port) +
                                           " before the timeout (" + std::strerror(err) + ")");
+        check_aborted("connecting to " + what);
         ::usleep(20000);  // the listener is made before the root info is shared; refused means gone or not yet
     }
 }
 
 int accept_one(int listen_fd, Clock::time_point deadline, const std::string& what) {
     for (;;) {
+        check_aborted(what + " to connect");
         pollfd p{listen_fd, POLLIN, 0};
-        int n = ::poll(&p, 1, remaining_ms(deadline));
+        int n = ::poll(&p, 1, std::min(remaining_ms(deadline), kAbortPollMs));
         if (n < 0 && errno != EINTR) raise(HCCL_E_SYSCALL, sys_error("poll"));
         if (n > 0) {
             int fd = ::accept4(listen_fd, nullptr, nullptr, SOCK_CLOEXEC);
@@ -126,7 +140,8 @@ void pump(std::vector<Lane>& lanes, Clock::time_point deadline, const std::strin
             std::snprintf(limit, sizeof(limit), "%g s", config().hccl_timeout_s);
             raise(HCCL_E_TIMEOUT, what + " timed out after " + limit + " (CANN_EMU_HCCL_TIMEOUT) while " + waiting);
         }
-        int n = ::poll(fds.data(), fds.size(), remaining_ms(deadline));
+        check_aborted(what);
+        int n = ::poll(fds.data(), fds.size(), std::min(remaining_ms(deadline), kAbortPollMs));
         if (n < 0) {
             if (errno == EINTR) continue;
             raise(HCCL_E_SYSCALL, sys_error("poll"));

@@ -140,6 +140,12 @@ class HcclSimBackend(_C10dBackend):
         if gloo is not None:
             gloo.abort()
 
+    def set_watchdog_status(self, status: int) -> None:
+        """ProcessGroupHCCL's watchdog switch (1 run, 2 stop); collectives here are synchronous and have none."""
+        if status not in (1, 2):
+            raise ValueError(f"set_watchdog_status: status {status} is neither 1 (run) nor 2 (stop)")
+        self.watchdog_status = status
+
     # -- identity ---------------------------------------------------------
 
     def getBackendName(self) -> str:  # noqa: N802 - name fixed by c10d
