@@ -224,8 +224,21 @@ def _evaluate(recorded: dict[int, Any], *, profile, efficiency, world_size, expa
     batch_degree = world_size // (pp * info["parallel"]["cp"] * info["parallel"]["tp"])
     global_batch = info["global_batch_size"] if info["global_batch_size"] > 0 else info["local_batch_size"] * batch_degree
     info["peak_flops"] = profile.peak("bf16")
+    if info.get("replica_groups", 1) > 1:
+        info["torchft"] = _cross_group_allreduce(info["replica_groups"], roles, profile, efficiency)
     return JobPlan(list(argv), profile.name, world_size, info["parallel"], roles, timing,
                    global_batch * info["seq_len"], capacity, info, time.monotonic() - started, expandable)
+
+
+def _cross_group_allreduce(groups: int, roles: list[RolePlan], profile, efficiency) -> dict[str, Any]:
+    """torchft's synchronous replica groups (HSDP across them): each step every rank all-reduces its gradient
+    shards (the reduce-scatter's output, FSDP's reduce dtype) with the rank of the same place in every other
+    group, over the scale-out links, as a ring across the groups."""
+    shard = max(max((entry[3].get("gradients", 0) for entry in role.timeline), default=0) for role in roles)
+    link = profile.scale_out
+    seconds = (2 * (groups - 1) / groups * shard / (link.bandwidth_gbps * 1e9 * efficiency.get("comm", 1.0))
+               + 2 * (groups - 1) * link.latency_us * 1e-6)
+    return {"replica_groups": groups, "allreduce_bytes": shard, "allreduce_s": seconds}
 
 
 def model_packages(argv: list[str]) -> list[str]:

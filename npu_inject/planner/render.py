@@ -109,6 +109,14 @@ def time_lines(plan) -> list[str]:
         f"throughput {plan.tokens_per_s_per_npu:,.0f} tokens/s per NPU, MFU {plan.mfu:.1%} "
         f"(of {plan.info['peak_flops'] / 1e12:.1f} TFLOPS BF16 dense)",
     ]
+    ft = plan.info.get("torchft")
+    if ft:
+        groups = ft["replica_groups"]
+        lines.append(
+            f"torchft, {groups} replica groups of these {plan.world_size} ranks: each step every rank all-reduces its "
+            f"{ft['allreduce_bytes'] / 2**20:,.1f} MiB of gradient shards with its peers in the other groups over the "
+            f"scale-out links, {ft['allreduce_s']:.3f} s when nothing hides it (not in the time above: the "
+            f"step is {timing.step_s + ft['allreduce_s']:.3f} s at worst)")
     return lines
 
 
@@ -178,6 +186,7 @@ def plan_dict(plan, candidate=None) -> dict[str, Any]:
         "time_by_module_class": {module: {name: seconds for (owner, name), seconds in timing.by_module_class.items()
                                           if owner == module} for module in time_by_module(timing)},
         "tokens_per_step": plan.tokens_per_step,
+        "torchft": plan.info.get("torchft"),
         "flops_per_token": plan.info["flops_per_token"],
         "expandable_segments": plan.expandable,
         "extrapolated": plan.extrapolated,

@@ -49,6 +49,28 @@ def _batch(rows: int, seq_len: int, special_tokens: bool = False):
     return inputs, labels
 
 
+def one_replica_group(config) -> int:
+    """A torchft job (``--fault_tolerance.enable``) is planned as one of its replica groups, each its own
+    torchrun: the same layout and batch per rank, built by torchtitan's base trainer with the base optimizer
+    container (torchft's needs a manager that reaches a lighthouse). Returns the number of replica groups
+    (``--fault_tolerance.group_size``; 1 for any other job) for the cross-group all-reduce's cost."""
+    import dataclasses
+
+    from torchtitan.components.optimizer import OptimizersContainer
+
+    ft = getattr(config, "fault_tolerance", None)
+    if ft is None or not ft.enable:
+        return 1
+    if ft.semi_sync_method is not None:
+        raise PlanError(f"--fault_tolerance.semi_sync_method {ft.semi_sync_method}: the planner plans torchft's "
+                        "synchronous replica groups only (--fault_tolerance.semi_sync_method None, HSDP across "
+                        "the groups)")
+    base = {field.name: getattr(config.optimizer, field.name) for field in dataclasses.fields(OptimizersContainer.Config)}
+    config.optimizer = OptimizersContainer.Config(**base)
+    ft.enable = False
+    return max(ft.group_size, 1)
+
+
 def _step(trainer, recorder, step: int, groups_recorded: int) -> None:
     import torch
     from torchtitan.distributed import utils as dist_utils
@@ -155,6 +177,7 @@ def run(argv: list[str], *, world_size: int, rank: int, steps: int = 2, selectio
     # Planned as eager: dynamo would skip every frame under the planner's dispatch modes, which torch 2.14
     # refuses for torchtitan's fullgraph blocks ("found no compiled frames").
     compiled, config.compile.enable = bool(config.compile.enable), False
+    replica_groups = one_replica_group(config)
     shape = None
     if units is not None:
         from npu_inject.planner import depth
@@ -171,7 +194,7 @@ def run(argv: list[str], *, world_size: int, rank: int, steps: int = 2, selectio
     context = planner_changes(recorder, fake_mode, config)
     try:
         trainer = titan_trainer.Trainer(config)
-        info = {**_role_info(trainer), "compile": compiled}
+        info = {**_role_info(trainer), "compile": compiled, "replica_groups": replica_groups}
         groups = min(trainer.gradient_accumulation_steps, 2)
         for step in range(1, steps + 1):
             _step(trainer, recorder, step, groups)

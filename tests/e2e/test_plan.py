@@ -133,3 +133,34 @@ def test_a_pipeline_with_many_microbatches_is_extrapolated_from_fewer_and_agrees
     assert extrapolated.step_s == pytest.approx(recorded.step_s, rel=0.05)
     for a, b in zip(extrapolated.roles, recorded.roles):
         assert a.peak_allocated == pytest.approx(b.peak_allocated, rel=0.05)
+
+
+def test_a_torchft_job_is_planned_as_one_replica_group_with_its_cross_group_all_reduce(tmp_path):
+    # upstream's torchft config (llama3's debug model), HSDP across 4 replica groups of 8 ranks
+    json_path = tmp_path / "plan.json"
+    run = _plan("--hardware", "A2", "--ngpu", "8", "--json", str(json_path), "--module", "torchft.llama3",
+                "--config", "llama3_torchft_debugmodel", "--fault_tolerance.group_size", "4",
+                "--fault_tolerance.semi_sync_method", "None")
+    assert run.returncode == 0, run.stdout + run.stderr
+    assert "torchft, 4 replica groups of these 8 ranks" in run.stdout, run.stdout
+    ft = json.loads(json_path.read_text())["torchft"]
+    # independent of the planner: the model's parameters sharded over 8 ranks, fp32 gradients (FSDP's reduce
+    # dtype), a ring across the 4 groups over the A2 profile's scale-out links
+    import torch
+    from torchtitan.experiments.torchft.llama3 import config_registry
+
+    from npu_inject import hardware
+
+    with torch.device("meta"):
+        model = config_registry.llama3_torchft_debugmodel().model_spec.model.build()
+    shard_bytes = sum(p.numel() for p in model.parameters()) // 8 * 4
+    catalog = hardware.load()
+    profile = catalog.find("A2")
+    link, comm = profile.scale_out, catalog.efficiency[profile.family]["comm"]
+    expected_s = 2 * 3 / 4 * shard_bytes / (link.bandwidth_gbps * 1e9 * comm) + 2 * 3 * link.latency_us * 1e-6
+    assert ft["replica_groups"] == 4 and ft["allreduce_bytes"] == shard_bytes
+    assert abs(ft["allreduce_s"] - expected_s) < 1e-9 * max(expected_s, 1)
+    # DiLoCo (upstream's default for this config) is not planned: one line
+    diloco = _plan("--hardware", "A2", "--ngpu", "8", "--module", "torchft.llama3", "--config",
+                   "llama3_torchft_debugmodel", "--fault_tolerance.group_size", "4")
+    assert diloco.returncode == 2 and "plans torchft's synchronous replica groups only" in diloco.stdout + diloco.stderr
