@@ -1,4 +1,4 @@
-"""A replica group's failure: the survivor's stall, the failed group's restart and heal (rehearsal, simulated NPU, emulation).
+"""A replica group's failure: the survivor's stall, the failed group's restart and heal, on each target.
 
 torchtitan's torchft trainer (upstream's ``llama3_torchft_debugmodel``, a commit every step), torchft 0.2.0's
 lighthouse, two replica groups of 2 ranks, each its own ``torchrun --max-restarts 1``; one rank of group 1 is
@@ -112,7 +112,7 @@ def target_environment(target: str, base: dict[str, str]) -> tuple[str, dict[str
         python = Path(REPO) / os.environ.get("CANN_EMU_VENV", DEFAULT_VENV) / "bin" / "python"
         if not python.exists():
             raise FileNotFoundError(f"{python} is missing: run `bash verification/cann_emu/setup.sh` first")
-        # HCCL_CONNECT_TIMEOUT-like bound: a peer that never answers fails the call after this many seconds
+        # CANN_EMU_HCCL_TIMEOUT (default 300 s): how long an emulated HCCL call waits for a peer that never answers
         return str(python), cann_env({**base, "TORCHTITAN_NPU": "1", "CANN_EMU_HCCL_TIMEOUT": "60"})
     raise ValueError(f"target {target!r}: one of {', '.join(TARGETS)}")
 
@@ -126,8 +126,8 @@ def run_failover(workdir: Path, steps: int = 30, fault: str = "kill@4:rank=1", t
         for group, dump in enumerate(dumps):
             python, env = target_environment(target, clean_env(TORCHFT_LIGHTHOUSE=address, HF_HUB_OFFLINE="1"))
             if group == 1:
-                env.update(TORCHTITAN_NPU_PATCHES=",".join(filter(None, [env.get("TORCHTITAN_NPU_PATCHES"), "+inject_faults"])),
-                           TORCHTITAN_NPU_FAULTS=fault)
+                selection = [env.get("TORCHTITAN_NPU_PATCHES"), "+inject_faults"]
+                env.update(TORCHTITAN_NPU_PATCHES=",".join(filter(None, selection)), TORCHTITAN_NPU_FAULTS=fault)
             command = [python, "-m", "torch.distributed.run", "--nproc_per_node", str(GROUP_SIZE),
                        "--master_port", str(free_port()), "--max-restarts", "1", "--tee", "3",
                        "-m", "torchtitan.train", *ARGS, "--training.steps", str(steps),

@@ -11,9 +11,10 @@ torchft 0.2.0 (PyPI), torch_npu's ``hccl`` backend.
   through the backend torch_npu registered with ``torch.distributed`` (so the simulated NPU's stand-in is
   built the same way). Every quorum ``configure`` aborts the old communicator and builds a new one on the
   quorum's store. A collective that outlives ``--fault_tolerance.process_group_timeout_ms`` aborts the group
-  from torchft's timer thread, as torchft's NCCL group does, so a peer that stops answering costs the
-  survivors one timeout, not the job; ``errored()`` synchronises the device before it answers, so an error
-  of a collective still queued is seen.
+  from torchft's timer thread, as torchft's NCCL group does; ``errored()`` synchronises the device before it
+  answers, so an error of a collective still queued is seen. What a failure inside a collective does to
+  torch_npu itself (its task queue dies with it, so the surviving group restarts) is in
+  docs/fault-tolerance.md.
 * torchft 0.2.0 picks stream contexts, events and synchronisation for CUDA or XPU only (``torchft.utils``):
   on any other accelerator its recovery and collective streams were entered as no-op contexts (their work
   ran on the training stream, the events torchft waits on recorded elsewhere) and ``synchronize()`` did
@@ -120,7 +121,7 @@ def make_process_group_class():
 
         @contextlib.contextmanager
         def _run_context(self):
-            # a blocking collective (the emulation's, a wait on a peer that died) ends at the timeout
+            # a collective that blocks its caller (the simulated NPU's) ends at the timeout
             timeout = self._timeout
 
             def on_timeout() -> None:

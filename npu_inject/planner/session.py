@@ -65,8 +65,8 @@ def one_replica_group(config) -> int:
         raise PlanError(f"--fault_tolerance.semi_sync_method {ft.semi_sync_method}: the planner plans torchft's "
                         "synchronous replica groups only (--fault_tolerance.semi_sync_method None, HSDP across "
                         "the groups)")
-    base = {field.name: getattr(config.optimizer, field.name) for field in dataclasses.fields(OptimizersContainer.Config)}
-    config.optimizer = OptimizersContainer.Config(**base)
+    fields = dataclasses.fields(OptimizersContainer.Config)
+    config.optimizer = OptimizersContainer.Config(**{field.name: getattr(config.optimizer, field.name) for field in fields})
     ft.enable = False
     return max(ft.group_size, 1)
 
