@@ -41,4 +41,4 @@ def test_a_restart_that_resumes_from_its_checkpoint_trains_on(tmp_path):
     assert result.returncode == 0, result.stdout[-4000:]
     assert "npu_inject restart_progress: " not in result.stdout
     report = json.loads((tmp_path / "npu_inject" / "report_rank0.json").read_text())["patches"]["restart_progress"]
-    assert report["notes"] == ["restart attempt 1 went on from step 3 (an earlier attempt reached step 3)"], report
+    assert report["notes"] == ["restart attempt 1 began at step 3 (an earlier attempt reached step 3)"], report
