@@ -49,7 +49,7 @@ def apply(ctx: PatchContext) -> None:
     if attempt is None:
         ctx.note("not under torchrun: no restart to watch")
     rank = int(os.environ.get("RANK", "0"))
-    state = {"first_step": True, "watching": False, "earlier": 0}
+    state = {"first_step": True, "watching": False, "earlier": 0, "store": None}
 
     def stop(attempt_began: str, earlier: int) -> None:
         stop_run(f"npu_inject restart_progress: restart attempt {attempt} of this worker group {attempt_began}, from "
@@ -59,9 +59,10 @@ def apply(ctx: PatchContext) -> None:
                  "TORCHTITAN_NPU_PATCHES=-restart_progress")
 
     def train_step(original, trainer, *args, **kwargs):
-        store = launcher_store() if attempt is not None else None
         if state["first_step"]:
             state["first_step"] = False
+            # the default process group's store stays the same for the run: unwrapped once
+            state["store"] = store = launcher_store() if attempt is not None else None
             if attempt not in (None, "0") and store is not None and store.check([STEP_KEY]):
                 state["earlier"] = int(store.get(STEP_KEY))
                 # a restart that resumed from a checkpoint begins past step 1
@@ -69,6 +70,7 @@ def apply(ctx: PatchContext) -> None:
                 if not state["watching"]:
                     ctx.note(f"restart attempt {attempt} began at step {trainer.step} "
                              f"(an earlier attempt reached step {state['earlier']})")
+        store = state["store"]
         began = trainer.step
         result = original(trainer, *args, **kwargs)
         if state["watching"]:
