@@ -126,8 +126,10 @@ def resolve_hardware(args, catalog: hardware_mod.Catalog) -> hardware_mod.Profil
 
 # -- advice ----------------------------------------------------------------------
 
-def advice(argv: list[str], plan, run_variant) -> list[str]:
-    """For a plan that does not fit: what would, each variant planned (shallow) to say so."""
+def advice(argv: list[str], plan, run_variant, fewer_microbatches=None) -> list[str]:
+    """For a plan that does not fit: what would, each variant planned (shallow) to say so. A pipeline's
+    smaller local batch with the same activation checkpointing is only fewer microbatches:
+    ``fewer_microbatches(count)`` plans it from the job's own recordings where they can say (else None)."""
     from npu_inject.planner import search
     from npu_inject.planner.render import gib
 
@@ -144,7 +146,18 @@ def advice(argv: list[str], plan, run_variant) -> list[str]:
         variants.append(search.Candidate(layout, info["local_batch_size"] // 2,
                                          current_ac if current_ac in ("selective", "full") else "selective", global_batch))
     lines = []
+    microbatch_size = info["local_batch_size"] // max(info.get("pp_microbatches") or 1, 1)
+    shallow_pipeline = False
     for candidate in variants:
+        same_recordings = (layout.pp > 1 and fewer_microbatches is not None and candidate.ac == current_ac)
+        variant = fewer_microbatches(candidate.local_batch // microbatch_size) if same_recordings else None
+        if variant is not None:
+            # Its gradient accumulation doubles both the tokens and the pipeline passes of a step: the rate stays.
+            lines.append(f"  {candidate.describe()}: {'fits' if variant.fits else 'does not fit'}, "
+                         f"{gib(variant.worst.total)} GiB, {variant.tokens_per_s_per_npu:,.0f} tokens/s/NPU "
+                         "(from the job's own recordings, at full depth)")
+            continue
+        shallow_pipeline = shallow_pipeline or layout.pp > 1
         try:
             variant = run_variant(candidate.argv(argv))
         except Exception as exc:  # noqa: BLE001 -- a variant torchtitan refuses is reported, not fatal
@@ -155,7 +168,7 @@ def advice(argv: list[str], plan, run_variant) -> list[str]:
         # and llama3_70b PP 4 with 512 microbatches said 90 tokens/s/NPU where the full plan says 267.
         speed = f", {variant.tokens_per_s_per_npu:,.0f} tokens/s/NPU" if layout.pp == 1 else ""
         lines.append(f"  {candidate.describe()}: {state}, {gib(variant.worst.total)} GiB{speed}")
-    if variants and layout.pp > 1:
+    if shallow_pipeline:
         lines.append("  (memory only: a pipeline's speed planned shallow is not reliable; plan a variant "
                      "with its flags for its speed)")
     worst = plan.worst
@@ -223,7 +236,9 @@ def cmd_plan(args) -> int:
         def progress(line: str) -> None:
             print(f"  [{time.monotonic() - started:5.0f} s] {line}", file=sys.stderr, flush=True)
 
-        plan = job.plan_job(argv, progress=progress, **plan_kwargs)
+        evaluate_kwargs = dict(profile=profile, efficiency=efficiency, expandable=expandable)
+        recording = job.record(argv, world_size=ranks, pool=pool, progress=progress)
+        plan = job.evaluate(recording, **evaluate_kwargs)
         print(render.header(plan, profile, argv))
         print(*render.memory_lines(plan), sep="\n")
         print(*render.time_lines(plan), sep="\n")
@@ -240,9 +255,10 @@ def cmd_plan(args) -> int:
             fits = plan.fits
             print(render.verdict(plan))
             if not fits:
-                print("what would fit (each planned shallow):")
+                print("what would fit (each planned shallow unless said):")
                 print(*advice(argv, plan, lambda variant: job.plan_job(
-                    variant, units=SEARCH_UNITS, pp=plan.parallel["pp"], **plan_kwargs)), sep="\n")
+                    variant, units=SEARCH_UNITS, pp=plan.parallel["pp"], **plan_kwargs),
+                    lambda count: job.evaluate_microbatches(recording, count, **evaluate_kwargs)), sep="\n")
         # The command's wall time: the pool's start, the recordings and the advice's plans, not only the recording.
         print(f"planned in {time.monotonic() - started:.1f} s; what the plan cannot know: "
               "docs/planner.md#what-it-cannot-know")

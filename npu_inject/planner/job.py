@@ -17,7 +17,7 @@ import time
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from npu_inject.planner import costmodel, depth, memory, workers
+from npu_inject.planner import costmodel, depth, memory, session, workers
 
 GIB = 2**30
 
@@ -148,26 +148,31 @@ class Pending:
             facts = pool.submit(workers.describe, argv, world_size).result()
             pp = facts["pp"]
             self.microbatches = reduced_microbatches(facts)
-        counts = self.microbatches[:2] if self.microbatches else (None,)
-        self.variants = [(units, count) for units in depths for count in counts]
-        self.futures = {(index, stage): pool.submit(workers.record, _with_microbatches(argv, facts, count), world_size,
-                                                    stage * (world_size // pp), units)
-                        for index, (units, count) in enumerate(self.variants) for stage in range(pp)}
+        # With fewer microbatches recorded, each recording runs its steps with the fewer and one more with the
+        # more (a step with the fewer is not recorded twice; the model is built once for both).
+        fewer, more = self.microbatches[:2] if self.microbatches else (None, None)
+        self.futures = {(index, stage): pool.submit(workers.record, _with_microbatches(argv, facts, fewer), world_size,
+                                                    stage * (world_size // pp), units, more)
+                        for index, units in enumerate(depths) for stage in range(pp)}
         if self.microbatches:
-            self.progress(f"recording {pp} pipeline ranks with {counts[0]} and {counts[1]} of the step's "
+            self.progress(f"recording {pp} pipeline ranks with {fewer} and then {more} of the step's "
                           f"{self.microbatches[2]} microbatches (extrapolated), {len(self.futures)} recordings")
         elif len(self.futures) > 1:
             self.progress(f"recording {len(self.futures)} roles")
 
     def result(self) -> "Recording":
-        roles: list[dict[int, Any]] = [{} for _ in self.variants]
         import concurrent.futures
+
+        roles: list[dict[int, Any]] = [{} for _ in range(len(self.depths) * (2 if self.microbatches else 1))]
 
         keys = {future: key for key, future in self.futures.items()}
         try:
             for done, future in enumerate(concurrent.futures.as_completed(keys), start=1):
                 index, stage = keys[future]
-                roles[index][stage] = future.result()
+                if self.microbatches:  # (depth, fewer), (depth, more): the order evaluate() pairs them in
+                    roles[2 * index][stage], roles[2 * index + 1][stage] = session.split_grown(future.result())
+                else:
+                    roles[index][stage] = future.result()
                 if len(keys) > 1:
                     self.progress(f"recorded {done} of {len(keys)} ({time.monotonic() - self.started:.0f} s)")
         except BaseException:
@@ -191,9 +196,10 @@ def _evaluate(recorded: dict[int, Any], *, profile, efficiency, world_size, expa
         replayed = memory.replay(result.trace, pad=profile.allocator_pad_bytes, expandable=expandable,
                                  device_memory=capacity, limit=max(capacity - buffers - runtime, 0))
         steady = replayed.steps[f"step {result.info['steps_recorded']}"]
+        counted = [replayed.steps[name] for name in result.info.get("peak_steps", replayed.steps)]
         roles.append(RolePlan(stage, result.rank,
-                              max(s.peak_allocated for s in replayed.steps.values()),
-                              max(s.peak_reserved for s in replayed.steps.values()), buffers, runtime,
+                              max(s.peak_allocated for s in counted),
+                              max(s.peak_reserved for s in counted), buffers, runtime,
                               steady.at_peak, replayed.timeline, collectives + peers, replayed.retries, replayed.failed))
     layout = costmodel.Layout(world_size, pp, profile.scale_up_devices)
     traces = {stage: recorded[stage].trace for stage in range(pp)}
@@ -291,6 +297,15 @@ def evaluate(recording: Recording, *, profile, efficiency: dict[str, float], exp
     if recording.depths == (None,):
         return plans[0]
     return _extrapolate(*plans, recording.depths, time.monotonic() - started)
+
+
+def evaluate_microbatches(recording: Recording, count: int, **evaluate_kwargs) -> JobPlan | None:
+    """The recorded pipeline job with ``count`` microbatches per step instead (a smaller local batch, the same
+    microbatches): the same recordings extrapolated to ``count``; None where they cannot say (the job's
+    microbatches were all recorded, or ``count`` is within the ones recorded)."""
+    if not recording.microbatches or count <= recording.microbatches[1]:
+        return None
+    return evaluate(replace(recording, microbatches=(*recording.microbatches[:2], count)), **evaluate_kwargs)
 
 
 def plan_job(argv: list[str], *, profile, efficiency: dict[str, float], world_size: int, expandable: bool = False,

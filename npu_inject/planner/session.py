@@ -14,7 +14,7 @@ from __future__ import annotations
 import inspect
 import os
 import tempfile
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from npu_inject.planner.config import FORCED_FLAGS, PlanError, activation_checkpoint_mode, environment, guard
@@ -109,6 +109,24 @@ def _step(trainer, recorder, step: int, groups_recorded: int) -> None:
 def _categorize(trainer, recorder) -> None:
     """Name what each allocation was: parameters, gradients and optimizer states by identity at the end,
     the rest by where it was made and how long it lived."""
+    _name_state(trainer, recorder)
+    allocations = recorder.trace.allocations
+    collective_outputs = {i for op in recorder.trace.ops if op.kind == "collective" for i in op.outputs}
+    for allocation in allocations:
+        if allocation.category:
+            continue
+        if allocation.stream != 0 or allocation.id in collective_outputs:
+            allocation.category = "communication"
+        elif allocation.phase == "forward":
+            allocation.category = "activations"
+        elif allocation.phase == "setup":
+            allocation.category = "parameters"
+        else:
+            allocation.category = "temporaries"
+
+
+def _name_state(trainer, recorder) -> None:
+    """Name the allocations that hold parameters, gradients and optimizer states now (by identity)."""
     import torch
     from torch.distributed.tensor import DTensor
 
@@ -133,25 +151,14 @@ def _categorize(trainer, recorder) -> None:
             for value in state.values():
                 if isinstance(value, torch.Tensor):
                     name(value, "optimizer states")
-    collective_outputs = {i for op in recorder.trace.ops if op.kind == "collective" for i in op.outputs}
-    for allocation in allocations:
-        if allocation.category:
-            continue
-        if allocation.stream != 0 or allocation.id in collective_outputs:
-            allocation.category = "communication"
-        elif allocation.phase == "forward":
-            allocation.category = "activations"
-        elif allocation.phase == "setup":
-            allocation.category = "parameters"
-        else:
-            allocation.category = "temporaries"
 
 
 def run(argv: list[str], *, world_size: int, rank: int, steps: int = 2, selection: str = "",
-        units: int | None = None) -> RoleResult:
+        units: int | None = None, grow_to: int | None = None) -> RoleResult:
     """Build the job for ``rank`` of ``world_size`` and record ``steps`` training steps (a fresh process).
     With ``units``, the model keeps that many repeats of its layer block per pipeline stage
-    (:mod:`npu_inject.planner.depth`); ``info["depth"]`` then describes the full model."""
+    (:mod:`npu_inject.planner.depth`); ``info["depth"]`` then describes the full model. With ``grow_to``, a
+    pipeline job then runs one more step with that many microbatches (:func:`split_grown` parts the two)."""
     # torchtitan's fake process group takes its size from NGPU and this rank from RANK.
     os.environ.update({**environment(selection), "NGPU": str(world_size), "RANK": str(rank), "LOCAL_RANK": "0",
                        "WORLD_SIZE": "1"})
@@ -198,6 +205,10 @@ def run(argv: list[str], *, world_size: int, rank: int, steps: int = 2, selectio
         groups = min(trainer.gradient_accumulation_steps, 2)
         for step in range(1, steps + 1):
             _step(trainer, recorder, step, groups)
+            _name_state(trainer, recorder)  # this step's gradients, which the next may free and make again
+        if grow_to is not None:
+            _grow_pipeline(trainer, recorder, grow_to)
+            _step(trainer, recorder, steps + 1, groups)
         _categorize(trainer, recorder)
     finally:
         context.restore()
@@ -205,7 +216,47 @@ def run(argv: list[str], *, world_size: int, rank: int, steps: int = 2, selectio
         dump_folder.cleanup()
     info.update(gradient_accumulation_steps=trainer.gradient_accumulation_steps, groups_recorded=groups,
                 steps_recorded=steps, units=units, shape=shape)
+    if grow_to is not None:
+        info["grown"] = {"local_batch_size": trainer.config.training.local_batch_size,
+                         "global_batch_size": trainer.config.training.global_batch_size,
+                         "pp_microbatches": trainer.num_pipeline_parallel_microbatches}
     return RoleResult(rank, world_size, recorder.trace, info)
+
+
+def _grow_pipeline(trainer, recorder, microbatches: int) -> None:
+    """Give the trainer's pipeline schedule ``microbatches`` per step, as torchtitan builds it for that local
+    batch (gradient accumulation kept): the stages, their parameters, gradients and optimizer states stay."""
+    from torchtitan.distributed import pipeline_parallel
+
+    training, parallelism = trainer.config.training, trainer.config.parallelism
+    accumulation = training.global_batch_size // training.local_batch_size
+    training.local_batch_size = parallelism.pipeline_parallel_microbatch_size * microbatches
+    training.global_batch_size = training.local_batch_size * accumulation
+    schedule = trainer.pp_schedule
+    stages = getattr(schedule, "_stages", None) or [schedule._stage]
+    # The fewer microbatches' receive buffers: the new schedule makes its own. Something of the last step's
+    # autograd state still holds a few of them, so they are recorded as freed here, as a job that ran the more
+    # microbatches from the start never had them.
+    for stage in stages:
+        for infos in (*stage.args_recv_info.values(), *stage.grad_recv_info.values()):
+            for info in infos:
+                if getattr(info, "buffer", None) is not None:
+                    recorder.release(info.buffer)
+        stage.args_recv_info.clear()
+        stage.grad_recv_info.clear()
+    trainer.pp_schedule = pipeline_parallel._build_pipeline_schedule(
+        parallelism=parallelism, local_batch_size=training.local_batch_size, stages=stages, loss_fn=trainer.loss_fn)
+    trainer.num_pipeline_parallel_microbatches = microbatches
+
+
+def split_grown(result: RoleResult) -> tuple[RoleResult, RoleResult]:
+    """A recording made with ``grow_to`` as two: its first ``steps`` with the fewer microbatches, and its last
+    step with the more (each with the steps whose peaks count, ``info["peak_steps"]``)."""
+    steps = result.info["steps_recorded"]
+    fewer = {**result.info, "peak_steps": [f"step {step}" for step in range(1, steps + 1)]}
+    fewer.pop("grown")
+    more = {**fewer, **result.info["grown"], "steps_recorded": steps + 1, "peak_steps": [f"step {steps + 1}"]}
+    return replace(result, info=fewer), replace(result, info=more)
 
 
 def _role_info(trainer) -> dict[str, Any]:

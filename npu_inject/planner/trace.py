@@ -224,6 +224,13 @@ class Recorder(TorchDispatchMode):
 
         self._refs[key] = weakref.ref(storage, freed)
 
+    def release(self, tensor: torch.Tensor) -> None:
+        """Record ``tensor``'s memory as freed here, whatever still holds the tensor (it is not used again)."""
+        storage = _storage(tensor)
+        current = self._ids.pop(storage._cdata, None) if storage is not None else None
+        if current is not None and self.trace.allocations[current].freed is None:
+            self.trace.allocations[current].freed = len(self.trace.ops)
+
     def resized(self, storage, nbytes: int) -> None:
         """``UntypedStorage.resize_``: FSDP2 frees an unsharded parameter's memory by resizing its storage
         to 0 and allocates it again by resizing it back, the storage object living on throughout."""

@@ -246,3 +246,23 @@ def test_the_advice_gives_a_pipelines_memory_only():
     lines = plan_cmd.advice(["--module", "llama3", "--config", "llama3_70b"], job_plan, lambda argv: FITTING_VARIANT)
     assert lines[0] == "  tp 8 x pp 4, local batch 256 x 2 accumulated, AC full: fits, 1.0 GiB", lines
     assert "memory only" in lines[1] and len(lines) == 2, lines
+
+
+def test_a_pipelines_smaller_batch_is_planned_from_the_jobs_own_recordings():
+    """Halving a pipeline's local batch with the same recomputation only runs fewer microbatches: the job's
+    recordings say it at full depth, with its speed, and nothing is recorded again."""
+    job_plan = _unfit_plan({"tp": 8, "pp": 4}, seq_len=8192, local_batch=512, global_batch=512, ac="full")
+    job_plan.info["pp_microbatches"] = 512
+    asked: list[int] = []
+
+    def fewer_microbatches(count):
+        asked.append(count)
+        return FITTING_VARIANT
+
+    def run_variant(argv):
+        raise AssertionError("recorded again")
+
+    lines = plan_cmd.advice(["--module", "llama3", "--config", "llama3_70b"], job_plan, run_variant, fewer_microbatches)
+    assert asked == [256], asked
+    assert lines == ["  tp 8 x pp 4, local batch 256 x 2 accumulated, AC full: fits, 1.0 GiB, 90 tokens/s/NPU "
+                     "(from the job's own recordings, at full depth)"], lines
