@@ -28,6 +28,8 @@ FAULT_KINDS = {
     "kill_in_forward": "as kill, but in the rank's forward, after the step's torchft quorum began: its peers meet "
                        "the loss inside a collective (their own group's, torchft's cross-group all-reduce)",
     "hang_in_forward": "as hang, but in the rank's forward: its peers wait inside a collective until its timeout",
+    "uce_in_forward": "a device memory error (UCE) in the rank's forward, as the device reports it (the CANN "
+                      "emulation only): in memory the step's temporaries use, which uce_repair repairs",
 }
 FAULT_FORM = "KIND@STEP or KIND@STEP:rank=R, comma-separated"
 

@@ -20,6 +20,12 @@ comma-separated; a bad item stops at start-up naming it.
   quorum, so its peers meet the failure inside a collective (their group's, or torchft's cross-group
   all-reduce) instead of before it.
 
+* ``uce_in_forward@K``: in the rank's forward of step K, a device memory error (UCE), on the CANN emulation
+  (``verification/cann_emu``) only: a 64 MiB block is taken from torch_npu's allocator and given back (memory
+  only the step's temporaries use), the emulation marks it bad, and the next kernel fails as the device
+  reports a UCE (ACL_ERROR_RT_DEVICE_MEM_ERROR, then ``aclrtGetMemUceInfo``). torch_npu stops its task queue
+  ("UCE ERROR"); :mod:`npu_inject.patches.uce_repair` repairs it. Once per run, every attempt.
+
 ``kill`` and ``hang`` (and their ``_in_forward`` forms) fire as the first step at or after K starts (a rank healed from a torchft peer
 jumps to the peer's step), in the launcher's first attempt only (torchrun's TORCHELASTIC_RESTART_COUNT
 unset or 0): the ranks ``--max-restarts`` brings back train on, which is what a recovery check needs.
@@ -35,6 +41,7 @@ import signal
 import sys
 import threading
 
+from npu_inject.errors import stop_run
 from npu_inject.patching import PatchContext
 
 TARGETS = (
@@ -57,6 +64,36 @@ def stop(kind: str, step: int) -> None:
     threading.Event().wait()
 
 
+UCE_BLOCK_BYTES = 64 << 20  # its own segment of torch_npu's allocator, released whole by empty_cache
+
+
+def _mem_uce_injector():
+    """The CANN emulation's entry that marks device memory bad (``cann_emu_inject_mem_uce``), or a stop."""
+    import ctypes
+
+    try:
+        return ctypes.CDLL("libascendcl.so").cann_emu_inject_mem_uce
+    except (OSError, AttributeError):
+        stop_run("npu_inject inject_faults: uce_in_forward needs the CANN emulation (verification/cann_emu: "
+                 "eval \"$(python verification/cann_emu/env.py)\"): only there can a device memory error be caused "
+                 "on purpose; a real device's libascendcl has no such entry")
+
+
+def _cause_mem_uce(inject, device, step: int, rank: int) -> None:
+    import ctypes
+
+    import torch
+
+    torch.accelerator.synchronize()  # the step's forward meets it, not work queued before
+    block = torch.empty(UCE_BLOCK_BYTES, dtype=torch.uint8, device=device)
+    print(f"npu_inject inject_faults: step {step}: device memory error (UCE) at {block.data_ptr():#x} on rank {rank}",
+          file=sys.stderr, flush=True)
+    status = inject(ctypes.c_void_p(block.data_ptr()), ctypes.c_size_t(block.nbytes))
+    if status != 0:
+        stop_run(f"npu_inject inject_faults: the CANN emulation refused the memory error (status {status})")
+    # the block goes back to the allocator's cache here: memory of the step's temporaries
+
+
 def apply(ctx: PatchContext) -> None:
     from npu_inject import selection
 
@@ -68,9 +105,22 @@ def apply(ctx: PatchContext) -> None:
     stops = {fault.step: fault.kind for fault in mine
              if fault.kind in ("kill", "hang", "kill_in_forward", "hang_in_forward") and first_attempt}
 
+    uce_steps = {fault.step for fault in mine if fault.kind == "uce_in_forward"}
+    inject_uce = _mem_uce_injector() if uce_steps else None
+
     active: list = []  # the hook of the step in progress (an override calling super() nests)
 
     def train_step(original, trainer, *args, **kwargs):
+        if trainer.step in uce_steps:  # once: the step retried after the repair runs clean
+            uce_steps.discard(trainer.step)
+            step = trainer.step
+
+            def cause_uce(module, args):
+                handle.remove()
+                _cause_mem_uce(inject_uce, trainer.device, step, rank)
+                ctx.note(f"step {step}: device memory error (UCE) injected on rank {rank}")
+
+            handle = trainer.model_parts[0].register_forward_pre_hook(cause_uce)
         # the first step at or after K: a rank that healed from a torchft peer may jump past K
         due = [step for step in stops if step <= trainer.step]
         kind = stops[min(due)] if due else None

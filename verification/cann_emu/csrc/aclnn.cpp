@@ -337,7 +337,8 @@ aclnnStatus execute(const char* op, aclOpExecutor* e) {
     static const bool trace = std::getenv("CANN_EMU_TRACE") != nullptr;
     if (trace) std::fprintf(stderr, "cann_emu trace: %s\n", op);
     count_call(op, e->scope, e->site);
-    aclnnStatus rc = e->run();
+    aclnnStatus rc = take_injected_mem_uce(op);
+    if (!rc) rc = e->run();
     if (!e->repeatable) delete e;
     return rc;
 }

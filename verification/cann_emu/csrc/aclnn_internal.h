@@ -55,4 +55,6 @@ bool broadcastable_to(const aclTensor& t, const aclTensor& out);
 aclnnStatus make_executor(const char* op, std::function<aclnnStatus()> run, uint64_t* ws, aclOpExecutor** ex);
 // Phase two: runs the executor (named op) and frees it unless repeatable.
 aclnnStatus execute(const char* op, aclOpExecutor* e);
+// device_errors.cpp: an injected memory UCE met by this launch (its error status), else 0.
+aclnnStatus take_injected_mem_uce(const char* op);
 }  // namespace cann_emu

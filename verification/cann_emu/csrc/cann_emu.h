@@ -26,6 +26,7 @@ constexpr aclError ACL_ERROR_RT_PARAM_INVALID = 107000;
 constexpr aclError ACL_ERROR_RT_INVALID_DEVICEID = 107001;
 constexpr aclError ACL_ERROR_RT_CONTEXT_NULL = 107002;
 constexpr aclError ACL_ERROR_RT_MEMORY_ALLOCATION = 207001;
+constexpr aclError ACL_ERROR_RT_DEVICE_MEM_ERROR = 507053;
 constexpr aclnnStatus ACLNN_ERR_PARAM_NULLPTR = 161001;
 constexpr aclnnStatus ACLNN_ERR_PARAM_INVALID = 161002;
 constexpr aclnnStatus ACLNN_ERR_INNER = 561000;

@@ -44,10 +44,6 @@ CANN_API aclError aclGetCompileopt(int opt, char* value, size_t length) {
     std::memcpy(value, v.c_str(), v.size() + 1);
     return ACL_SUCCESS;
 }
-// Every emulated call reports its error when it is made (work runs at launch), so no asynchronous
-// error is ever pending on a thread or process.
-CANN_API aclError aclrtPeekAtLastError(int /*level*/) { return ACL_SUCCESS; }
-CANN_API aclError aclrtGetLastError(int /*level*/) { return ACL_SUCCESS; }
 
 // aclCannAttr (acl_base_rt.h): 0 INF_NAN mode, 1 BF16, 2 JIT compile. Atlas A2 supports all three.
 CANN_API aclError aclGetCannAttribute(int attr, int32_t* value) {

@@ -1,0 +1,150 @@
+"""A device memory error (UCE) in temporary memory is repaired and the step trained again; elsewhere it stops in one line.
+
+Module ``torchtitan.trainer``: ``Trainer.train_step`` (and the overrides of torchft's, flux's and the graph
+trainer's) is wrapped. NPU target only; torch_npu 2.14's recovery calls.
+
+An HBM uncorrectable error met by a kernel makes torch_npu stop its task queue: the next operator raises
+``RuntimeError("UCE ERROR, ...")`` and torchtitan's job ends. torch_npu records which memory was hit
+(``aclrtGetMemUceInfo``) and ``torch_npu.npu.check_uce_in_memory(device)`` says where it lies: 2, memory that
+only held the step's temporaries (activations, workspaces: free once the step's tensors are, given back by
+the allocator's cache); 3, memory that holds the job's state (weights, gradients, optimizer states); 1,
+memory outside torch_npu's pool; 0, no error recorded. For 2 this patch does what MindSpeed's step-level
+repair does: ``torch_npu.npu.restart_device(device)`` (repairs the memory where CANN can, resumes the task
+queue) and the step runs again from its start on the same batches, which the wrapper kept as the data
+iterator gave them. The step's optimizer update had not run (the error stopped the step before it), so the
+job's state is that of the last step and the retried step trains exactly as the failed one would have.
+Each repair is noted in the report; a second UCE in the same step, or 0, 1 or 3, stops the job with one
+line saying which (3: resume from the last checkpoint, or heal from a torchft replica group).
+
+Two things would make a retried step wrong, and stop instead. torch_npu drops every task queued after the
+failed one, so a UCE met before the previous step's update had run would drop part of that update: the
+wrapper waits for the device before each step (with synchronous launches, below, it has nothing left to wait
+for), and a UCE reported there stops the job. And a UCE reported after this step's optimizer began (``torch.optim``'s step pre-hook) may
+follow part of the update: it stops too.
+
+A retry is only made with synchronous launches (``ASCEND_LAUNCH_BLOCKING=1`` or ``TASK_QUEUE_ENABLE=0``).
+With torch_npu's task queue on (its default), a repaired step 3 on the CANN emulation began from weights
+some of which had changed between the failure and the retry (an earlier step's values, zeros), seen in
+most runs: its loss differed from an uninjected run's, and the job trained on from wrong weights. Where that
+comes from (torch_npu's queue dropping and releasing tasks at the failure, or the emulation) is not found;
+so with the queue on a UCE stops the job with one line saying so, as it would have without this patch,
+never a retry that may train on corrupted weights. Synchronous launches cost host time per operator.
+
+What this does not do: a job of several ranks needs every rank to stop and retry the step together (a rank
+that repairs alone meets its peers in different collectives). This patch repairs a rank's step only when
+the job has one rank; with more, the rank stops with the line and its peers fail at their next collective
+(the whole-job stop-and-retry is not built).
+"""
+
+from __future__ import annotations
+
+import copy
+import gc
+import logging
+import os
+
+from npu_inject.errors import stop_run
+from npu_inject.patching import PatchContext
+
+TARGETS = (
+    "torchtitan.trainer:Trainer.train_step",
+)
+
+logger = logging.getLogger("npu_inject")
+UCE_MARK = "UCE ERROR"  # torch_npu's task queue (NPUQueue.cpp deviceErrorMap, RepoStatus::UCE_EXIT)
+TEMPORARY = 2  # check_uce_in_memory: the error lies in memory given back once the step's tensors are freed
+WHERE = {0: "no memory error recorded by torch_npu", 1: "memory outside torch_npu's pool",
+         3: "memory holding the job's state (weights, gradients or optimizer states)"}
+
+
+class StepBatches:
+    """The data iterator of one step, which can give the step's batches again from the first.
+
+    torchtitan moves each batch's tensors to the device in the dict it was given, so each pass gets a new
+    dict (of the loader's own class: batch_host_copies' remembers the host tensors) of the batch's tensors."""
+
+    def __init__(self, source) -> None:
+        self.source, self.taken, self.position = source, [], 0
+
+    def __iter__(self):
+        return self
+
+    def __next__(self):
+        if self.position == len(self.taken):
+            self.taken.append(next(self.source))
+        item = self.taken[self.position]
+        self.position += 1
+        if isinstance(item, tuple) and len(item) == 2 and isinstance(item[0], dict):
+            return copy.copy(item[0]), item[1]
+        return item
+
+    def rewind(self) -> None:
+        self.position = 0
+
+
+def apply(ctx: PatchContext) -> None:
+    import torch
+    import torch_npu
+    from torch.optim.optimizer import register_optimizer_step_pre_hook
+
+    world_size = int(os.environ.get("WORLD_SIZE", "1"))
+    synchronous = os.environ.get("ASCEND_LAUNCH_BLOCKING") == "1" or os.environ.get("TASK_QUEUE_ENABLE") == "0"
+    state = {"optimizer_began": False}
+    if synchronous:  # a retry is possible: know whether the step's update began
+        hook = register_optimizer_step_pre_hook(lambda optimizer, args, kwargs: state.update(optimizer_began=True))
+        ctx.add_cleanup(hook.remove)
+
+    def train_step(original, trainer, data_iterator, *args, **kwargs):
+        try:
+            if synchronous:  # the previous step's work has run: a UCE from here on is this step's (launches wait anyway)
+                torch.accelerator.synchronize()
+        except RuntimeError as exc:
+            if UCE_MARK not in str(exc):
+                raise
+            stop_run(f"npu_inject uce_repair: step {trainer.step - 1}: a device memory error (UCE) reported after the "
+                     "step's optimizer update was issued: the weights or optimizer states may hold part of it; resume "
+                     f"from the last checkpoint ({str(exc).splitlines()[0]})")
+        state["optimizer_began"] = False
+        batches = StepBatches(data_iterator)
+        try:
+            return original(trainer, batches, *args, **kwargs)
+        except RuntimeError as exc:
+            if UCE_MARK not in str(exc):
+                raise
+            first_line = str(exc).splitlines()[0]
+        if state["optimizer_began"]:
+            stop_run(f"npu_inject uce_repair: step {trainer.step}: a device memory error (UCE) reported after the step's "
+                     "optimizer began: the weights or optimizer states may hold part of its update; resume from the "
+                     f"last checkpoint ({first_line})")
+        # Out of the handler: the failed attempt's frames, and with them its tensors, are gone.
+        gc.collect()
+        step, device = trainer.step, trainer.device.index or 0
+        where = torch_npu.npu.check_uce_in_memory(device)
+        if where != TEMPORARY:
+            stop_run(f"npu_inject uce_repair: step {step}: a device memory error (UCE) in "
+                     f"{WHERE.get(where, f'memory of kind {where}')}: not repairable in the job; resume from the last "
+                     f"checkpoint, or heal from a torchft replica group ({first_line})")
+        if world_size > 1:
+            stop_run(f"npu_inject uce_repair: step {step}: a device memory error (UCE) in temporary memory on rank "
+                     f"{os.environ.get('RANK', '0')} of {world_size}: retrying the step needs every rank to stop and "
+                     "retry together, which is not built; resume from the last checkpoint")
+        if not synchronous:
+            stop_run(f"npu_inject uce_repair: step {step}: a device memory error (UCE) in temporary memory, repairable, "
+                     "but not retried with torch_npu's task queue on (on the CANN emulation a retried step began from "
+                     "changed weights): rerun with ASCEND_LAUNCH_BLOCKING=1 for step-level repair, or resume from the "
+                     "last checkpoint")
+        torch_npu.npu.restart_device(device)
+        ctx.note(f"step {step}: device memory error (UCE) in temporary memory repaired "
+                 "(torch_npu restart_device), step trained again on the same batches")
+        logger.warning("npu_inject uce_repair: step %d: device memory error in temporary memory: repaired, "
+                       "training the step again", step)
+        batches.rewind()
+        try:
+            return original(trainer, batches, *args, **kwargs)
+        except RuntimeError as exc:
+            if UCE_MARK not in str(exc):
+                raise
+            stop_run(f"npu_inject uce_repair: step {step}: a second device memory error (UCE) in the same step after "
+                     f"a repair: the device is failing; resume from the last checkpoint on another ({str(exc).splitlines()[0]})")
+
+    ctx.wrap_overrides("Trainer.train_step", train_step)

@@ -1,0 +1,110 @@
+"""Patch uce_repair on the simulated NPU: apply and revert, and what it does with each kind of UCE.
+
+torch_npu's own UCE path (the task queue's "UCE ERROR", aclrtGetMemUceInfo, check_uce_in_memory,
+restart_device) runs on the CANN emulation: tests/cann_emu/test_uce.py. Here torch_npu's two recovery calls
+are stood in for, to check the patch's decisions and that the retried step sees the same batches.
+"""
+
+from __future__ import annotations
+
+import importlib
+import types
+
+import pytest
+
+from npu_inject import registry, runtime
+from npu_inject.errors import RunStopped
+
+
+@pytest.fixture
+def applied(monkeypatch):
+    monkeypatch.setenv("ASCEND_LAUNCH_BLOCKING", "1")  # step-level repair needs synchronous launches
+    rt = runtime.activate({"TORCHTITAN_NPU": "1", "TORCHTITAN_NPU_PATCHES": "uce_repair"}, install_hooks=False)
+    for trigger in registry.load(None, entry_points=False).patches["uce_repair"].triggers:
+        importlib.import_module(trigger)
+    assert rt.apply("uce_repair"), rt.report.patches["uce_repair"].reason
+    yield rt
+    runtime.deactivate()
+
+
+@pytest.fixture
+def recovery(monkeypatch):
+    """torch_npu.npu's check_uce_in_memory (answering ``where``) and restart_device, recorded."""
+    import torch_npu
+
+    calls = types.SimpleNamespace(where=2, restarted=[])
+    monkeypatch.setattr(torch_npu.npu, "check_uce_in_memory", lambda device: calls.where, raising=False)
+    monkeypatch.setattr(torch_npu.npu, "restart_device", calls.restarted.append, raising=False)
+    return calls
+
+
+def _trainer(failures: list[str]):
+    """A Trainer whose train_step takes two batches and raises each of ``failures`` once, in turn (a subclass
+    made after the patch applied: wrap_overrides wraps it as it is created)."""
+    import torch
+    from torchtitan.trainer import Trainer
+
+    class Stepping(Trainer):
+        def __init__(self) -> None:  # none of Trainer's building
+            self.step, self.device, self.seen = 3, torch.device("npu", 0), []
+
+        def train_step(self, data_iterator):
+            batches = [next(data_iterator), next(data_iterator)]
+            batches[0][0]["input"] = "moved to the device"  # torchtitan moves tensors in the dict it was given
+            self.seen.append([(dict(inputs), labels) for inputs, labels in batches])
+            if failures:
+                raise RuntimeError(failures.pop(0))
+            return "trained"
+
+    return Stepping()
+
+
+def test_a_uce_in_temporary_memory_is_repaired_and_the_step_trained_again_on_the_same_batches(applied, recovery):
+    trainer = _trainer(["UCE ERROR, "])
+    source = iter([({"input": "a"}, 1), ({"input": "b"}, 2), ({"input": "c"}, 3)])
+    assert trainer.train_step(source) == "trained"
+    assert recovery.restarted == [0]
+    first, retried = trainer.seen
+    assert [labels for _, labels in retried] == [1, 2] and retried[1] == ({"input": "b"}, 2)
+    assert retried[0][0] == {"input": "moved to the device"} and first == retried
+    assert next(source) == ({"input": "c"}, 3)  # the retry took nothing more from the data
+    assert any("repaired" in note for note in applied.report.patches["uce_repair"].notes)
+
+
+@pytest.mark.parametrize("where, failures, says", [
+    (3, ["UCE ERROR, "], "memory holding the job's state"),
+    (1, ["UCE ERROR, "], "outside torch_npu's pool"),
+    (2, ["UCE ERROR, ", "UCE ERROR, "], "a second device memory error"),
+])
+def test_a_uce_it_cannot_repair_stops_in_one_line(applied, recovery, where, failures, says):
+    recovery.where = where
+    with pytest.raises(RunStopped, match=says):
+        _trainer(failures).train_step(iter([({}, 1), ({}, 2)]))
+
+
+def test_with_the_task_queue_on_a_repairable_uce_stops_instead_of_retrying(recovery, monkeypatch):
+    monkeypatch.delenv("ASCEND_LAUNCH_BLOCKING", raising=False)
+    monkeypatch.delenv("TASK_QUEUE_ENABLE", raising=False)
+    rt = runtime.activate({"TORCHTITAN_NPU": "1", "TORCHTITAN_NPU_PATCHES": "uce_repair"}, install_hooks=False)
+    try:
+        importlib.import_module("torchtitan.trainer")
+        assert rt.apply("uce_repair"), rt.report.patches["uce_repair"].reason
+        with pytest.raises(RunStopped, match="not retried with torch_npu's task queue on"):
+            _trainer(["UCE ERROR, "]).train_step(iter([({}, 1), ({}, 2)]))
+        assert recovery.restarted == []
+    finally:
+        runtime.deactivate()
+
+
+def test_other_errors_pass_through(applied, recovery):
+    with pytest.raises(RuntimeError, match="something else"):
+        _trainer(["something else"]).train_step(iter([({}, 1), ({}, 2)]))
+    assert recovery.restarted == []
+
+
+def test_revert_restores_train_step(applied):
+    from torchtitan.trainer import Trainer
+
+    wrapped = Trainer.train_step
+    applied.revert("uce_repair")
+    assert Trainer.train_step is not wrapped
