@@ -6,7 +6,6 @@ tests/e2e/test_torchft.py's, on the simulated NPU and the CANN emulation.
 
 from __future__ import annotations
 
-import importlib
 import socket
 from datetime import timedelta
 
@@ -16,17 +15,10 @@ import torch.distributed as dist
 
 pytest.importorskip("torchft")
 
-from npu_inject import registry, runtime  # noqa: E402
-
 
 @pytest.fixture
-def applied():
-    rt = runtime.activate({"TORCHTITAN_NPU": "1", "TORCHTITAN_NPU_PATCHES": "torchft_npu"}, install_hooks=False)
-    for trigger in registry.load(None, entry_points=False).patches["torchft_npu"].triggers:
-        importlib.import_module(trigger)
-    assert rt.apply("torchft_npu"), rt.report.patches["torchft_npu"].reason
-    yield rt
-    runtime.deactivate()
+def applied(npu_patch):
+    return npu_patch("torchft_npu")
 
 
 def _free_port() -> int:

@@ -7,24 +7,17 @@ are stood in for, to check the patch's decisions and that the retried step sees 
 
 from __future__ import annotations
 
-import importlib
 import types
 
 import pytest
 
-from npu_inject import registry, runtime
 from npu_inject.errors import RunStopped
 
 
 @pytest.fixture
-def applied(monkeypatch):
+def applied(monkeypatch, npu_patch):
     monkeypatch.setenv("ASCEND_LAUNCH_BLOCKING", "1")  # step-level repair needs synchronous launches
-    rt = runtime.activate({"TORCHTITAN_NPU": "1", "TORCHTITAN_NPU_PATCHES": "uce_repair"}, install_hooks=False)
-    for trigger in registry.load(None, entry_points=False).patches["uce_repair"].triggers:
-        importlib.import_module(trigger)
-    assert rt.apply("uce_repair"), rt.report.patches["uce_repair"].reason
-    yield rt
-    runtime.deactivate()
+    return npu_patch("uce_repair")
 
 
 @pytest.fixture
@@ -82,18 +75,13 @@ def test_a_uce_it_cannot_repair_stops_in_one_line(applied, recovery, where, fail
         _trainer(failures).train_step(iter([({}, 1), ({}, 2)]))
 
 
-def test_with_the_task_queue_on_a_repairable_uce_stops_instead_of_retrying(recovery, monkeypatch):
+def test_with_the_task_queue_on_a_repairable_uce_stops_instead_of_retrying(recovery, monkeypatch, npu_patch):
     monkeypatch.delenv("ASCEND_LAUNCH_BLOCKING", raising=False)
     monkeypatch.delenv("TASK_QUEUE_ENABLE", raising=False)
-    rt = runtime.activate({"TORCHTITAN_NPU": "1", "TORCHTITAN_NPU_PATCHES": "uce_repair"}, install_hooks=False)
-    try:
-        importlib.import_module("torchtitan.trainer")
-        assert rt.apply("uce_repair"), rt.report.patches["uce_repair"].reason
-        with pytest.raises(RunStopped, match="not retried with torch_npu's task queue on"):
-            _trainer(["UCE ERROR, "]).train_step(iter([({}, 1), ({}, 2)]))
-        assert recovery.restarted == []
-    finally:
-        runtime.deactivate()
+    npu_patch("uce_repair")
+    with pytest.raises(RunStopped, match="not retried with torch_npu's task queue on"):
+        _trainer(["UCE ERROR, "]).train_step(iter([({}, 1), ({}, 2)]))
+    assert recovery.restarted == []
 
 
 def test_other_errors_pass_through(applied, recovery):
