@@ -229,9 +229,9 @@ def _grow_pipeline(trainer, recorder, microbatches: int) -> None:
     from torchtitan.distributed import pipeline_parallel
 
     training, parallelism = trainer.config.training, trainer.config.parallelism
-    accumulation = training.global_batch_size // training.local_batch_size
+    local_batches_per_step = training.global_batch_size // training.local_batch_size  # data parallel x accumulated
     training.local_batch_size = parallelism.pipeline_parallel_microbatch_size * microbatches
-    training.global_batch_size = training.local_batch_size * accumulation
+    training.global_batch_size = training.local_batch_size * local_batches_per_step
     schedule = trainer.pp_schedule
     stages = getattr(schedule, "_stages", None) or [schedule._stage]
     # The fewer microbatches' receive buffers: the new schedule makes its own. Something of the last step's
