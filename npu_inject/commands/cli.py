@@ -343,4 +343,12 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _entry() -> Any:
-    sys.exit(main())
+    try:
+        status = main()
+        sys.stdout.flush()
+    except BrokenPipeError:
+        # The reader went away (`npu-inject list | head`): what it wanted was written. Python would report the
+        # pipe again when it flushes stdout at exit, so stdout goes to /dev/null first.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        status = 0
+    sys.exit(status)

@@ -188,3 +188,17 @@ def test_commands_never_activate_or_import_heavy_modules(command):
         assert "patches enabled for target npu:" in result.stdout
         assert "  cuda_graphs        ok" in result.stdout
         assert "problem(s)" in result.stdout
+
+
+def test_a_reader_that_goes_away_is_not_an_error(tmp_path):
+    """`npu-inject list --json | head -1`: the reader closes the pipe; no BrokenPipeError traceback, exit 0."""
+    import os
+    import subprocess
+    import sys
+
+    read_end, write_end = os.pipe()
+    os.close(read_end)  # the reader is gone before the first write
+    run = subprocess.run([sys.executable, "-c", "from npu_inject.commands.cli import _entry; _entry()", "list", "--json"],
+                         stdout=write_end, stderr=subprocess.PIPE, text=True, timeout=120)
+    os.close(write_end)
+    assert run.returncode == 0 and "BrokenPipeError" not in run.stderr, run.stderr
