@@ -399,6 +399,19 @@ def reset_accumulated_memory_stats(device: _device_t = None) -> None:
     torch.accelerator.reset_accumulated_memory_stats(_device_index(device))
 
 
+def check_uce_in_memory(device: _device_t = None) -> int:
+    """torch_npu's UCE query: where the last device memory error lies (0 none, 1 outside the pool, 2 temporary
+    memory, 3 the job's state). The simulated device has no memory errors: always 0."""
+    _device_index(device)
+    return 0
+
+
+def restart_device(device: _device_t = None) -> None:
+    """torch_npu's recovery after a UCE or stop_device (repair, then resume the device's task queue). The
+    simulated device stops no tasks: nothing to resume."""
+    _device_index(device)
+
+
 def empty_cache() -> None:
     """No cache to empty: freed device memory returns to the host at once."""
 
