@@ -75,15 +75,6 @@ def test_a_uce_it_cannot_repair_stops_in_one_line(applied, recovery, where, fail
         _trainer(failures).train_step(iter([({}, 1), ({}, 2)]))
 
 
-def test_with_the_task_queue_on_a_repairable_uce_stops_instead_of_retrying(recovery, monkeypatch, npu_patch):
-    monkeypatch.delenv("ASCEND_LAUNCH_BLOCKING", raising=False)
-    monkeypatch.delenv("TASK_QUEUE_ENABLE", raising=False)
-    npu_patch("uce_repair")
-    with pytest.raises(RunStopped, match="not retried with torch_npu's task queue on"):
-        _trainer(["UCE ERROR, "]).train_step(iter([({}, 1), ({}, 2)]))
-    assert recovery.restarted == []
-
-
 def test_other_errors_pass_through(applied, recovery):
     with pytest.raises(RuntimeError, match="something else"):
         _trainer(["something else"]).train_step(iter([({}, 1), ({}, 2)]))
