@@ -50,11 +50,11 @@ STEP_LINE = re.compile(r"^\[default0\]:\[titan\] (\S+ \S+) - root - INFO - .*?st
 
 
 @contextlib.contextmanager
-def lighthouse():
-    """torchft's lighthouse on a free port (quorum of one group allowed); yields its address."""
+def lighthouse(min_replicas: int = 1):
+    """torchft's lighthouse on a free port (a quorum of ``min_replicas`` groups or more); yields its address."""
     port = free_port()
     binary = Path(sys.executable).with_name("torchft_lighthouse")
-    server = subprocess.Popen([str(binary), "--min_replicas", "1", "--join_timeout_ms", "1000", "--bind",
+    server = subprocess.Popen([str(binary), "--min_replicas", str(min_replicas), "--join_timeout_ms", "1000", "--bind",
                                f"[::]:{port}"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         deadline = time.monotonic() + 30
@@ -117,20 +117,21 @@ def target_environment(target: str, base: dict[str, str]) -> tuple[str, dict[str
     raise ValueError(f"target {target!r}: one of {', '.join(TARGETS)}")
 
 
-def run_failover(workdir: Path, steps: int = 30, fault: str = "kill@4:rank=1", timeout: int = 900,
-                 target: str = "cpu") -> Failover:
-    """Two replica groups, the fault in group 1, each group under ``torchrun --max-restarts 1``."""
+def run_failover(workdir: Path, steps: int = 30, fault: str | None = "kill@4:rank=1", timeout: int = 900,
+                 target: str = "cpu", extra_args: tuple[str, ...] = (), min_replicas: int = 1) -> Failover:
+    """Two replica groups, the fault (if any) in group 1, each group under ``torchrun --max-restarts 1``;
+    ``extra_args`` come after :data:`ARGS` (and override them)."""
     dumps = [workdir / f"group{group}" for group in range(2)]
-    with lighthouse() as address:
+    with lighthouse(min_replicas) as address:
         processes = []
         for group, dump in enumerate(dumps):
             python, env = target_environment(target, clean_env(TORCHFT_LIGHTHOUSE=address, HF_HUB_OFFLINE="1"))
-            if group == 1:
+            if group == 1 and fault:
                 selection = [env.get("TORCHTITAN_NPU_PATCHES"), "+inject_faults"]
                 env.update(TORCHTITAN_NPU_PATCHES=",".join(filter(None, selection)), TORCHTITAN_NPU_FAULTS=fault)
             command = [python, "-m", "torch.distributed.run", "--nproc_per_node", str(GROUP_SIZE),
                        "--master_port", str(free_port()), "--max-restarts", "1", "--tee", "3",
-                       "-m", "torchtitan.train", *ARGS, "--training.steps", str(steps),
+                       "-m", "torchtitan.train", *ARGS, *extra_args, "--training.steps", str(steps),
                        "--fault_tolerance.replica_id", str(group), "--dump_folder", str(dump)]
             log = open(workdir / f"group{group}.log", "w+", encoding="utf-8")
             processes.append((subprocess.Popen(command, env=env, cwd=REPO, stdout=log,
