@@ -94,6 +94,11 @@ def apply(ctx: PatchContext) -> None:
         hook = register_optimizer_step_pre_hook(lambda optimizer, args, kwargs: state.update(optimizer_began=True))
         ctx.add_cleanup(hook.remove)
 
+    def stop_in_update(step: int, when: str, error) -> None:
+        stop_run(f"npu_inject uce_repair: step {step}: a device memory error (UCE) reported {when}: the weights or "
+                 "optimizer states may hold part of its update; resume from the last checkpoint "
+                 f"({str(error).splitlines()[0]})")
+
     def train_step(original, trainer, data_iterator, *args, **kwargs):
         try:
             if synchronous:  # the previous step's work has run: a UCE from here on is this step's (launches wait anyway)
@@ -101,9 +106,7 @@ def apply(ctx: PatchContext) -> None:
         except RuntimeError as exc:
             if UCE_MARK not in str(exc):
                 raise
-            stop_run(f"npu_inject uce_repair: step {trainer.step - 1}: a device memory error (UCE) reported after the "
-                     "step's optimizer update was issued: the weights or optimizer states may hold part of it; resume "
-                     f"from the last checkpoint ({str(exc).splitlines()[0]})")
+            stop_in_update(trainer.step - 1, "after the step's optimizer update was issued", exc)
         state["optimizer_began"] = False
         batches = StepBatches(data_iterator)
         try:
@@ -113,9 +116,7 @@ def apply(ctx: PatchContext) -> None:
                 raise
             first_line = str(exc).splitlines()[0]
         if state["optimizer_began"]:
-            stop_run(f"npu_inject uce_repair: step {trainer.step}: a device memory error (UCE) reported after the step's "
-                     "optimizer began: the weights or optimizer states may hold part of its update; resume from the "
-                     f"last checkpoint ({first_line})")
+            stop_in_update(trainer.step, "after the step's optimizer began", first_line)
         # Out of the handler: the failed attempt's frames, and with them its tensors, are gone.
         gc.collect()
         step, device = trainer.step, trainer.device.index or 0

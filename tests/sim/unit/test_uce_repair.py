@@ -31,9 +31,9 @@ def recovery(monkeypatch):
     return calls
 
 
-def _trainer(failures: list[str]):
-    """A Trainer whose train_step takes two batches and raises each of ``failures`` once, in turn (a subclass
-    made after the patch applied: wrap_overrides wraps it as it is created)."""
+def _trainer(failures: list[str], before_failing=lambda: None):
+    """A Trainer whose train_step takes two batches and raises each of ``failures`` once, in turn, after calling
+    ``before_failing`` (a subclass made after the patch applied: wrap_overrides wraps it as it is created)."""
     import torch
     from torchtitan.trainer import Trainer
 
@@ -46,6 +46,7 @@ def _trainer(failures: list[str]):
             batches[0][0]["input"] = "moved to the device"  # torchtitan moves tensors in the dict it was given
             self.seen.append([(dict(inputs), labels) for inputs, labels in batches])
             if failures:
+                before_failing()
                 raise RuntimeError(failures.pop(0))
             return "trained"
 
@@ -73,6 +74,16 @@ def test_a_uce_it_cannot_repair_stops_in_one_line(applied, recovery, where, fail
     recovery.where = where
     with pytest.raises(RunStopped, match=says):
         _trainer(failures).train_step(iter([({}, 1), ({}, 2)]))
+
+
+def test_a_uce_after_the_optimizer_began_stops_without_a_retry(applied, recovery):
+    import torch
+
+    optimizer = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=0.1)
+    optimizer.step()  # an earlier step's update: the wrapper starts each step afresh
+    with pytest.raises(RunStopped, match="reported after the step's optimizer began"):
+        _trainer(["UCE ERROR, "], before_failing=optimizer.step).train_step(iter([({}, 1), ({}, 2)]))
+    assert recovery.restarted == []
 
 
 def test_other_errors_pass_through(applied, recovery):
