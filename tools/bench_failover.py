@@ -9,6 +9,7 @@ can be compared tensor for tensor.
     python tools/bench_failover.py                 # kill (30 steps), then hang (60 steps): each run's stall
     python tools/bench_failover.py --fault kill@4:rank=1 --steps 30
     python tools/bench_failover.py --target sim     # the simulated NPU; cann: the real torch_npu on the emulation
+    python tools/bench_failover.py --semi-sync local_sgd --target cann   # no fault: LocalSGD (or diloco) synchronising
 
 tests/e2e/test_torchft.py runs :func:`run_failover` once (kill) and checks the outcome.
 """
@@ -33,7 +34,7 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if REPO not in sys.path:
     sys.path.insert(0, REPO)
 
-from tools.training_runs import clean_env, free_port, without_host_memory_check  # noqa: E402
+from tools.training_runs import clean_env, free_port, parse_losses, without_host_memory_check  # noqa: E402
 
 GROUP_SIZE = 2
 PROCESS_GROUP_TIMEOUT_MS = 10000  # upstream's config; what bounds a hung peer's cost to the survivor
@@ -161,6 +162,41 @@ def stall(run: Failover) -> tuple[float, float, int]:
     return statistics.median(intervals.values()), intervals[longest], longest
 
 
+def final_parameters(checkpoint: Path) -> dict[str, object]:
+    """The model's tensors of a DCP checkpoint, read by plain DCP (no runtime in this process)."""
+    import torch
+    from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
+
+    with tempfile.TemporaryDirectory() as scratch:
+        dcp_to_torch_save(checkpoint, Path(scratch) / "plain.pt")
+        state = torch.load(Path(scratch) / "plain.pt", weights_only=False)
+    skip = ("optimizer", "dataloader", "lr_scheduler", "train_state")
+    return {key: value for key, value in state.items() if isinstance(value, torch.Tensor) and not key.startswith(skip)}
+
+
+def semi_sync(method: str, target: str, steps: int) -> None:
+    """LocalSGD or DiLoCo without a fault: commits, parameters equal across the groups, group 0's losses."""
+    import torch
+
+    with tempfile.TemporaryDirectory() as workdir:
+        started = time.monotonic()
+        run = run_failover(Path(workdir), steps, fault=None, target=target, min_replicas=2, extra_args=(
+            "--fault_tolerance.semi_sync_method", method, "--fault_tolerance.sync_steps", "2"))
+        took = time.monotonic() - started
+        if run.returncodes != [0, 0]:
+            print(f"{method}: exit codes {run.returncodes}; logs' last lines:\n{run.logs[0][-2000:]}\n{run.logs[1][-2000:]}")
+            return
+        commits = [log.count("should_commit=True enough_replicas=True") for log in run.logs]
+        refused = [log.count("should_commit=False") for log in run.logs]
+        group0, group1 = (final_parameters(dump / "checkpoint" / f"step-{steps}") for dump in run.dumps)
+        equal = sum(torch.equal(group0[key], group1[key]) for key in group0)
+        losses = parse_losses("\n".join(line.removeprefix("[default0]:") for line in run.logs[0].splitlines()
+                                         if line.startswith("[default0]:")))
+        print(f"{method}, {steps} steps, a synchronisation every 2, in {took:.0f} s: commits per group (both ranks) "
+              f"{commits}, refused {refused}; after step {steps}, {equal} of {len(group0)} parameters equal across "
+              f"the groups; group 0's losses {', '.join(f'{losses[step]:.5f}' for step in sorted(losses))}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--fault", action="append", help="TORCHTITAN_NPU_FAULTS for group 1 (repeatable; "
@@ -170,7 +206,12 @@ def main() -> None:
     parser.add_argument("--target", choices=TARGETS, default="cpu", help="cpu: the rehearsal (torchft on gloo); "
                         "sim: the simulated NPU, cann: the real torch_npu on the CANN emulation (both on torchft's "
                         "HCCL group)")
+    parser.add_argument("--semi-sync", choices=["local_sgd", "diloco"], help="no fault: LocalSGD or DiLoCo (2 "
+                        "fragments, upstream's), a synchronisation every 2 steps, 6 steps unless --steps")
     options = parser.parse_args()
+    if options.semi_sync:
+        semi_sync(options.semi_sync, options.target, options.steps or 6)
+        return
     print(f"2 replica groups x {GROUP_SIZE} ranks, target {options.target}, "
           f"--fault_tolerance.process_group_timeout_ms {PROCESS_GROUP_TIMEOUT_MS}")
     for fault in options.fault or ["kill@4:rank=1", "hang@4:rank=1"]:
