@@ -89,9 +89,19 @@ def _method_original(value: Any) -> Any:
     return bound_call
 
 
-def _forwarding(original: Callable[..., Any], wrapper: Callable[..., Any]) -> Callable[..., Any]:
+class _Liveness:
+    """Whether the changes of one application of a patch still stand (false once it was restored)."""
+
+    alive = True
+
+
+def _forwarding(original: Callable[..., Any], wrapper: Callable[..., Any], liveness: _Liveness) -> Callable[..., Any]:
     @functools.wraps(original)
     def patched(*args: Any, **kwargs: Any) -> Any:
+        # A patch restored while a later patch's wrapper still held this one (patches reverted other than newest
+        # first) may be put back by that patch's restore: it then forwards, doing nothing of its own.
+        if not liveness.alive:
+            return original(*args, **kwargs)
         return wrapper(original, *args, **kwargs)
 
     return patched
@@ -111,6 +121,7 @@ class PatchContext:
     fallbacks: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
     agreements: list[tuple[str, Any, Callable[[Any], None]]] = field(default_factory=list)
+    liveness: _Liveness = field(default_factory=_Liveness)
 
     @property
     def rehearsal(self) -> bool:
@@ -152,9 +163,10 @@ class PatchContext:
             raise TargetMissing(f"{target}: attribute {attribute!r} not found")
         value = raw.value if isinstance(raw, _Inherited) else raw
         if isinstance(value, (staticmethod, classmethod)):
-            installed = type(value)(_forwarding(value.__func__, wrapper))
+            installed = type(value)(_forwarding(value.__func__, wrapper, self.liveness))
         elif isinstance(value, (types.FunctionType, types.BuiltinFunctionType)):
-            installed = _forwarding(_method_original(value) if inspect.isclass(owner) else value, wrapper)
+            installed = _forwarding(_method_original(value) if inspect.isclass(owner) else value, wrapper,
+                                    self.liveness)
         else:
             raise TypeError(
                 f"{target} is a {type(value).__name__}, not a function or method; "
@@ -178,11 +190,13 @@ class PatchContext:
         if not inspect.isclass(owner):
             raise TypeError(f"{full_target}: wrap_overrides needs a method of a class, {owner!r} is not one")
 
+        liveness = self.liveness
+
         def wrap_class(cls: type) -> None:
             value = vars(cls).get(attribute)
-            if isinstance(value, types.FunctionType):
+            if liveness.alive and isinstance(value, types.FunctionType):
                 self.changes.append(_Change(cls, attribute, value, f"{cls.__module__}:{cls.__qualname__}.{attribute}"))
-                setattr(cls, attribute, _forwarding(_method_original(value), wrapper))
+                setattr(cls, attribute, _forwarding(_method_original(value), wrapper, liveness))
 
         pending = list(owner.__subclasses__())
         while pending:
@@ -287,6 +301,8 @@ class PatchContext:
         self.changed_otherwise.clear()
         self.cleanups.clear()
         self.agreements.clear()
+        self.liveness.alive = False
+        self.liveness = _Liveness()  # the next application's changes
         if errors:
             raise RuntimeError(f"patch {self.patch_id}: restoring failed: {'; '.join(errors)}")
 

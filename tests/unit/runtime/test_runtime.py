@@ -256,3 +256,30 @@ def test_wrap_overrides_reaches_overrides_now_and_later_and_reverts(tmp_path, mo
         cls().step()
     assert seen == [] and "__init_subclass__" not in vars(trainers_mod.Base)
     sys.modules.pop("trainers_mod")
+
+
+def test_patches_restored_out_of_order_leave_nothing_of_either_behind(tmp_path, monkeypatch):
+    """Patch b wrapped on top of a; restoring a first, then b, puts a's wrapper and subclass hook back (b's
+    originals): they must do nothing of a's (seen in CI as a reverted runtime's wrapper on a later Trainer)."""
+    from npu_inject.patching import PatchContext
+
+    (tmp_path / "stacked_mod.py").write_text("class Base:\n    def step(self):\n        return ['base']\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    import stacked_mod
+
+    contexts = {name: PatchContext(name, "cpu", {}, declared_targets=("stacked_mod:Base.step",)) for name in "ab"}
+    for name, context in contexts.items():
+        context.wrap_overrides("Base.step", lambda original, self, name=name: original(self) + [name])
+    assert stacked_mod.Base().step() == ["base", "a", "b"]
+    contexts["a"].restore()
+    contexts["b"].restore()
+
+    class Later(stacked_mod.Base):
+        def step(self):
+            return ["later"]
+
+    assert stacked_mod.Base().step() == ["base"] and Later().step() == ["later"]
+    contexts["a"].wrap_overrides("Base.step", lambda original, self: original(self) + ["a again"])
+    assert stacked_mod.Base().step() == ["base", "a again"] and Later().step() == ["later", "a again"]
+    contexts["a"].restore()
+    sys.modules.pop("stacked_mod")
