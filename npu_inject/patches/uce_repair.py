@@ -16,19 +16,20 @@ job's state is that of the last step and the retried step trains exactly as the 
 Each repair is noted in the report; a second UCE in the same step, or 0, 1 or 3, stops the job with one
 line saying which (3: resume from the last checkpoint, or heal from a torchft replica group).
 
-Two things would make a retried step wrong, and stop instead. torch_npu drops every task queued after the
-failed one, so a UCE met before the previous step's update had run would drop part of that update: the
-wrapper waits for the device before each step (with synchronous launches, below, it has nothing left to wait
-for), and a UCE reported there stops the job. And a UCE reported after this step's optimizer began (``torch.optim``'s step pre-hook) may
-follow part of the update: it stops too.
-
-A retry is only made with synchronous launches (``ASCEND_LAUNCH_BLOCKING=1`` or ``TASK_QUEUE_ENABLE=0``).
-With torch_npu's task queue on (its default), a repaired step 3 on the CANN emulation began from weights
-some of which had changed between the failure and the retry (an earlier step's values, zeros), seen in
-most runs: its loss differed from an uninjected run's, and the job trained on from wrong weights. Where that
-comes from (torch_npu's queue dropping and releasing tasks at the failure, or the emulation) is not found;
-so with the queue on a UCE stops the job with one line saying so, as it would have without this patch,
-never a retry that may train on corrupted weights. Synchronous launches cost host time per operator.
+Three things would make a retried step wrong; the patch handles each. torch_npu drops every task queued
+after the failed one, so a UCE met before the previous step's update had run would drop part of that update
+and be reported in this step: the wrapper waits for the device before each step (one synchronisation per
+step; with synchronous launches it has nothing left to wait for), and a UCE reported there stops the job. A
+UCE reported after this step's optimizer began (``torch.optim``'s step pre-hook) may follow part of the
+update: it stops too. And the failed forward or backward leaves FSDP mid-step: parameter groups unsharded
+(the module's parameters are then the all-gather buffers, freed and reused), trackers of the step that
+failed. ``FSDPModule.reset_iter_state()`` (torch 2.14's recovery call, on each model part's root FSDP
+module) waits for FSDP's collectives, reshards every group and clears the trackers before the retry.
+Without it, a retry with torch_npu's task queue on (its default) began, on the CANN emulation, with layer
+0's parameters reading other tensors' memory (step 3's loss 7.69 where 7.61526 is right), or stopped in
+FSDP's "Expects to be in one of (SHARDED, SHARDED_POST_FORWARD), not UNSHARDED": the queue reports the
+error at a later operator, after FSDP had unsharded the group, where a synchronous launch reports it at the
+failed operator itself (which is why only synchronous launches had retried correctly before).
 
 What this does not do: a job of several ranks needs every rank to stop and retry the step together (a rank
 that repairs alone meets its peers in different collectives). This patch repairs a rank's step only when
@@ -85,12 +86,12 @@ class StepBatches:
 def apply(ctx: PatchContext) -> None:
     import torch
     import torch_npu
+    from torch.distributed.fsdp import FSDPModule
     from torch.optim.optimizer import register_optimizer_step_pre_hook
 
     world_size = int(os.environ.get("WORLD_SIZE", "1"))
-    synchronous = os.environ.get("ASCEND_LAUNCH_BLOCKING") == "1" or os.environ.get("TASK_QUEUE_ENABLE") == "0"
     state = {"optimizer_began": False}
-    if synchronous:  # a retry is possible: know whether the step's update began
+    if world_size == 1:  # a retry is possible: know whether the step's update began
         hook = register_optimizer_step_pre_hook(lambda optimizer, args, kwargs: state.update(optimizer_began=True))
         ctx.add_cleanup(hook.remove)
 
@@ -101,7 +102,7 @@ def apply(ctx: PatchContext) -> None:
 
     def train_step(original, trainer, data_iterator, *args, **kwargs):
         try:
-            if synchronous:  # the previous step's work has run: a UCE from here on is this step's (launches wait anyway)
+            if world_size == 1:  # the previous step's work has run: a UCE from here on is this step's
                 torch.accelerator.synchronize()
         except RuntimeError as exc:
             if UCE_MARK not in str(exc):
@@ -129,12 +130,11 @@ def apply(ctx: PatchContext) -> None:
             stop_run(f"npu_inject uce_repair: step {step}: a device memory error (UCE) in temporary memory on rank "
                      f"{os.environ.get('RANK', '0')} of {world_size}: retrying the step needs every rank to stop and "
                      "retry together, which is not built; resume from the last checkpoint")
-        if not synchronous:
-            stop_run(f"npu_inject uce_repair: step {step}: a device memory error (UCE) in temporary memory, repairable, "
-                     "but not retried with torch_npu's task queue on (on the CANN emulation a retried step began from "
-                     "changed weights): rerun with ASCEND_LAUNCH_BLOCKING=1 for step-level repair, or resume from the "
-                     "last checkpoint")
         torch_npu.npu.restart_device(device)
+        for part in trainer.model_parts:  # FSDP as it was before the step: sharded, no trackers of the failed one
+            root = next((module for module in part.modules() if isinstance(module, FSDPModule)), None)
+            if root is not None:
+                root.reset_iter_state()
         ctx.note(f"step {step}: device memory error (UCE) in temporary memory repaired "
                  "(torch_npu restart_device), step trained again on the same batches")
         logger.warning("npu_inject uce_repair: step %d: device memory error in temporary memory: repaired, "

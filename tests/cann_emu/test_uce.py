@@ -3,10 +3,11 @@
 ``uce_in_forward@3`` (inject_faults) has the emulation mark a block of torch_npu's allocator bad during step
 3's forward; the next aclnn launch fails as a device reports a UCE (ACL_ERROR_RT_DEVICE_MEM_ERROR, then
 aclrtGetMemUceInfo), torch_npu's task queue stops with "UCE ERROR", and uce_repair asks torch_npu where it
-lies (check_uce_in_memory: temporary memory), calls restart_device and trains step 3 again on its batches,
-with synchronous launches (ASCEND_LAUNCH_BLOCKING=1): the losses must equal an uninjected run's, every step.
-With torch_npu's task queue on it stops in one line instead (see uce_repair). One rank: a job of several would need every rank to
-stop and retry together (not built; uce_repair stops them with one line).
+lies (check_uce_in_memory: temporary memory), calls restart_device, resets FSDP to before the step and trains
+step 3 again on its batches: the losses must equal an uninjected run's, every step, with torch_npu's task queue
+on (its default) and with synchronous launches (ASCEND_LAUNCH_BLOCKING=1), which report the error at different
+operators. One rank: a job of several would need every rank to stop and retry together (not built; uce_repair
+stops them with one line).
 
     .venv/bin/python -m pytest -m cann_emu tests/cann_emu/test_uce.py -n 0
 """
@@ -35,25 +36,19 @@ def _train(dump, **environment):
 
 def test_a_uce_in_temporary_memory_is_repaired_and_the_losses_equal_an_uninjected_runs(tmp_path):
     clean = _train(tmp_path / "clean")
-    injected = _train(tmp_path / "uce", TORCHTITAN_NPU_PATCHES="+inject_faults",
-                      TORCHTITAN_NPU_FAULTS="uce_in_forward@3", ASCEND_LAUNCH_BLOCKING="1")
     assert clean.returncode == 0, clean.stdout[-3000:]
-    assert injected.returncode == 0, injected.stdout[-3000:]
-    assert "reason=[device mem error]" in injected.stdout  # the emulated device's report
-    losses, expected = parse_losses(injected.stdout), parse_losses(clean.stdout)
-    print(f"injected {losses}\nclean {expected}")
-    assert sorted(expected) == [1, 2, 3, 4, 5] and losses == expected
-    report = json.loads((tmp_path / "uce" / "npu_inject" / "report_rank0.json").read_text())["patches"]
-    assert report["inject_faults"]["notes"] == ["step 3: device memory error (UCE) injected on rank 0"], report
-    assert report["uce_repair"]["notes"] == ["step 3: device memory error (UCE) in temporary memory repaired "
-                                             "(torch_npu restart_device), step trained again on the same batches"]
-
-
-def test_with_the_task_queue_on_a_uce_stops_in_one_line_instead_of_a_retry(tmp_path):
-    """On the emulation a step retried with torch_npu's task queue on began from changed weights (uce_repair's
-    docstring): the patch stops there rather than train on from them."""
-    run = _train(tmp_path / "uce", TORCHTITAN_NPU_PATCHES="+inject_faults", TORCHTITAN_NPU_FAULTS="uce_in_forward@3")
-    assert run.returncode != 0, run.stdout[-3000:]
-    assert "npu_inject uce_repair: step 3: a device memory error (UCE) in temporary memory, repairable, but not " \
-           "retried with torch_npu's task queue on" in run.stdout, run.stdout[-3000:]
-    assert "step:  3" not in run.stdout
+    expected = parse_losses(clean.stdout)
+    assert sorted(expected) == [1, 2, 3, 4, 5]
+    for launches, environment in (("task queue on", {}), ("synchronous", {"ASCEND_LAUNCH_BLOCKING": "1"})):
+        dump = tmp_path / launches.replace(" ", "_")
+        injected = _train(dump, TORCHTITAN_NPU_PATCHES="+inject_faults", TORCHTITAN_NPU_FAULTS="uce_in_forward@3",
+                          **environment)
+        assert injected.returncode == 0, (launches, injected.stdout[-3000:])
+        assert "reason=[device mem error]" in injected.stdout  # the emulated device's report
+        losses = parse_losses(injected.stdout)
+        print(f"{launches}: injected {losses}\nclean {expected}")
+        assert losses == expected, launches
+        report = json.loads((dump / "npu_inject" / "report_rank0.json").read_text())["patches"]
+        assert report["inject_faults"]["notes"] == ["step 3: device memory error (UCE) injected on rank 0"], report
+        assert report["uce_repair"]["notes"] == ["step 3: device memory error (UCE) in temporary memory repaired "
+                                                 "(torch_npu restart_device), step trained again on the same batches"]

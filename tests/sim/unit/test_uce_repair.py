@@ -15,8 +15,7 @@ from npu_inject.errors import RunStopped
 
 
 @pytest.fixture
-def applied(monkeypatch, npu_patch):
-    monkeypatch.setenv("ASCEND_LAUNCH_BLOCKING", "1")  # step-level repair needs synchronous launches
+def applied(npu_patch):
     return npu_patch("uce_repair")
 
 
@@ -31,7 +30,7 @@ def recovery(monkeypatch):
     return calls
 
 
-def _trainer(failures: list[str], before_failing=lambda: None):
+def _trainer(failures: list[str], before_failing=lambda: None, model_parts=()):
     """A Trainer whose train_step takes two batches and raises each of ``failures`` once, in turn, after calling
     ``before_failing`` (a subclass made after the patch applied: wrap_overrides wraps it as it is created)."""
     import torch
@@ -39,7 +38,7 @@ def _trainer(failures: list[str], before_failing=lambda: None):
 
     class Stepping(Trainer):
         def __init__(self) -> None:  # none of Trainer's building
-            self.step, self.device, self.seen = 3, torch.device("npu", 0), []
+            self.step, self.device, self.seen, self.model_parts = 3, torch.device("npu", 0), [], list(model_parts)
 
         def train_step(self, data_iterator):
             batches = [next(data_iterator), next(data_iterator)]
@@ -83,6 +82,39 @@ def test_a_uce_after_the_optimizer_began_stops_without_a_retry(applied, recovery
     optimizer.step()  # an earlier step's update: the wrapper starts each step afresh
     with pytest.raises(RunStopped, match="reported after the step's optimizer began"):
         _trainer(["UCE ERROR, "], before_failing=optimizer.step).train_step(iter([({}, 1), ({}, 2)]))
+    assert recovery.restarted == []
+
+
+def test_fsdp_is_reset_to_before_the_step_after_the_repair_and_before_the_retry(recovery, monkeypatch, npu_patch):
+    """The failed attempt may leave FSDP parameter groups unsharded (their parameters then the freed all-gather
+    buffers): FSDPModule.reset_iter_state on each model part's root FSDP module, once restart_device ran."""
+    import torch
+    import torch.distributed.fsdp
+
+    class Root(torch.nn.Module):  # stands for FSDPModule (fully_shard's classes need a process group)
+        def __init__(self) -> None:
+            super().__init__()
+            self.inner = Inner()
+
+        def reset_iter_state(self) -> None:
+            recovery.restarted.append("reset")
+
+    class Inner(Root):
+        def __init__(self) -> None:
+            torch.nn.Module.__init__(self)
+
+    monkeypatch.setattr(torch.distributed.fsdp, "FSDPModule", Root)
+    npu_patch("uce_repair")
+    trainer = _trainer(["UCE ERROR, "], model_parts=[torch.nn.Sequential(Root()), torch.nn.Linear(1, 1)])
+    assert trainer.train_step(iter([({}, 1), ({}, 2)])) == "trained"
+    assert recovery.restarted == [0, "reset"]  # the outermost FSDP module of the first part; none in the second
+
+
+def test_with_several_ranks_a_repairable_uce_stops(recovery, monkeypatch, npu_patch):
+    monkeypatch.setenv("WORLD_SIZE", "2")  # read when the patch applies
+    npu_patch("uce_repair")
+    with pytest.raises(RunStopped, match="retrying the step needs every rank to stop and retry together"):
+        _trainer(["UCE ERROR, "]).train_step(iter([({}, 1), ({}, 2)]))
     assert recovery.restarted == []
 
 
