@@ -11,9 +11,11 @@ whether it ran over HCCL:
   synchronised there is equal across the groups, the other one has trained a step on its own data since.
 
 Every synchronisation commits (``should_commit=True`` on both ranks, never False). The losses against the
-CPU rehearsal's (gloo) run of the same command are in docs/fault-tolerance.md (within 3e-4).
+CPU rehearsal's (gloo) run of the same command are in docs/fault-tolerance.md (within 4.2e-4).
 
-    .venv/bin/python -m pytest -m cann_emu tests/cann_emu/test_torchft_semi_sync.py -n 0
+CI runs DiLoCo, upstream's setting (78 s under CI's load); LocalSGD is marked cann_emu_long:
+
+    .venv/bin/python -m pytest -m "cann_emu or cann_emu_long" tests/cann_emu/test_torchft_semi_sync.py -n 0
 """
 
 from __future__ import annotations
@@ -35,7 +37,7 @@ STEPS, SYNC_STEPS = 6, 2
 SYNCHRONISATIONS = {"local_sgd": STEPS // SYNC_STEPS, "diloco": STEPS}  # DiLoCo: a fragment every step
 
 
-@pytest.mark.parametrize("method", ["local_sgd", "diloco"])
+@pytest.mark.parametrize("method", [pytest.param("local_sgd", marks=pytest.mark.cann_emu_long), "diloco"])
 def test_semi_sync_training_commits_and_synchronises_over_hccl(tmp_path, method):
     run = run_failover(tmp_path, STEPS, fault=None, target="cann", min_replicas=2, timeout=600, extra_args=(
         "--fault_tolerance.semi_sync_method", method, "--fault_tolerance.sync_steps", str(SYNC_STEPS)))
