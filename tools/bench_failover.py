@@ -162,6 +162,14 @@ def stall(run: Failover) -> tuple[float, float, int]:
     return statistics.median(intervals.values()), intervals[longest], longest
 
 
+def model_tensors(state: dict[str, object]) -> dict[str, object]:
+    """The model's own tensors of a torchtitan checkpoint's flat state (no optimizer, data, schedule or counters)."""
+    import torch
+
+    skip = ("optimizer.", "dataloader", "lr_scheduler", "train_state")
+    return {key: value for key, value in state.items() if isinstance(value, torch.Tensor) and not key.startswith(skip)}
+
+
 def final_parameters(checkpoint: Path) -> dict[str, object]:
     """The model's tensors of a DCP checkpoint, read by plain DCP (no runtime in this process)."""
     import torch
@@ -169,9 +177,7 @@ def final_parameters(checkpoint: Path) -> dict[str, object]:
 
     with tempfile.TemporaryDirectory() as scratch:
         dcp_to_torch_save(checkpoint, Path(scratch) / "plain.pt")
-        state = torch.load(Path(scratch) / "plain.pt", weights_only=False)
-    skip = ("optimizer", "dataloader", "lr_scheduler", "train_state")
-    return {key: value for key, value in state.items() if isinstance(value, torch.Tensor) and not key.startswith(skip)}
+        return model_tensors(torch.load(Path(scratch) / "plain.pt", weights_only=False))
 
 
 def semi_sync(method: str, target: str, steps: int) -> None:

@@ -29,7 +29,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "e2e"))
 from test_checkpoint_resume import read_plain  # noqa: E402
-from tools.bench_failover import run_failover  # noqa: E402
+from tools.bench_failover import model_tensors, run_failover  # noqa: E402
 
 pytest.importorskip("torchft")
 
@@ -50,8 +50,7 @@ def test_semi_sync_training_commits_and_synchronises_over_hccl(tmp_path, method)
         assert any("runs on torchft's HCCL group" in note for note in notes), notes
 
     group0, group1 = read_plain(tmp_path, *(dump / "checkpoint" / f"step-{STEPS}" for dump in run.dumps))
-    parameters = [key for key, value in group0.items() if isinstance(value, torch.Tensor)
-                  and not key.startswith(("optimizer.", "dataloader", "lr_scheduler", "train_state"))]
+    parameters = list(model_tensors(group0))
     moments = [key for key in group0 if key.startswith("optimizer.state.") and key.endswith("exp_avg")]
     assert len(parameters) > 50 and len(moments) > 20
     equal = [key for key in parameters if torch.equal(group0[key], group1[key])]
