@@ -35,6 +35,12 @@ heal: upstream loads with ``strict=False``), copies each shard into its own in p
 rest through upstream's load function. Each heal is noted in the report. Checkpoints on disk are
 untouched: they keep upstream's split, portable layout.
 
+The train state (step, tokens seen) is a plain counter the training thread moves while the peer's quorum
+thread reads it: upstream served ``ntokens_seen`` from before or after the step's batch was counted, by chance,
+and a healed group ended a few thousand tokens apart from its peer in one run of many. Here each rank takes its
+train state on the training thread as it starts a quorum; a peer serves that, and the healing rank adds what it
+counted itself since its own quorum began (its batch of this step, or the steps of a DiLoCo window).
+
 A group that torchrun restarts must also find its own manager: torchft's manager opens a client of the
 launcher's store (MASTER_ADDR:MASTER_PORT) and its rank 0 publishes the manager's address there; the
 store outlives the attempt, so a restarted rank may read the dead manager's address. The manager's
@@ -54,6 +60,7 @@ TARGETS = (
     "torchtitan.experiments.torchft.checkpoint:TorchFTCheckpointManager.__init__",
     "torchtitan.experiments.torchft.optimizer:TorchFTOptimizersContainer.state_dict",
     "torchft.manager:Manager.set_state_dict_fns",
+    "torchft.manager:Manager.start_quorum",
     "torchft.manager:TCPStore",
 )
 
@@ -72,6 +79,13 @@ def module_tensors(modules: list) -> dict[str, Any]:
     return tensors
 
 
+def rebased_counters(served: dict, own_at_quorum: dict, own_now: dict) -> dict:
+    """The served train state plus what this rank counted since its quorum began (integer entries only)."""
+    return {key: value + own_now[key] - own_at_quorum[key]
+            if isinstance(value, int) and isinstance(own_now.get(key), int) and isinstance(own_at_quorum.get(key), int)
+            else value for key, value in served.items()}
+
+
 def local(tensor):
     return tensor.to_local() if hasattr(tensor, "to_local") else tensor
 
@@ -87,6 +101,8 @@ def apply(ctx: PatchContext) -> None:
     served_keys = {ft_checkpoint.MODEL, ft_checkpoint.OPTIMIZER, ft_checkpoint.LR_SCHEDULER, ft_checkpoint.TRAIN_STATE}
     building: list = []  # the checkpoint manager whose __init__ is registering its functions
     shards: dict[int, dict[str, Any]] = {}  # per checkpoint manager: its model's tensors, taken at rest
+    train_states: dict[int, Any] = {}  # per torchft manager: torchtitan's train state (the trainer)
+    at_quorum: dict[int, dict] = {}  # per torchft manager: the train state as its latest quorum began
 
     def init(original, manager, *args, **kwargs):
         building.append(manager)
@@ -107,11 +123,15 @@ def apply(ctx: PatchContext) -> None:
         checkpointer = building[-1]
         key_of_manager = id(checkpointer)
         shards[key_of_manager] = {}  # filled when its __init__ returns
+        train_state_key = ft_checkpoint.TRAIN_STATE
+        train_states[id(ft_manager)] = checkpointer.states.get(train_state_key)
 
         def live_state():
             # upstream's function, but the model's entry is its tensors as they are: no split, no collective;
-            # and a copy in host memory, taken now (see the module docstring)
-            served = {key: dict(shards[key_of_manager]) if key == model_key else value.state_dict()
+            # the train state as the quorum began; and a copy in host memory, taken now (see the module docstring)
+            served = {key: dict(shards[key_of_manager]) if key == model_key
+                      else dict(at_quorum[id(ft_manager)]) if key == train_state_key and id(ft_manager) in at_quorum
+                      else value.state_dict()
                       for key, value in checkpointer.states.items() if key in served_keys}
             return tree_map_only(torch.Tensor, lambda tensor: tensor.detach().to("cpu", copy=True), served)
 
@@ -135,9 +155,20 @@ def apply(ctx: PatchContext) -> None:
                     local(tensor).copy_(local(got[key]))
             ctx.note(f"healed from a peer replica group's live state: {len(own)} model tensors copied in place, "
                      f"{', '.join(sorted(key for key in received if key != model_key))} through upstream's load")
-            return load_state_dict({key: value for key, value in received.items() if key != model_key})
+            rest = {key: value for key, value in received.items() if key != model_key}
+            trainer = train_states.get(id(ft_manager))
+            if train_state_key in rest and trainer is not None and id(ft_manager) in at_quorum:
+                rest[train_state_key] = rebased_counters(rest[train_state_key], at_quorum[id(ft_manager)],
+                                                         trainer.state_dict())
+            return load_state_dict(rest)
 
         return original(ft_manager, load_live_state, live_state)
+
+    def start_quorum(original, ft_manager, *args, **kwargs):
+        trainer = train_states.get(id(ft_manager))
+        if trainer is not None:  # on the training thread, before the quorum thread may serve it
+            at_quorum[id(ft_manager)] = dict(trainer.state_dict())
+        return original(ft_manager, *args, **kwargs)
 
     tcp_store = None
 
@@ -153,3 +184,4 @@ def apply(ctx: PatchContext) -> None:
     ctx.wrap("TorchFTOptimizersContainer.state_dict", optimizer_state)
     tcp_store = ctx.replace("TCPStore", manager_store)  # torchft.manager's name for the class, a factory here
     ctx.wrap("Manager.set_state_dict_fns", set_state_dict_fns)
+    ctx.wrap("Manager.start_quorum", start_quorum)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from npu_inject.patches.torchft_heal import module_tensors
+from npu_inject.patches.torchft_heal import module_tensors, rebased_counters
 
 
 def _model() -> nn.Module:
@@ -35,3 +35,15 @@ def test_a_state_dict_hook_that_rewrites_entries_does_not_run():
     tensors = module_tensors([model])
     assert "0.weight" in tensors and "0.weight_split" not in tensors
     assert tensors["0.weight"].shape == (3, 2)
+
+
+def test_a_healed_train_state_is_the_peers_at_its_quorum_plus_what_this_rank_counted_since_its_own():
+    # step-synchronous: the peer served its state from before this step's batch; this rank counted its batch
+    served = {"step": 7, "ntokens_seen": 768}
+    assert rebased_counters(served, {"step": 1, "ntokens_seen": 0}, {"step": 1, "ntokens_seen": 128}) == {
+        "step": 7, "ntokens_seen": 896}
+    # a DiLoCo window: the quorum began 2 steps before the load
+    assert rebased_counters(served, {"step": 3, "ntokens_seen": 384}, {"step": 5, "ntokens_seen": 640}) == {
+        "step": 9, "ntokens_seen": 1024}
+    # entries that are not counters on both sides pass through as served
+    assert rebased_counters({"step": 7, "name": "x"}, {}, {"step": 1}) == {"step": 7, "name": "x"}
