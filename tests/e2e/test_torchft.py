@@ -11,6 +11,9 @@ SIGKILLed at step 6. Group 0 never restarts and trains on; torchrun restarts gro
 optimizer state, schedule and step, tensor for tensor, and every step was applied once. The same failover on
 the simulated NPU runs torchft's cross-group all-reduce on the runtime's HCCL group (patch torchft_npu);
 tests/cann_emu/test_torchft_failover.py runs it on the real torch_npu over the CANN emulation.
+
+A hung rank (rank 1 of group 1 hangs at step 4): group 0 goes on after group 1's collective timeout and the
+lighthouse's heartbeat timeout (torchft_leave), and trains every step.
 """
 
 from __future__ import annotations
@@ -70,6 +73,30 @@ def test_a_killed_replica_group_restarts_heals_from_the_live_group_and_ends_bitw
 
 def test_the_same_failover_on_the_simulated_npu_over_torchfts_hccl_group(tmp_path):
     check_failover(tmp_path, "sim", steps=30, kill_at=4)
+
+
+def test_a_hung_rank_takes_its_group_out_of_the_quorum_within_its_collective_timeout(tmp_path):
+    # rank 1 of group 1 hangs as step 4 starts; its rank 0's collective with it times out after
+    # --comm.train_timeout_seconds (15 s in upstream's config), torchft_leave shuts that rank's torchft manager
+    # down, and the lighthouse forms group 0's quorum alone 2 s later. Before, group 1's rank 0 heartbeated
+    # 60 s more and group 0's quorum timed out: both groups died.
+    run = run_failover(tmp_path, 60, "hang@4:rank=1")
+    survivor, hung = run.logs
+    assert run.returncodes[0] == 0, survivor[-3000:]
+    assert survivor.count("Training starts at step 1") == 2  # group 0 never restarted
+    assert run.steps_logged(0) == list(range(1, 61))
+    assert "npu_inject inject_faults: step 4: hang on rank 1" in hung
+    left = [line for line in hung.splitlines() if "npu_inject torchft_leave: training failed" in line]
+    assert left and "Timed out waiting 15000ms" in left[0], hung[-3000:]
+    median, longest, at = stall(run)
+    assert at == 4 and 15 < longest < 15 + 10, (longest, at)  # the collective timeout, then the lighthouse's 2 s
+    # group 1 comes back after torchrun stopped its hung rank: it heals if group 0 is still training, else it
+    # stops with restart_progress's one line (nothing to heal from); either way it never trained alone from step 1
+    healed = "healed from a peer replica group's live state" in (
+        run.dumps[1] / "npu_inject" / "report_rank0.json").read_text(encoding="utf-8")
+    assert (run.returncodes[1] == 0 and healed) or "npu_inject restart_progress: restart attempt 1" in hung, hung[-3000:]
+    print(f"hang: group 0 stalled {longest:.1f} s at step {at} (median step {median:.2f} s); group 1 "
+          f"{'healed and rejoined' if healed else 'stopped: group 0 had finished'}")
 
 
 def check_failover(tmp_path, target: str, steps: int, kill_at: int) -> None:
