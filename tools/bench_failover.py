@@ -214,9 +214,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--fault", action="append", help="TORCHTITAN_NPU_FAULTS for group 1 (repeatable; "
                         "default: kill@4:rank=1, then hang@4:rank=1)")
-    parser.add_argument("--steps", type=int, help="default: 30 for kill, 200 for hang (a hung group comes back "
-                        "after its 15 s collective timeout and a restart of about a minute, while group 0 trains "
-                        "alone at about 0.4 s a step: group 0 must still be training)")
+    parser.add_argument("--steps", type=int, help="default: 30 for kill, 60 for hang (a hung group comes back "
+                        "after the 15 s train timeout, torchft_leave's watchdog and a restart: group 0 must still "
+                        "be training)")
     parser.add_argument("--target", choices=TARGETS, default="cpu", help="cpu: the rehearsal (torchft on gloo); "
                         "sim: the simulated NPU, cann: the real torch_npu on the CANN emulation (both on torchft's "
                         "HCCL group)")
@@ -229,7 +229,7 @@ def main() -> None:
     print(f"2 replica groups x {GROUP_SIZE} ranks, target {options.target}, "
           f"--fault_tolerance.process_group_timeout_ms {PROCESS_GROUP_TIMEOUT_MS}")
     for fault in options.fault or ["kill@4:rank=1", "hang@4:rank=1"]:
-        steps = options.steps or (200 if fault.startswith("hang") else 30)
+        steps = options.steps or (60 if fault.startswith("hang") else 30)
         workdir = Path(tempfile.mkdtemp(prefix="bench_failover_"))
         started = time.monotonic()
         run = run_failover(workdir, steps, fault, target=options.target)

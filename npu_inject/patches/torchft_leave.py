@@ -21,17 +21,31 @@ its whole run: measured, a restarted group 1 healed to step 4, its rank 1 hung a
 300 s. (torchtitan's own trainer counts from the step it loaded; its torchft trainer does not.)
 Here, when a process's first step ends on a step other than 1, the timeout is lowered there, as upstream does
 after step 1 (the same call: a barrier of the group, then every group of the mesh and the default group).
+
+That timeout does not reach every collective: torch_npu's HCCL backend ignores it ("Backend hccl does not
+support setting timeout"), so on NPUs a hung peer holds a group for the process group's 300 s or HCCL's
+``HCCL_EXEC_TIMEOUT`` (1836 s), far past torchft's 60 s; and on the CANN emulation the training thread waits
+for torch_npu's task queue holding the GIL, so no Python thread runs until the collective ends. So from the
+end of a process's first step, each step runs under faulthandler's watchdog (a C thread: it needs no GIL):
+a step that lasts longer than ``--comm.train_timeout_seconds``, not counting torchft's own waits for its
+quorum and its commit vote (torchft's timeouts bound those, and a survivor waits there while a failed group
+leaves), prints every thread's stack after ``Timeout (0:00:15)!`` and ends the process with exit code 1:
+its heartbeats stop, its group leaves the quorum, torchrun restarts it.
 """
 
 from __future__ import annotations
 
+import faulthandler
 import logging
+import sys
 
 from npu_inject.patching import PatchContext
 
 TARGETS = (
     "torchtitan.experiments.torchft.trainer:FaultTolerantTrainer.train",
     "torchtitan.experiments.torchft.trainer:FaultTolerantTrainer.train_step",
+    "torchft.manager:Manager.wait_quorum",
+    "torchft.manager:Manager.should_commit",
 )
 
 logger = logging.getLogger("npu_inject")
@@ -43,6 +57,15 @@ def apply(ctx: PatchContext) -> None:
     from torchtitan.distributed import utils as dist_utils
 
     stepped: set[int] = set()  # trainers (by id) whose first step in this process has ended
+    watchdog = {"seconds": 0, "in_step": False}  # seconds: 0 until the first step ended (torchft jobs only)
+
+    def arm():
+        if watchdog["seconds"] and watchdog["in_step"]:
+            faulthandler.dump_traceback_later(watchdog["seconds"], repeat=False, file=sys.stderr, exit=True)
+
+    def disarm():
+        if watchdog["seconds"]:
+            faulthandler.cancel_dump_traceback_later()
 
     def train(original, trainer, *args, **kwargs):
         try:
@@ -58,15 +81,38 @@ def apply(ctx: PatchContext) -> None:
             raise
 
     def train_step(original, trainer, *args, **kwargs):
-        result = original(trainer, *args, **kwargs)
+        watchdog["in_step"] = True
+        arm()
+        try:
+            result = original(trainer, *args, **kwargs)
+        finally:
+            watchdog["in_step"] = False
+            disarm()
         if id(trainer) not in stepped:
             stepped.add(id(trainer))
+            seconds = trainer.config.comm.train_timeout_seconds
             if trainer.step != 1:  # upstream lowers it after step 1 only
-                seconds = trainer.config.comm.train_timeout_seconds
                 dist_utils.set_pg_timeouts(timeout=timedelta(seconds=seconds), parallel_dims=trainer.parallel_dims)
                 ctx.note(f"collective timeout lowered to --comm.train_timeout_seconds ({seconds} s) after this "
                          f"process's first step, step {trainer.step} (upstream: after step 1 only)")
+            ft_manager = getattr(trainer, "ft_manager", None)
+            if ft_manager is not None and ft_manager.enabled and seconds > 0:
+                watchdog["seconds"] = seconds
+                line = (f"from step {trainer.step + 1} a step lasting over --comm.train_timeout_seconds ({seconds} s) "
+                        "outside torchft's quorum and commit waits ends this process with every thread's stack "
+                        "(faulthandler's \"Timeout\" dump), so its replica group leaves the quorum")
+                logger.info("npu_inject torchft_leave: %s", line)
+                ctx.note(line)
         return result
+
+    def torchft_wait(original, manager, *args, **kwargs):
+        disarm()  # torchft's own timeouts bound its waits
+        try:
+            return original(manager, *args, **kwargs)
+        finally:
+            arm()
 
     ctx.wrap("FaultTolerantTrainer.train", train)
     ctx.wrap("FaultTolerantTrainer.train_step", train_step)
+    ctx.wrap("Manager.wait_quorum", torchft_wait)
+    ctx.wrap("Manager.should_commit", torchft_wait)

@@ -1,6 +1,9 @@
 """torchft's failover on the real torch_npu 2.14.0 over the CANN emulation: torchft's HCCL group (torch_npu's own
 ProcessGroupHCCL, a new communicator per quorum), two replica groups of 2 ranks, rank 1 of group 1 killed as step
-4 starts; group 0 trains on, group 1 restarts, heals from group 0's live state and ends bitwise equal.
+4 starts; group 0 trains on, group 1 restarts, heals from group 0's live state and ends bitwise equal. And a
+hung rank: rank 1 of group 1 hangs as step 8 starts, its rank 0 waits in an HCCL collective (there its training
+thread waits for torch_npu's task queue holding the GIL: no Python thread runs), torchft_leave's watchdog (a C
+thread) ends both after the train timeout and group 0 goes on (2026-11-27: stalled 18.2 s at step 4, group 1 healed and rejoined at step 12, 122 s).
 
     .venv/bin/python -m pytest -m cann_emu_long tests/cann_emu/test_torchft_failover.py -n 0
 
@@ -17,7 +20,7 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "e2e"))
-from test_torchft import check_failover  # noqa: E402
+from test_torchft import check_failover, check_hang  # noqa: E402
 
 pytest.importorskip("torchft")
 
@@ -25,3 +28,8 @@ pytest.importorskip("torchft")
 @pytest.mark.cann_emu_long
 def test_a_killed_replica_group_heals_from_the_live_one_over_hccl(tmp_path):
     check_failover(tmp_path, "cann", steps=40, kill_at=4)  # group 0 must still train when group 1 returns
+
+
+@pytest.mark.cann_emu_long
+def test_a_hung_rank_takes_its_group_out_of_the_quorum_and_the_other_goes_on(tmp_path):
+    check_hang(tmp_path, "cann", steps=40)

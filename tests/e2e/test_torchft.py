@@ -12,8 +12,8 @@ optimizer state, schedule and step, tensor for tensor, and every step was applie
 the simulated NPU runs torchft's cross-group all-reduce on the runtime's HCCL group (patch torchft_npu);
 tests/cann_emu/test_torchft_failover.py runs it on the real torch_npu over the CANN emulation.
 
-A hung rank (rank 1 of group 1 hangs at step 4): group 0 goes on after group 1's collective timeout and the
-lighthouse's heartbeat timeout (torchft_leave), and trains every step.
+A hung rank (rank 1 of group 1 hangs at step 8): group 0 goes on after the train timeout (torchft_leave's
+watchdog ends group 1's ranks) and the lighthouse's heartbeat timeout, and trains every step.
 """
 
 from __future__ import annotations
@@ -75,27 +75,36 @@ def test_the_same_failover_on_the_simulated_npu_over_torchfts_hccl_group(tmp_pat
     check_failover(tmp_path, "sim", steps=30, kill_at=4)
 
 
-def test_a_hung_rank_takes_its_group_out_of_the_quorum_within_its_collective_timeout(tmp_path):
-    # rank 1 of group 1 hangs as step 4 starts; its rank 0's collective with it times out after
-    # --comm.train_timeout_seconds (15 s in upstream's config), torchft_leave shuts that rank's torchft manager
-    # down, and the lighthouse forms group 0's quorum alone 2 s later. Before, group 1's rank 0 heartbeated
-    # 60 s more and group 0's quorum timed out: both groups died.
-    run = run_failover(tmp_path, 60, "hang@4:rank=1")
+def test_a_hung_rank_takes_its_group_out_of_the_quorum_within_the_train_timeout(tmp_path):
+    check_hang(tmp_path, "cpu", steps=60)
+
+
+def check_hang(tmp_path, target: str, steps: int) -> None:
+    """Two replica groups of 2 ranks on ``target``; rank 1 of group 1 hangs as step 8 starts.
+
+    Its rank 0 waits for it in a collective; after --comm.train_timeout_seconds (15 s in upstream's config)
+    torchft_leave's watchdog ends both (each with its stack), and the lighthouse forms group 0's quorum alone 2 s
+    later. Before, on the rehearsal, group 1's rank 0 failed at gloo's timeout and heartbeated 60 s more, and
+    group 0's quorum timed out: both groups died."""
+    # at step 8: a group 1 that started late heals to group 0's step at its first step, and the watchdog starts
+    # after a process's first step (warm-up); it would have to be 7 steps late to hang there
+    run = run_failover(tmp_path, steps, "hang@8:rank=1", target=target)
     survivor, hung = run.logs
     assert run.returncodes[0] == 0, survivor[-3000:]
     assert survivor.count("Training starts at step 1") == 2  # group 0 never restarted
-    assert run.steps_logged(0) == list(range(1, 61))
-    assert "npu_inject inject_faults: step 4: hang on rank 1" in hung
-    left = [line for line in hung.splitlines() if "npu_inject torchft_leave: training failed" in line]
-    assert left and "Timed out waiting 15000ms" in left[0], hung[-3000:]
+    assert run.steps_logged(0) == list(range(1, steps + 1))
+    hang = re.search(r"npu_inject inject_faults: step (\d+): hang on rank 1", hung)
+    assert hang, hung[-3000:]
+    assert hung.count("Timeout (0:00:15)!") == 2 and "in train_step" in hung, hung[-3000:]
     median, longest, at = stall(run)
-    assert at == 4 and 15 < longest < 15 + 10, (longest, at)  # the collective timeout, then the lighthouse's 2 s
-    # group 1 comes back after torchrun stopped its hung rank: it heals if group 0 is still training, else it
-    # stops with restart_progress's one line (nothing to heal from); either way it never trained alone from step 1
+    # the train timeout, then the lighthouse's 2 s
+    assert at == int(hang.group(1)) and 15 < longest < 15 + 10, (longest, at, hang.group(0))
+    # group 1 comes back once torchrun saw its ranks end: it heals if group 0 is still training, else it stops
+    # with restart_progress's one line (nothing to heal from); either way it never trains alone from step 1
     healed = "healed from a peer replica group's live state" in (
         run.dumps[1] / "npu_inject" / "report_rank0.json").read_text(encoding="utf-8")
     assert (run.returncodes[1] == 0 and healed) or "npu_inject restart_progress: restart attempt 1" in hung, hung[-3000:]
-    print(f"hang: group 0 stalled {longest:.1f} s at step {at} (median step {median:.2f} s); group 1 "
+    print(f"{target} hang: group 0 stalled {longest:.1f} s at step {at} (median step {median:.2f} s); group 1 "
           f"{'healed and rejoined' if healed else 'stopped: group 0 had finished'}")
 
 

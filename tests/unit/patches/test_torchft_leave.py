@@ -7,6 +7,9 @@ The run it is for, a hung rank in one replica group while the other trains on, i
 
 from __future__ import annotations
 
+import subprocess
+import sys
+import textwrap
 import types
 
 import pytest
@@ -67,8 +70,8 @@ def test_a_failing_rank_shuts_its_torchft_manager_down_without_waiting_then_rais
     with pytest.raises(RuntimeError, match="Timed out waiting"):
         trainer.train()
     assert trainer.ft_manager.manager.shutdowns == [False]
-    assert ctx.notes == ["left torchft's quorum as training failed (RuntimeError: Timed out waiting 15000ms for "
-                         "recv operation to complete)"]
+    assert ctx.notes[-1] == ("left torchft's quorum as training failed (RuntimeError: Timed out waiting 15000ms for "
+                             "recv operation to complete)")
 
 
 def test_without_fault_tolerance_nothing_is_shut_down(trainer_class):
@@ -76,7 +79,7 @@ def test_without_fault_tolerance_nothing_is_shut_down(trainer_class):
     trainer = _trainer(cls, enabled=False)
     with pytest.raises(RuntimeError):
         trainer.train()
-    assert trainer.ft_manager.manager.shutdowns == [] and ctx.notes == []
+    assert trainer.ft_manager.manager.shutdowns == [] and ctx.notes == []  # no watchdog either
 
 
 def test_a_group_healed_past_step_1_gets_the_train_timeout_after_its_first_step_once(trainer_class):
@@ -93,3 +96,44 @@ def test_a_first_step_numbered_1_is_left_to_upstream(trainer_class):
     trainer = _trainer(cls, step=1)
     trainer.train_step(iter(()))
     assert timeouts == []
+
+
+# The watchdog ends the process: run in a child. Stand-ins as above; step 1 arms it (1 s), then step 2 either
+# spends 3 s in torchft's quorum wait (not counted) or 3 s in the step itself (the process ends).
+WATCHDOG = textwrap.dedent("""
+    import sys, time, types
+    from npu_inject import module_facts
+    from npu_inject.patching import PatchContext
+    from npu_inject.patches import torchft_leave
+    from torchft.manager import Manager
+    from torchtitan.experiments.torchft.trainer import FaultTolerantTrainer
+
+    def train_step(trainer, data_iterator):
+        if trainer.step == 2:
+            Manager.wait_quorum(None)
+            time.sleep(float(sys.argv[1]))
+
+    FaultTolerantTrainer.train_step = train_step
+    Manager.wait_quorum = lambda manager: time.sleep(3)
+    ctx = PatchContext(patch_id="torchft_leave", device_kind="cpu", options={},
+                       declared_targets=module_facts.declared_names(torchft_leave))
+    torchft_leave.apply(ctx)
+    trainer = object.__new__(FaultTolerantTrainer)
+    trainer.config = types.SimpleNamespace(comm=types.SimpleNamespace(train_timeout_seconds=1))
+    trainer.ft_manager = types.SimpleNamespace(enabled=True, manager=None)
+    for trainer.step in (1, 2):
+        trainer.train_step(iter(()))
+    print("trained on", flush=True)
+""")
+
+
+@pytest.mark.parametrize("sleep_in_step, ends", [(0, False), (3, True)])
+def test_a_step_longer_than_the_train_timeout_outside_torchfts_waits_ends_the_process(sleep_in_step, ends):
+    pytest.importorskip("torchft")
+    result = subprocess.run([sys.executable, "-c", WATCHDOG, str(sleep_in_step)], capture_output=True, text=True,
+                            timeout=120)
+    if ends:
+        assert result.returncode == 1 and "trained on" not in result.stdout
+        assert "Timeout (0:00:01)!" in result.stderr and "in train_step" in result.stderr, result.stderr[-2000:]
+    else:  # 3 s in torchft's quorum wait: not counted
+        assert result.returncode == 0 and "trained on" in result.stdout, result.stderr[-2000:]
