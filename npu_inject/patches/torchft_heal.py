@@ -37,7 +37,7 @@ untouched: they keep upstream's split, portable layout.
 
 The train state (step, tokens seen) is a plain counter the training thread moves while the peer's quorum
 thread reads it: upstream served ``ntokens_seen`` from before or after the step's batch was counted, by chance,
-and a healed group ended a few thousand tokens apart from its peer in one run of many. Here each rank takes its
+and in one CI run of many a healed group ended with another ``ntokens_seen`` than its peer. Here each rank takes its
 train state on the training thread as it starts a quorum; a peer serves that, and the healing rank adds what it
 counted itself since its own quorum began (its batch of this step, or the steps of a DiLoCo window).
 
