@@ -102,6 +102,18 @@ class Failover:
         logged = self.steps_logged(1)
         return next((b for a, b in reversed(list(zip(logged, logged[1:]))) if b != a + 1), None)
 
+    def healed(self) -> bool:
+        """Whether group 1's last attempt healed from a peer's live state (torchft_heal's note in its report)."""
+        report = self.dumps[1] / "npu_inject" / "report_rank0.json"
+        return "healed from a peer replica group's live state" in report.read_text(encoding="utf-8")
+
+    def failed(self, label: str, workdir: Path) -> bool:
+        """Whether a group exited non-zero; then its logs stay in ``workdir``, named on one line."""
+        if self.returncodes == [0, 0]:
+            return False
+        print(f"{label}: exit codes {self.returncodes}; both groups' logs are in {workdir}")
+        return True
+
 
 TARGETS = ("cpu", "sim", "cann")  # the CPU rehearsal, the simulated NPU, the real torch_npu on the CANN emulation
 
@@ -191,23 +203,23 @@ def semi_sync(method: str, target: str, steps: int) -> None:
     """LocalSGD or DiLoCo without a fault: commits, parameters equal across the groups, group 0's losses."""
     import torch
 
-    with tempfile.TemporaryDirectory() as workdir:
-        started = time.monotonic()
-        run = run_failover(Path(workdir), steps, fault=None, target=target, min_replicas=2, extra_args=(
-            "--fault_tolerance.semi_sync_method", method, "--fault_tolerance.sync_steps", "2"))
-        took = time.monotonic() - started
-        if run.returncodes != [0, 0]:
-            print(f"{method}: exit codes {run.returncodes}; logs' last lines:\n{run.logs[0][-2000:]}\n{run.logs[1][-2000:]}")
-            return
-        commits = [log.count("should_commit=True enough_replicas=True") for log in run.logs]
-        refused = [log.count("should_commit=False") for log in run.logs]
-        group0, group1 = (final_parameters(dump / "checkpoint" / f"step-{steps}") for dump in run.dumps)
-        equal = sum(torch.equal(group0[key], group1[key]) for key in group0)
-        losses = parse_losses("\n".join(line.removeprefix("[default0]:") for line in run.logs[0].splitlines()
-                                         if line.startswith("[default0]:")))
-        print(f"{method}, {steps} steps, a synchronisation every 2, in {took:.0f} s: commits per group (both ranks) "
-              f"{commits}, refused {refused}; after step {steps}, {equal} of {len(group0)} parameters equal across "
-              f"the groups; group 0's losses {', '.join(f'{losses[step]:.5f}' for step in sorted(losses))}")
+    workdir = Path(tempfile.mkdtemp(prefix="bench_failover_"))
+    started = time.monotonic()
+    run = run_failover(workdir, steps, fault=None, target=target, min_replicas=2, extra_args=(
+        "--fault_tolerance.semi_sync_method", method, "--fault_tolerance.sync_steps", "2"))
+    took = time.monotonic() - started
+    if run.failed(method, workdir):
+        return
+    commits = [log.count("should_commit=True enough_replicas=True") for log in run.logs]
+    refused = [log.count("should_commit=False") for log in run.logs]
+    group0, group1 = (final_parameters(dump / "checkpoint" / f"step-{steps}") for dump in run.dumps)
+    shutil.rmtree(workdir)
+    equal = sum(torch.equal(group0[key], group1[key]) for key in group0)
+    losses = parse_losses("\n".join(line.removeprefix("[default0]:") for line in run.logs[0].splitlines()
+                                     if line.startswith("[default0]:")))
+    print(f"{method}, {steps} steps, a synchronisation every 2, in {took:.0f} s: commits per group (both ranks) "
+          f"{commits}, refused {refused}; after step {steps}, {equal} of {len(group0)} parameters equal across "
+          f"the groups; group 0's losses {', '.join(f'{losses[step]:.5f}' for step in sorted(losses))}")
 
 
 def main() -> None:
@@ -234,13 +246,11 @@ def main() -> None:
         started = time.monotonic()
         run = run_failover(workdir, steps, fault, target=options.target)
         took = time.monotonic() - started
-        if run.returncodes != [0, 0]:  # the logs stay for a look
-            print(f"{fault}: exit codes {run.returncodes}; both groups' logs are in {workdir}")
+        if run.failed(fault, workdir):
             continue
         median, longest, at = stall(run)
         resumed = run.rejoined_at()
-        healed = "healed from a peer replica group's live state" in (
-            run.dumps[1] / "npu_inject" / "report_rank0.json").read_text(encoding="utf-8")
+        healed = run.healed()
         shutil.rmtree(workdir)
         rejoin = (f"group 1 healed and rejoined at step {resumed}" if healed and resumed else
                   f"group 1 did not heal (its restarted attempt began at step {resumed}: group 0 had finished)")

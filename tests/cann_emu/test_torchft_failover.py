@@ -3,7 +3,8 @@ ProcessGroupHCCL, a new communicator per quorum), two replica groups of 2 ranks,
 4 starts; group 0 trains on, group 1 restarts, heals from group 0's live state and ends bitwise equal. And a
 hung rank: rank 1 of group 1 hangs as step 8 starts, its rank 0 waits in an HCCL collective (there its training
 thread waits for torch_npu's task queue holding the GIL: no Python thread runs), torchft_leave's watchdog (a C
-thread) ends both after the train timeout and group 0 goes on (2026-11-27: stalled 18.2 s at step 4, group 1 healed and rejoined at step 12, 122 s).
+thread) ends both after the train timeout and group 0 goes on (2026-11-27: stalled 18.2 s at step 8, group 1
+healed and rejoined; 120 s).
 
     .venv/bin/python -m pytest -m cann_emu_long tests/cann_emu/test_torchft_failover.py -n 0
 
