@@ -221,6 +221,11 @@ def data_problem(config, config_name: str | None) -> str | None:
 FT_PROCESS_GROUPS = ("gloo", "nccl", "mccl", "hccl")
 FT_EXTRA = "pip install 'npu-inject[torchft]'"
 LIGHTHOUSE_CONNECT_TIMEOUT_S = 5.0
+# torchft 0.2.0's defaults: the manager's quorum timeout (TORCHFT_QUORUM_TIMEOUT_SEC overrides it; torchtitan passes
+# none) and the lighthouse's heartbeat timeout (its --heartbeat_timeout_ms, which a replica cannot read).
+FT_QUORUM_TIMEOUT_S = 60
+FT_QUORUM_TIMEOUT_ENV = "TORCHFT_QUORUM_TIMEOUT_SEC"
+FT_HEARTBEAT_TIMEOUT_S = 5
 
 
 def lighthouse_problem(address: str | None) -> str | None:
@@ -242,9 +247,37 @@ def lighthouse_problem(address: str | None) -> str | None:
                 "start `torchft_lighthouse --min_replicas 1` on that host first")
 
 
-def fault_tolerance_problem(config, target: str, environ=os.environ, hccl_group: bool = True) -> str | None:
+def hang_timeout_problem(config, environ=os.environ) -> str | None:
+    """Why a hung rank would take every replica group down with this torchft job's timeouts, or None.
+
+    With patch torchft_leave, a group with a hung rank leaves the quorum after ``--comm.train_timeout_seconds``
+    and the lighthouse's heartbeat timeout; the other groups wait for that in their quorum, which times out after
+    torchft's quorum timeout and fails them too (docs/fault-tolerance.md, measured with ``hang@4:rank=1``)."""
+    train_s = getattr(getattr(config, "comm", None), "train_timeout_seconds", 0)
+    if not train_s or train_s <= 0:
+        return None
+    raw = environ.get(FT_QUORUM_TIMEOUT_ENV)
+    if raw is None:
+        quorum_s = FT_QUORUM_TIMEOUT_S
+    else:
+        try:
+            quorum_s = int(raw)  # as torchft parses it
+        except ValueError:
+            return f"{FT_QUORUM_TIMEOUT_ENV}={raw!r} is not a whole number of seconds (torchft reads it with int())"
+    if train_s + FT_HEARTBEAT_TIMEOUT_S < quorum_s:
+        return None
+    return (f"--comm.train_timeout_seconds {train_s} plus the lighthouse's heartbeat timeout (torchft's default "
+            f"{FT_HEARTBEAT_TIMEOUT_S} s) is not under torchft's quorum timeout ({quorum_s} s, {FT_QUORUM_TIMEOUT_ENV}): "
+            "a hung rank in one replica group would hold the other groups' quorum until it times out and every "
+            f"group would go down; use --comm.train_timeout_seconds below {quorum_s - FT_HEARTBEAT_TIMEOUT_S} "
+            f"(llama3_torchft_debugmodel sets 15) or raise {FT_QUORUM_TIMEOUT_ENV} (docs/fault-tolerance.md)")
+
+
+def fault_tolerance_problem(config, target: str, environ=os.environ, hccl_group: bool = True,
+                            leave_watchdog: bool = False) -> str | None:
     """Why ``--fault_tolerance.enable`` cannot run on ``target`` as configured, or None (not enabled, or fine).
-    ``hccl_group``: patch torchft_npu is selected (it makes torchft's HCCL group)."""
+    ``hccl_group``: patch torchft_npu is selected (it makes torchft's HCCL group); ``leave_watchdog``: patch
+    torchft_leave is selected (a hung group leaves after the train timeout, which must then fit the quorum's)."""
     ft = getattr(config, "fault_tolerance", None)
     if ft is None or not getattr(ft, "enable", False):
         return None
@@ -264,4 +297,5 @@ def fault_tolerance_problem(config, target: str, environ=os.environ, hccl_group:
     elif group == "mccl":
         return ("--fault_tolerance.process_group mccl is torchcomms' CUDA backend; the rehearsal runs torchft on "
                 "gloo (a config naming nccl or hccl is run on gloo)")
-    return lighthouse_problem(environ.get("TORCHFT_LIGHTHOUSE"))
+    return (hang_timeout_problem(config, environ) if leave_watchdog else None) or lighthouse_problem(
+        environ.get("TORCHFT_LIGHTHOUSE"))

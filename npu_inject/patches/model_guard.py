@@ -23,7 +23,10 @@ both targets:
   without triton), where torchtitan would fail when the trainer applies the overrides; and
   local data the config reads must exist: the data set
   path torchtitan resolves (``--dataloader.dataset_path``, else the name's default such as
-  ``tests/assets/c4_test``), SFT ``data_files``, Flux's autoencoder.
+  ``tests/assets/c4_test``), SFT ``data_files``, Flux's autoencoder; a torchft job
+  (``--fault_tolerance.enable``) needs torchft, a process group the target can carry,
+  a lighthouse that answers and, with patch torchft_leave, a train timeout that a
+  survivor's quorum outlasts (``model_checks.hang_timeout_problem``).
 
 Each stop is ``SystemExit`` with one line that names what is missing and how to
 get it (the optional packages are the ``npu-inject[models]`` extra). Configs that
@@ -77,7 +80,8 @@ def apply(ctx: PatchContext) -> None:
                 problem = (setting_problem(config) or optimizer_problem(config, config_name, ctx.device_kind)
                            or override_problem(config, ctx.device_kind) or data_problem(config, config_name)
                            or fault_tolerance_problem(config, ctx.device_kind,
-                                                      hccl_group=patch_selected("torchft_npu")))
+                                                      hccl_group=patch_selected("torchft_npu"),
+                                                      leave_watchdog=patch_selected("torchft_leave")))
                 if problem is None:
                     return config
         stop_run(f"npu_inject model_guard: {problem}")

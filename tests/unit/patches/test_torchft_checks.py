@@ -69,3 +69,31 @@ def test_torchft_missing_names_the_extra(monkeypatch):
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "torchft" else real(name, *a))
     assert model_checks.fault_tolerance_problem(_config(), "cpu", {}) == (
         "--fault_tolerance.enable needs torchft, not installed: pip install 'npu-inject[torchft]'")
+
+
+def _timeouts(train_timeout_seconds: int):
+    config = _config()
+    config.comm = SimpleNamespace(train_timeout_seconds=train_timeout_seconds)
+    return config
+
+
+def test_a_train_timeout_the_quorum_would_not_outlast_stops_when_torchft_leave_is_on(lighthouse_port):
+    here = {"TORCHFT_LIGHTHOUSE": f"http://127.0.0.1:{lighthouse_port}"}
+    check = model_checks.fault_tolerance_problem
+    # upstream's llama3_torchft_debugmodel: 15 s + torchft's 5 s heartbeat timeout < its 60 s quorum timeout
+    assert check(_timeouts(15), "cpu", here, leave_watchdog=True) is None
+    assert check(_timeouts(54), "cpu", here, leave_watchdog=True) is None
+    default = check(_timeouts(100), "cpu", here, leave_watchdog=True)  # torchtitan's default train timeout
+    assert default == (
+        "--comm.train_timeout_seconds 100 plus the lighthouse's heartbeat timeout (torchft's default 5 s) is not "
+        "under torchft's quorum timeout (60 s, TORCHFT_QUORUM_TIMEOUT_SEC): a hung rank in one replica group would "
+        "hold the other groups' quorum until it times out and every group would go down; use "
+        "--comm.train_timeout_seconds below 55 (llama3_torchft_debugmodel sets 15) or raise "
+        "TORCHFT_QUORUM_TIMEOUT_SEC (docs/fault-tolerance.md)")
+    assert check(_timeouts(55), "cpu", here, leave_watchdog=True).startswith("--comm.train_timeout_seconds 55 ")
+    # a longer quorum timeout admits it; torchft_leave off: no watchdog makes the group leave, nothing to check
+    assert check(_timeouts(100), "cpu", {**here, "TORCHFT_QUORUM_TIMEOUT_SEC": "120"}, leave_watchdog=True) is None
+    assert check(_timeouts(100), "cpu", here, leave_watchdog=False) is None
+    assert check(_timeouts(0), "cpu", here, leave_watchdog=True) is None  # no train timeout set
+    assert check(_timeouts(15), "cpu", {**here, "TORCHFT_QUORUM_TIMEOUT_SEC": "1.5"}, leave_watchdog=True) == (
+        "TORCHFT_QUORUM_TIMEOUT_SEC='1.5' is not a whole number of seconds (torchft reads it with int())")
