@@ -135,6 +135,12 @@ def _cpu_model() -> str:
     return platform.processor() or platform.machine()
 
 
+def significant(rate: float, digits: int = 4) -> float:
+    """``rate`` to ``digits`` significant figures: a fixed number of decimals wrote a slow kernel's measured rate
+    (a loaded CPU's attention, 3e-5 TFLOP/s) as 0.0, which the profile then refuses."""
+    return float(f"{rate:.{digits}g}")
+
+
 def mean_seconds(device: Device, run: Callable[[], object], *, budget_s: float, warmup: int = 2) -> float:
     """Mean device seconds of one call of ``run``: warm-up calls, one timed call to size the repetitions,
     then as many more as fit ``budget_s`` (none when the timed call took the budget; at most 200)."""
@@ -171,7 +177,7 @@ def matmul(device: Device, dtype: str, progress: Callable[[str], None], *, budge
         b_KN = torch.randn(k, n, dtype=torch_dtype, device=device.torch_device)
         seconds = mean_seconds(device, lambda: torch.mm(a_MK, b_KN), budget_s=per_shape, warmup=1)
         tflops = 2.0 * m * n * k / seconds / 1e12
-        points.append({"dtype": dtype, "m": m, "n": n, "k": k, "tflops": round(tflops, 4)})
+        points.append({"dtype": dtype, "m": m, "n": n, "k": k, "tflops": significant(tflops)})
         progress(f"matmul {dtype} {index + 1}/{len(shapes)}: M {m} N {n} K {k}: {tflops:.3g} TFLOP/s")
         del a_MK, b_KN
     return points
@@ -193,7 +199,7 @@ def grouped_matmul(device: Device, dtype: str, progress: Callable[[str], None], 
         run = _grouped_kernel(device, x_RK, w_GKN, ends_G)
         seconds = mean_seconds(device, run, budget_s=per_shape, warmup=1)
         tflops = 2.0 * groups * m * n * k / seconds / 1e12
-        points.append({"dtype": dtype, "m": m, "n": n, "k": k, "groups": groups, "tflops": round(tflops, 4)})
+        points.append({"dtype": dtype, "m": m, "n": n, "k": k, "groups": groups, "tflops": significant(tflops)})
         progress(f"grouped matmul {dtype} {index + 1}/{len(shapes)}: {groups} x M {m} N {n} K {k}: {tflops:.3g} TFLOP/s")
     return points
 
@@ -303,8 +309,8 @@ def attention(device: Device, dtype: str, progress: Callable[[str], None], *, bu
         backward = max(both - forward, 1e-9)
         common = {"kernel": name, "dtype": dtype, "batch": batch, "seq": seq, "heads": heads, "kv_heads": kv_heads,
                   "head_dim": d, "causal": causal, "layout": "BSND"}
-        points.append({**common, "direction": "forward", "tflops": round(flops / forward / 1e12, 4)})
-        points.append({**common, "direction": "backward", "tflops": round(2.5 * flops / backward / 1e12, 4)})
+        points.append({**common, "direction": "forward", "tflops": significant(flops / forward / 1e12)})
+        points.append({**common, "direction": "backward", "tflops": significant(2.5 * flops / backward / 1e12)})
         progress(f"attention {index + 1}/{len(cases)} {name} seq {seq} d {d}{' causal' if causal else ''}: "
                  f"forward {flops / forward / 1e12:.3g}, backward {2.5 * flops / backward / 1e12:.3g} TFLOP/s")
     return points
@@ -323,7 +329,7 @@ def memory(device: Device, dtype: str, progress: Callable[[str], None], *, budge
         a = torch.ones(elements, dtype=torch_dtype, device=device.torch_device)
         b = torch.full_like(a, 2.0)
         seconds = mean_seconds(device, lambda: torch.add(a, b), budget_s=per_case)
-        points.append({"op": "add", "dtype": dtype, "bytes": 3 * size, "gbps": round(3 * size / seconds / 1e9, 3)})
+        points.append({"op": "add", "dtype": dtype, "bytes": 3 * size, "gbps": significant(3 * size / seconds / 1e9)})
         progress(f"memory {dtype} {size >> 10} KiB per operand: add {points[-1]['gbps']:.4g} GB/s")
         del a, b
     return points
@@ -372,9 +378,9 @@ def fused(device: Device, dtype: str, progress: Callable[[str], None], *, budget
         moved_backward = moved_forward + grad.numel() * grad.element_size()
         backward = max(both - forward, 1e-9)
         points.append({"kernel": name, "direction": "forward", "dtype": dtype, "bytes": moved_forward,
-                       "gbps": round(moved_forward / forward / 1e9, 3)})
+                       "gbps": significant(moved_forward / forward / 1e9)})
         points.append({"kernel": name, "direction": "backward", "dtype": dtype, "bytes": moved_backward,
-                       "gbps": round(moved_backward / backward / 1e9, 3)})
+                       "gbps": significant(moved_backward / backward / 1e9)})
         progress(f"fused {name} {size >> 10} KiB: forward {points[-2]['gbps']:.4g}, backward {points[-1]['gbps']:.4g} GB/s")
     return points
 
@@ -533,7 +539,7 @@ def _collectives_rank(rank: int, ranks: int, kind: str, sizes: list[int], budget
             seconds = (time.perf_counter() - started) / repeat
             smallest = seconds if smallest is None else smallest
             points.append({"op": op, "ranks": ranks, "bytes": size,
-                           "bus_gbps": round(size * BUS_FACTOR[op](ranks) / seconds / 1e9, 4),
+                           "bus_gbps": significant(size * BUS_FACTOR[op](ranks) / seconds / 1e9),
                            "latency_us": round(smallest * 1e6, 2)})
     if rank == 0:
         with open(result, "w", encoding="utf-8") as handle:
