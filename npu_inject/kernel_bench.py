@@ -306,7 +306,12 @@ def attention(device: Device, dtype: str, progress: Callable[[str], None], *, bu
             progress(f"attention {name} seq {seq} d {d}{' causal' if causal else ''}: not run: "
                      f"{str(exc).splitlines()[0][:160]}")
             continue
-        backward = max(both - forward, 1e-9)
+        if both <= forward:  # a backward timed at nothing would be written as an absurd rate the planner takes
+            progress(f"attention {name} seq {seq} d {d}{' causal' if causal else ''}: not recorded: forward and "
+                     f"backward took {both * 1e3:.3g} ms, no longer than the forward alone ({forward * 1e3:.3g} ms): "
+                     "the host was busy")
+            continue
+        backward = both - forward
         common = {"kernel": name, "dtype": dtype, "batch": batch, "seq": seq, "heads": heads, "kv_heads": kv_heads,
                   "head_dim": d, "causal": causal, "layout": "BSND"}
         points.append({**common, "direction": "forward", "tflops": significant(flops / forward / 1e12)})
@@ -376,7 +381,11 @@ def fused(device: Device, dtype: str, progress: Callable[[str], None], *, budget
         both = mean_seconds(device, lambda: torch.autograd.grad(run(), x, grad), budget_s=2 * per_case / 3, warmup=1)
         moved_forward = sum(t.numel() * t.element_size() for t in (*inputs, out))
         moved_backward = moved_forward + grad.numel() * grad.element_size()
-        backward = max(both - forward, 1e-9)
+        if both <= forward:  # a backward timed at nothing would be written as an absurd rate the planner takes
+            progress(f"fused {name} {size} bytes: not recorded: forward and backward took {both * 1e3:.3g} ms, no longer than "
+                     f"the forward alone ({forward * 1e3:.3g} ms): the host was busy")
+            continue
+        backward = both - forward
         points.append({"kernel": name, "direction": "forward", "dtype": dtype, "bytes": moved_forward,
                        "gbps": significant(moved_forward / forward / 1e9)})
         points.append({"kernel": name, "direction": "backward", "dtype": dtype, "bytes": moved_backward,
