@@ -10,8 +10,9 @@ can be compared tensor for tensor.
     python tools/bench_failover.py --fault kill@4:rank=1 --steps 30
     python tools/bench_failover.py --target sim     # the simulated NPU; cann: the real torch_npu on the emulation
     python tools/bench_failover.py --semi-sync local_sgd --target cann   # no fault: LocalSGD (or diloco) synchronising
+    python tools/bench_failover.py --semi-sync diloco --fault kill@4:rank=1 --target cann   # the failover under DiLoCo
 
-tests/e2e/test_torchft.py runs :func:`run_failover` once (kill) and checks the outcome.
+tests/e2e/test_torchft.py runs :func:`run_failover` and checks the outcome (kill, hang, kill under DiLoCo).
 """
 
 from __future__ import annotations
@@ -232,19 +233,23 @@ def main() -> None:
     parser.add_argument("--target", choices=TARGETS, default="cpu", help="cpu: the rehearsal (torchft on gloo); "
                         "sim: the simulated NPU, cann: the real torch_npu on the CANN emulation (both on torchft's "
                         "HCCL group)")
-    parser.add_argument("--semi-sync", choices=["local_sgd", "diloco"], help="no fault: LocalSGD or DiLoCo (2 "
-                        "fragments, upstream's), a synchronisation every 2 steps, 6 steps unless --steps")
+    parser.add_argument("--semi-sync", choices=["local_sgd", "diloco"], help="LocalSGD or DiLoCo (2 fragments, "
+                        "upstream's), a synchronisation every 2 steps; without --fault: both groups from the start "
+                        "to the end, 6 steps unless --steps; with it: the failover under that method")
     options = parser.parse_args()
-    if options.semi_sync:
+    if options.semi_sync and not options.fault:
         semi_sync(options.semi_sync, options.target, options.steps or 6)
         return
+    semi_sync_args = () if not options.semi_sync else (
+        "--fault_tolerance.semi_sync_method", options.semi_sync, "--fault_tolerance.sync_steps", "2")
     print(f"2 replica groups x {GROUP_SIZE} ranks, target {options.target}, "
-          f"--fault_tolerance.process_group_timeout_ms {PROCESS_GROUP_TIMEOUT_MS}")
+          f"--fault_tolerance.process_group_timeout_ms {PROCESS_GROUP_TIMEOUT_MS}"
+          + (f", {options.semi_sync} (a synchronisation every 2 steps)" if options.semi_sync else ", a commit every step"))
     for fault in options.fault or ["kill@4:rank=1", "hang@4:rank=1"]:
         steps = options.steps or (60 if fault.startswith("hang") else 30)
         workdir = Path(tempfile.mkdtemp(prefix="bench_failover_"))
         started = time.monotonic()
-        run = run_failover(workdir, steps, fault, target=options.target)
+        run = run_failover(workdir, steps, fault, target=options.target, extra_args=semi_sync_args)
         took = time.monotonic() - started
         if run.failed(fault, workdir):
             continue

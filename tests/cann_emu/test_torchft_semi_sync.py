@@ -25,11 +25,11 @@ import sys
 from pathlib import Path
 
 import pytest
-import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "e2e"))
 from test_checkpoint_resume import read_plain  # noqa: E402
-from tools.bench_failover import model_tensors, run_failover  # noqa: E402
+from test_torchft import check_synchronised  # noqa: E402
+from tools.bench_failover import run_failover  # noqa: E402
 
 pytest.importorskip("torchft")
 
@@ -50,15 +50,4 @@ def test_semi_sync_training_commits_and_synchronises_over_hccl(tmp_path, method)
         assert any("runs on torchft's HCCL group" in note for note in notes), notes
 
     group0, group1 = read_plain(tmp_path, *(dump / "checkpoint" / f"step-{STEPS}" for dump in run.dumps))
-    parameters = list(model_tensors(group0))
-    moments = [key for key in group0 if key.startswith("optimizer.state.") and key.endswith("exp_avg")]
-    assert len(parameters) > 50 and len(moments) > 20
-    equal = [key for key in parameters if torch.equal(group0[key], group1[key])]
-    assert not any(torch.equal(group0[key], group1[key]) for key in moments)  # inner optimizers stay local
-    if method == "local_sgd":
-        assert equal == parameters
-    else:  # the fragment synchronised at the last step: a part of the model, whole layers
-        assert 0 < len(equal) < len(parameters), (len(equal), len(parameters))
-        layers = {key.split(".")[1] for key in equal if key.startswith("layers.")}
-        assert layers and all(key in equal for key in parameters if key.startswith("layers.")
-                              and key.split(".")[1] in layers)
+    check_synchronised(group0, group1, method)

@@ -26,7 +26,7 @@ import torch
 
 from test_checkpoint_resume import read_plain
 from testkit import clean_env, parse_losses, torchrun
-from tools.bench_failover import lighthouse as lighthouse_at, run_failover, stall
+from tools.bench_failover import lighthouse as lighthouse_at, model_tensors, run_failover, stall
 
 pytest.importorskip("torchft")
 
@@ -75,6 +75,12 @@ def test_the_same_failover_on_the_simulated_npu_over_torchfts_hccl_group(tmp_pat
     check_failover(tmp_path, "sim", steps=30, kill_at=4)
 
 
+def test_a_replica_group_killed_during_diloco_heals_and_synchronises_again(tmp_path):
+    # upstream's setting (DiLoCo, 2 fragments), a synchronisation every 2 steps: the healed group must take the
+    # live group's fragment state as well, or the fragment synchronised at the last step would differ
+    check_failover(tmp_path, "cpu", steps=50, kill_at=6, semi_sync="diloco")
+
+
 def test_a_hung_rank_takes_its_group_out_of_the_quorum_within_the_train_timeout(tmp_path):
     check_hang(tmp_path, "cpu", steps=60)
 
@@ -108,9 +114,37 @@ def check_hang(tmp_path, target: str, steps: int) -> None:
           f"{'healed and rejoined' if healed else 'stopped: group 0 had finished'}")
 
 
-def check_failover(tmp_path, target: str, steps: int, kill_at: int) -> None:
-    """Two replica groups of 2 ranks on ``target``; rank 1 of group 1 killed as step ``kill_at`` starts."""
-    run = run_failover(tmp_path, steps, f"kill@{kill_at}:rank=1", target=target)
+def check_synchronised(group0: dict, group1: dict, method: str) -> int:
+    """What two replica groups hold after a LocalSGD or DiLoCo synchronisation at their last step (plain DCP
+    entries of each group's checkpoint); returns how many parameters are equal across the groups.
+
+    The groups read different data, so equal tensors mean the synchronisation ran. LocalSGD averages the whole
+    model: every parameter equal. DiLoCo (streaming, 2 fragments) synchronises one fragment per step, in turn:
+    that fragment (whole layers) equal, the other trained a step on each group's own data since. The inner
+    optimizers stay each group's own: their Adam moments differ."""
+    parameters = list(model_tensors(group0))
+    moments = [key for key in group0 if key.startswith("optimizer.state.") and key.endswith("exp_avg")]
+    assert len(parameters) > 50 and len(moments) > 20
+    equal = [key for key in parameters if torch.equal(group0[key], group1[key])]
+    assert not any(torch.equal(group0[key], group1[key]) for key in moments)  # inner optimizers stay local
+    if method == "local_sgd":
+        assert equal == parameters
+    else:  # the fragment synchronised at the last step: a part of the model, whole layers
+        assert 0 < len(equal) < len(parameters), (len(equal), len(parameters))
+        layers = {key.split(".")[1] for key in equal if key.startswith("layers.")}
+        assert layers and all(key in equal for key in parameters if key.startswith("layers.")
+                              and key.split(".")[1] in layers)
+    return len(equal)
+
+
+def check_failover(tmp_path, target: str, steps: int, kill_at: int, semi_sync: str | None = None) -> None:
+    """Two replica groups of 2 ranks on ``target``; rank 1 of group 1 killed as step ``kill_at`` starts.
+
+    ``semi_sync``: LocalSGD or DiLoCo (``--fault_tolerance.semi_sync_method``), a synchronisation every 2 steps;
+    else a commit every step."""
+    semi_sync_args = () if semi_sync is None else (
+        "--fault_tolerance.semi_sync_method", semi_sync, "--fault_tolerance.sync_steps", "2")
+    run = run_failover(tmp_path, steps, f"kill@{kill_at}:rank=1", target=target, extra_args=semi_sync_args)
     assert run.returncodes == [0, 0], run.logs[0][-3000:] + run.logs[1][-3000:]
     survivor, restarted = run.logs
     # at the step, or the first step after it group 1 trained (a group that starts late heals to group 0's step)
@@ -138,7 +172,9 @@ def check_failover(tmp_path, target: str, steps: int, kill_at: int) -> None:
         for report in reports:
             assert report["torchft_npu"]["state"] == "applied", report["torchft_npu"]
             assert any("runs on torchft's HCCL group" in note for note in report["torchft_npu"]["notes"])
-    assert survivor.count("should_commit=True enough_replicas=True") >= 2 * len(survived)  # both ranks, every step
+    # both ranks commit every step (DiLoCo: a fragment every step), LocalSGD every second step
+    synchronised = [step for step in survived if semi_sync != "local_sgd" or step % 2 == 0]
+    assert survivor.count("should_commit=True enough_replicas=True") >= 2 * len(synchronised)
 
     assert [sorted(p.name for p in (dump / "checkpoint").iterdir()) for dump in run.dumps] == [[f"step-{steps}"]] * 2
     group0, group1 = (
@@ -147,12 +183,18 @@ def check_failover(tmp_path, target: str, steps: int, kill_at: int) -> None:
     assert sorted(group0) == sorted(group1)
     tensors = [key for key, value in group0.items() if isinstance(value, torch.Tensor)]
     assert any(key.startswith("optimizer.") for key in tensors) and len(tensors) > 100
-    # the groups read different data after the heal: equal tensors mean the cross-group all-reduce ran
-    for key, value in group0.items():
-        assert torch.equal(value, group1[key]) if key in tensors else value == group1[key], key
+    if semi_sync is None:
+        # the groups read different data after the heal: equal tensors mean the cross-group all-reduce ran
+        for key, value in group0.items():
+            assert torch.equal(value, group1[key]) if key in tensors else value == group1[key], key
+        end = "bitwise equal"
+    else:
+        end = f"{check_synchronised(group0, group1, semi_sync)} parameters equal"
     # every step applied once: Adam's count is torchtitan's one initialising step plus one per training step
-    assert group0["train_state.step"] == steps
-    assert {group0[key].item() for key in tensors if key.endswith(".step")} == {steps + 1}
+    for group in (group0, group1):
+        assert group["train_state.step"] == steps
+        assert {group[key].item() for key in tensors if key.endswith(".step") and key.startswith("optimizer.")} == {
+            steps + 1}
     median, longest, at = stall(run)
-    print(f"{target}: group 0 stalled {longest:.1f} s at step {at} (median step {median:.2f} s); "
-          f"group 1 rejoined at step {resumed}")
+    print(f"{target}{f' {semi_sync}' if semi_sync else ''}: group 0 stalled {longest:.1f} s at step {at} (median "
+          f"step {median:.2f} s); group 1 rejoined at step {resumed}; {end}")
