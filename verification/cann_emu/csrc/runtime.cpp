@@ -645,6 +645,11 @@ CANN_API aclError aclrtCreateEventWithFlag(aclrtEvent* event, uint32_t flag) {
 CANN_API aclError aclrtCreateEventExWithFlag(aclrtEvent* event, uint32_t flag) {
     return make_event(event, flag, "aclrtCreateEventExWithFlag");
 }
+static std::string unknown_event(aclrtEvent event) {
+    char text[96];
+    std::snprintf(text, sizeof text, "event %p is not a live event of this process (never created, or destroyed)", event);
+    return text;
+}
 static Event* find_event(aclrtEvent event) {
     std::lock_guard<std::mutex> lock(g_obj_mutex);
     auto* e = static_cast<Event*>(event);
@@ -653,43 +658,47 @@ static Event* find_event(aclrtEvent event) {
 CANN_API aclError aclrtDestroyEvent(aclrtEvent event) {
     std::lock_guard<std::mutex> lock(g_obj_mutex);
     auto* e = static_cast<Event*>(event);
-    if (!g_events.erase(e)) return fail(ACL_ERROR_INVALID_PARAM, "aclrtDestroyEvent: unknown event");
+    if (!g_events.erase(e)) return fail(ACL_ERROR_INVALID_PARAM, "aclrtDestroyEvent: " + unknown_event(event));
     delete e;
     return ACL_SUCCESS;
 }
 CANN_API aclError aclrtRecordEvent(aclrtEvent event, aclrtStream) {
     Event* e = find_event(event);
-    if (!e) return fail(ACL_ERROR_INVALID_PARAM, "aclrtRecordEvent: unknown event");
+    if (!e) return fail(ACL_ERROR_INVALID_PARAM, "aclrtRecordEvent: " + unknown_event(event));
     e->recorded = true;
     e->time_ms = now_ms();
     return ACL_SUCCESS;
 }
 CANN_API aclError aclrtResetEvent(aclrtEvent event, aclrtStream) {
     Event* e = find_event(event);
-    if (!e) return fail(ACL_ERROR_INVALID_PARAM, "aclrtResetEvent: unknown event");
+    if (!e) return fail(ACL_ERROR_INVALID_PARAM, "aclrtResetEvent: " + unknown_event(event));
     e->recorded = false;
     return ACL_SUCCESS;
 }
 CANN_API aclError aclrtSynchronizeEvent(aclrtEvent event) {
     count_sync("aclrtSynchronizeEvent");
-    if (!find_event(event)) return fail(ACL_ERROR_INVALID_PARAM, "aclrtSynchronizeEvent: unknown event");
+    if (!find_event(event)) return fail(ACL_ERROR_INVALID_PARAM, "aclrtSynchronizeEvent: " + unknown_event(event));
     return ACL_SUCCESS;
 }
 CANN_API aclError aclrtSynchronizeEventWithTimeout(aclrtEvent event, int32_t) { return aclrtSynchronizeEvent(event); }
 CANN_API aclError aclrtQueryEventStatus(aclrtEvent event, int* status) {
-    if (!find_event(event) || !status) return fail(ACL_ERROR_INVALID_PARAM, "aclrtQueryEventStatus: bad argument");
+    if (!status) return fail(ACL_ERROR_INVALID_PARAM, "aclrtQueryEventStatus: status is null");
+    if (!find_event(event)) return fail(ACL_ERROR_INVALID_PARAM, "aclrtQueryEventStatus: " + unknown_event(event));
     *status = 1;  // ACL_EVENT_RECORDED_STATUS_COMPLETE: all work ran at launch
     return ACL_SUCCESS;
 }
 CANN_API aclError aclrtQueryEventWaitStatus(aclrtEvent event, int* status) {
-    if (!find_event(event) || !status) return fail(ACL_ERROR_INVALID_PARAM, "aclrtQueryEventWaitStatus: bad argument");
+    if (!status) return fail(ACL_ERROR_INVALID_PARAM, "aclrtQueryEventWaitStatus: status is null");
+    if (!find_event(event)) return fail(ACL_ERROR_INVALID_PARAM, "aclrtQueryEventWaitStatus: " + unknown_event(event));
     *status = 0;  // ACL_EVENT_WAIT_STATUS_COMPLETE
     return ACL_SUCCESS;
 }
 CANN_API aclError aclrtEventElapsedTime(float* ms, aclrtEvent start, aclrtEvent end) {
     Event* s = find_event(start);
     Event* e = find_event(end);
-    if (!ms || !s || !e) return fail(ACL_ERROR_INVALID_PARAM, "aclrtEventElapsedTime: bad argument");
+    if (!ms) return fail(ACL_ERROR_INVALID_PARAM, "aclrtEventElapsedTime: ms is null");
+    if (!s) return fail(ACL_ERROR_INVALID_PARAM, "aclrtEventElapsedTime: start: " + unknown_event(start));
+    if (!e) return fail(ACL_ERROR_INVALID_PARAM, "aclrtEventElapsedTime: end: " + unknown_event(end));
     if (!s->recorded || !e->recorded)
         return fail(ACL_ERROR_INVALID_PARAM, "aclrtEventElapsedTime: an event was not recorded");
     *ms = (float)(e->time_ms - s->time_ms);
