@@ -49,6 +49,14 @@ ARGS = ["--module", "torchft.llama3", "--config", "llama3_torchft_debugmodel", "
         # each group saves its full final state (upstream saves it from one group only) and nothing before
         # it: a restarted group can only get its weights from a live peer
         "--checkpoint.enable", "--checkpoint.interval", "100000", "--checkpoint.no-enable_ft_dataloader_checkpoints"]
+def semi_sync_args(method: str | None, sync_steps: int = 2) -> tuple[str, ...]:
+    """The arguments after :data:`ARGS` for LocalSGD or DiLoCo (``method``), a synchronisation every ``sync_steps``;
+    none for ``None`` (a commit every step)."""
+    if method is None:
+        return ()
+    return "--fault_tolerance.semi_sync_method", method, "--fault_tolerance.sync_steps", str(sync_steps)
+
+
 STEP_LINE = re.compile(r"^\[default0\]:\[titan\] (\S+ \S+) - root - INFO - .*?step:\s*(\d+)\s", re.M)
 
 
@@ -206,8 +214,7 @@ def semi_sync(method: str, target: str, steps: int) -> None:
 
     workdir = Path(tempfile.mkdtemp(prefix="bench_failover_"))
     started = time.monotonic()
-    run = run_failover(workdir, steps, fault=None, target=target, min_replicas=2, extra_args=(
-        "--fault_tolerance.semi_sync_method", method, "--fault_tolerance.sync_steps", "2"))
+    run = run_failover(workdir, steps, fault=None, target=target, min_replicas=2, extra_args=semi_sync_args(method))
     took = time.monotonic() - started
     if run.failed(method, workdir):
         return
@@ -240,16 +247,15 @@ def main() -> None:
     if options.semi_sync and not options.fault:
         semi_sync(options.semi_sync, options.target, options.steps or 6)
         return
-    semi_sync_args = () if not options.semi_sync else (
-        "--fault_tolerance.semi_sync_method", options.semi_sync, "--fault_tolerance.sync_steps", "2")
     print(f"2 replica groups x {GROUP_SIZE} ranks, target {options.target}, "
           f"--fault_tolerance.process_group_timeout_ms {PROCESS_GROUP_TIMEOUT_MS}"
-          + (f", {options.semi_sync} (a synchronisation every 2 steps)" if options.semi_sync else ", a commit every step"))
+          + (f", {options.semi_sync} (a synchronisation every 2 steps)" if options.semi_sync
+             else ", a commit every step"))
     for fault in options.fault or ["kill@4:rank=1", "hang@4:rank=1"]:
         steps = options.steps or (60 if fault.startswith("hang") else 30)
         workdir = Path(tempfile.mkdtemp(prefix="bench_failover_"))
         started = time.monotonic()
-        run = run_failover(workdir, steps, fault, target=options.target, extra_args=semi_sync_args)
+        run = run_failover(workdir, steps, fault, target=options.target, extra_args=semi_sync_args(options.semi_sync))
         took = time.monotonic() - started
         if run.failed(fault, workdir):
             continue

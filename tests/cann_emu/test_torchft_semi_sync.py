@@ -29,7 +29,7 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "e2e"))
 from test_checkpoint_resume import read_plain  # noqa: E402
 from test_torchft import check_synchronised  # noqa: E402
-from tools.bench_failover import run_failover  # noqa: E402
+from tools.bench_failover import run_failover, semi_sync_args  # noqa: E402
 
 pytest.importorskip("torchft")
 
@@ -39,8 +39,8 @@ SYNCHRONISATIONS = {"local_sgd": STEPS // SYNC_STEPS, "diloco": STEPS}  # DiLoCo
 
 @pytest.mark.parametrize("method", [pytest.param("local_sgd", marks=pytest.mark.cann_emu_long), "diloco"])
 def test_semi_sync_training_commits_and_synchronises_over_hccl(tmp_path, method):
-    run = run_failover(tmp_path, STEPS, fault=None, target="cann", min_replicas=2, timeout=600, extra_args=(
-        "--fault_tolerance.semi_sync_method", method, "--fault_tolerance.sync_steps", str(SYNC_STEPS)))
+    run = run_failover(tmp_path, STEPS, fault=None, target="cann", min_replicas=2, timeout=600,
+                       extra_args=semi_sync_args(method, SYNC_STEPS))
     assert run.returncodes == [0, 0], run.logs[0][-3000:] + run.logs[1][-3000:]
     for log in run.logs:
         assert "should_commit=False" not in log, log[-3000:]

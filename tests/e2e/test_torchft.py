@@ -26,7 +26,7 @@ import torch
 
 from test_checkpoint_resume import read_plain
 from testkit import clean_env, parse_losses, torchrun
-from tools.bench_failover import lighthouse as lighthouse_at, model_tensors, run_failover, stall
+from tools.bench_failover import lighthouse as lighthouse_at, model_tensors, run_failover, semi_sync_args, stall
 
 pytest.importorskip("torchft")
 
@@ -142,9 +142,7 @@ def check_failover(tmp_path, target: str, steps: int, kill_at: int, semi_sync: s
 
     ``semi_sync``: LocalSGD or DiLoCo (``--fault_tolerance.semi_sync_method``), a synchronisation every 2 steps;
     else a commit every step."""
-    semi_sync_args = () if semi_sync is None else (
-        "--fault_tolerance.semi_sync_method", semi_sync, "--fault_tolerance.sync_steps", "2")
-    run = run_failover(tmp_path, steps, f"kill@{kill_at}:rank=1", target=target, extra_args=semi_sync_args)
+    run = run_failover(tmp_path, steps, f"kill@{kill_at}:rank=1", target=target, extra_args=semi_sync_args(semi_sync))
     assert run.returncodes == [0, 0], run.logs[0][-3000:] + run.logs[1][-3000:]
     survivor, restarted = run.logs
     # at the step, or the first step after it group 1 trained (a group that starts late heals to group 0's step)
