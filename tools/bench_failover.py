@@ -149,7 +149,13 @@ def target_environment(target: str, base: dict[str, str]) -> tuple[str, dict[str
 def run_failover(workdir: Path, steps: int = 30, fault: str | None = "kill@4:rank=1", timeout: int = 900,
                  target: str = "cpu", extra_args: tuple[str, ...] = (), min_replicas: int = 1) -> Failover:
     """Two replica groups, the fault (if any) in group 1, each group under ``torchrun --max-restarts 1``;
-    ``extra_args`` come after :data:`ARGS` (and override them)."""
+    ``extra_args`` come after :data:`ARGS` (and override them).
+
+    A hang runs under upstream's 15 s train timeout (what bounds it); any other run under 45 s, still inside
+    torchft's 60 s quorum timeout: torchft_leave's watchdog ends a process whose step outlasts the train timeout,
+    and on a loaded 2-core machine a step of the CANN emulation took 15 s (CI, 2026-11-28: both groups ended at
+    step 2 of a run without a fault)."""
+    train_timeout_s = 15 if fault and "hang" in fault else 45
     dumps = [workdir / f"group{group}" for group in range(2)]
     with lighthouse(min_replicas) as address:
         processes = []
@@ -160,7 +166,8 @@ def run_failover(workdir: Path, steps: int = 30, fault: str | None = "kill@4:ran
                 env.update(TORCHTITAN_NPU_PATCHES=",".join(filter(None, selection)), TORCHTITAN_NPU_FAULTS=fault)
             command = [python, "-m", "torch.distributed.run", "--nproc_per_node", str(GROUP_SIZE),
                        "--master_port", str(free_port()), "--max-restarts", "1", "--tee", "3",
-                       "-m", "torchtitan.train", *ARGS, *extra_args, "--training.steps", str(steps),
+                       "-m", "torchtitan.train", *ARGS, "--comm.train_timeout_seconds", str(train_timeout_s),
+                       *extra_args, "--training.steps", str(steps),
                        "--fault_tolerance.replica_id", str(group), "--dump_folder", str(dump)]
             log = open(workdir / f"group{group}.log", "w+", encoding="utf-8")
             processes.append((subprocess.Popen(command, env=env, cwd=REPO, stdout=log,
