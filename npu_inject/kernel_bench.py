@@ -382,8 +382,8 @@ def fused(device: Device, dtype: str, progress: Callable[[str], None], *, budget
         moved_forward = sum(t.numel() * t.element_size() for t in (*inputs, out))
         moved_backward = moved_forward + grad.numel() * grad.element_size()
         if both <= forward:  # a backward timed at nothing would be written as an absurd rate the planner takes
-            progress(f"fused {name} {size} bytes: not recorded: forward and backward took {both * 1e3:.3g} ms, no longer than "
-                     f"the forward alone ({forward * 1e3:.3g} ms): the host was busy")
+            progress(f"fused {name} {size >> 10} KiB: not recorded: forward and backward took {both * 1e3:.3g} ms, "
+                     f"no longer than the forward alone ({forward * 1e3:.3g} ms): the host was busy")
             continue
         backward = both - forward
         points.append({"kernel": name, "direction": "forward", "dtype": dtype, "bytes": moved_forward,

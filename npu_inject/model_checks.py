@@ -254,7 +254,7 @@ def hang_timeout_problem(config, environ=os.environ) -> str | None:
     and the lighthouse's heartbeat timeout; the other groups wait for that in their quorum, which times out after
     torchft's quorum timeout and fails them too (docs/fault-tolerance.md, measured with ``hang@4:rank=1``)."""
     train_s = getattr(getattr(config, "comm", None), "train_timeout_seconds", 0)
-    if not train_s or train_s <= 0:
+    if train_s <= 0:
         return None
     raw = environ.get(FT_QUORUM_TIMEOUT_ENV)
     if raw is None:
@@ -267,8 +267,8 @@ def hang_timeout_problem(config, environ=os.environ) -> str | None:
     if train_s + FT_HEARTBEAT_TIMEOUT_S < quorum_s:
         return None
     return (f"--comm.train_timeout_seconds {train_s} plus the lighthouse's heartbeat timeout (torchft's default "
-            f"{FT_HEARTBEAT_TIMEOUT_S} s) is not under torchft's quorum timeout ({quorum_s} s, {FT_QUORUM_TIMEOUT_ENV}): "
-            "a hung rank in one replica group would hold the other groups' quorum until it times out and every "
+            f"{FT_HEARTBEAT_TIMEOUT_S} s) is not under torchft's quorum timeout ({quorum_s} s, "
+            f"{FT_QUORUM_TIMEOUT_ENV}): a hung rank in one replica group would hold the other groups' quorum until it times out and every "
             f"group would go down; use --comm.train_timeout_seconds below {quorum_s - FT_HEARTBEAT_TIMEOUT_S} "
             f"(llama3_torchft_debugmodel sets 15) or raise {FT_QUORUM_TIMEOUT_ENV} (docs/fault-tolerance.md)")
 

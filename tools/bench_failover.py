@@ -49,6 +49,8 @@ ARGS = ["--module", "torchft.llama3", "--config", "llama3_torchft_debugmodel", "
         # each group saves its full final state (upstream saves it from one group only) and nothing before
         # it: a restarted group can only get its weights from a live peer
         "--checkpoint.enable", "--checkpoint.interval", "100000", "--checkpoint.no-enable_ft_dataloader_checkpoints"]
+
+
 def semi_sync_args(method: str | None, sync_steps: int = 2) -> tuple[str, ...]:
     """The arguments after :data:`ARGS` for LocalSGD or DiLoCo (``method``), a synchronisation every ``sync_steps``;
     none for ``None`` (a commit every step)."""
