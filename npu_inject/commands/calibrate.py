@@ -237,7 +237,9 @@ def _write(calibration: Calibration, rates: dict) -> int:
         handle.write("\n")
     elapsed = time.perf_counter() - calibration.started
     if rates["partial"]:
-        why = f"{', '.join(rates['missing'])} not measured" if rates.get("missing") else "--quick"
+        reasons = (["--quick"] if calibration.args.quick else []) + (
+            [f"{', '.join(rates['missing'])} not measured"] if rates.get("missing") else [])
+        why = "; ".join(reasons)
         progress(f"wrote {output} (PARTIAL: {why}) in {elapsed:.0f} s")
         return EXIT_PARTIAL
     progress(f"wrote {output} in {elapsed:.0f} s: plan with npu-inject plan --hardware-file {output} --hardware {name}")

@@ -23,7 +23,11 @@ def test_a_quick_calibration_writes_a_file_plan_takes_with_every_number_sourced(
     document = json.loads((tmp_path / "cpu.json").read_text())
     rates = document["profiles"]["cpu"]["rates"]
     assert rates["partial"] is True
-    points = [point for key in ("matmul", "attention", "memory", "fused") for point in rates[key]]
+    # A busy host can time a case's backward at nothing: that kind is then left out and named, never guessed.
+    if rates.get("missing"):
+        assert f"PARTIAL: --quick; {', '.join(rates['missing'])} not measured" in done.stdout
+    assert "matmul" not in rates.get("missing", [])
+    points = [point for key in ("matmul", "attention", "memory", "fused") for point in rates.get(key, [])]
     assert points and all(point["source"].startswith("measured ") and " on cpu: " in point["source"] for point in points)
     profile = hardware.load(str(tmp_path / "cpu.json")).find("cpu")  # plan --hardware cpu takes this file's profile
     assert profile.rates is not None and profile.rates.matmul_tflops("fp32", 64, 64, 64) > 0
