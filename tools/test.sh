@@ -6,6 +6,7 @@
 #   bash tools/test.sh --unit          # unit tests only: pyproject.toml's default marker selection
 #   bash tools/test.sh -m parallel     # a long matrix by its marker (pyproject.toml lists them)
 #   bash tools/test.sh -m "cann_emu or cann_emu_long"   # everything on the CANN emulation
+#   bash tools/test.sh -m e2e_long     # the longer end-to-end runs CI leaves out
 # The tests of torchtitan's own integration suite read a torchtitan checkout (release/0.3) from
 # TORCHTITAN_SRC and skip, saying so, without it (.ci/run passes CI's copy).
 set -euo pipefail
@@ -30,7 +31,7 @@ set -- ${args[@]+"${args[@]}"}
 # CI's selection: everything but the long matrices (their one-case-per-dimension members carry e2e too).
 case "$unit $* " in
   1*|*" -m "*) ;;
-  *) set -- -m "not (models or fused_matrix or compile_long or upstream_suite or cann_emu_long) and (e2e or not parallel)" "$@" ;;
+  *) set -- -m "not (models or fused_matrix or compile_long or upstream_suite or cann_emu_long or e2e_long) and (e2e or not parallel)" "$@" ;;
 esac
 # Two workers by default (tests/conftest.py groups the tests that share runs); -n 0 runs in one process.
 # One OpenMP thread per process, as torchrun sets for multi-rank runs: a 1-rank run's two spinning

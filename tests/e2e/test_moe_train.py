@@ -26,6 +26,8 @@ from __future__ import annotations
 import json
 import os
 
+import pytest
+
 from sim_audit import assert_audit_clean, expected_step_syncs
 from testkit import MOE_STEPS, NO_ACTIVATION_CHECKPOINTING, REPO, clean_env, sim_env, train_moe
 
@@ -102,11 +104,13 @@ def test_deepseek_v3_ep2_on_simulated_npus_parity_with_independent_moe(tmp_path)
 
 
 # The patched run is the session's (fixture moe_rehearsal_runs), also test_compile_train's qwen3 eager
-# baseline, so this test adds one reference run to CI: 126 s measured (2 cores, load 3-5; the patched
-# run took 146 s). Patch cuda_graphs sets --training.disable_cuda_graphs for EP.
+# baseline (compile_long). Marked e2e_long, outside CI: CI's EP2 parity is deepseek_v3's on simulated NPUs
+# above; this pair of runs took 260 s on a slow CI host. Patch cuda_graphs sets --training.disable_cuda_graphs
+# for EP.
 QWEN3_MOE_EP2 = ["--parallelism.expert_parallel_degree", "2"]
 
 
+@pytest.mark.e2e_long
 def test_qwen3_moe_ep2_loss_parity_with_independent_moe(tmp_path, moe_rehearsal_runs):
     patched, patched_dump = moe_rehearsal_runs("qwen3", "qwen3_moe_debug", QWEN3_MOE_EP2, MOE_STEPS)
     assert_moe_dispatch_applied(patched_dump)

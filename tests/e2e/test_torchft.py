@@ -9,7 +9,8 @@ Failover (tools/bench_failover.py): two replica groups of 2 ranks committing eve
 SIGKILLed at step 6. Group 0 never restarts and trains on; torchrun restarts group 1, which heals from group
 0's live state (it has no checkpoint on disk) and rejoins; at the end both groups hold the same parameters,
 optimizer state, schedule and step, tensor for tensor, and every step was applied once. The same failover on
-the simulated NPU runs torchft's cross-group all-reduce on the runtime's HCCL group (patch torchft_npu);
+the simulated NPU runs torchft's cross-group all-reduce on the runtime's HCCL group (patch torchft_npu;
+``-m e2e_long``, outside CI);
 tests/cann_emu/test_torchft_failover.py runs it on the real torch_npu over the CANN emulation.
 
 A hung rank (rank 1 of group 1 hangs at step 8): group 0 goes on after the train timeout (torchft_leave's
@@ -71,6 +72,7 @@ def test_a_killed_replica_group_restarts_heals_from_the_live_group_and_ends_bitw
     check_failover(tmp_path, "cpu", steps=50, kill_at=6)
 
 
+@pytest.mark.e2e_long  # 372 s on a slow CI host; CI runs torchft over HCCL on the real wheel (test_torchft_semi_sync)
 def test_the_same_failover_on_the_simulated_npu_over_torchfts_hccl_group(tmp_path):
     check_failover(tmp_path, "sim", steps=30, kill_at=4)
 
