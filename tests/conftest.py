@@ -25,12 +25,15 @@ from testkit import (  # noqa: E402
 # tools/test.sh runs two pytest-xdist workers (--dist loadgroup): a 2-rank run leaves a quarter of
 # two cores idle (ranks waiting on each other, start-up, torchtitan's 2 s end-of-run sleep). Tests
 # that share session or module runs stay on one worker, so each run is still made once; the heaviest
-# groups are queued first, the unit tests last (they fill the tail).
+# groups are queued first, the unit tests last (they fill the tail). The torchft runs (4 ranks and a lighthouse
+# each, under a 15 or 45 s train timeout) go one at a time, on one worker: two at once put 8 busy ranks on two
+# cores (load 8.5 in the fresh-clone run of 2026-11-28), where a slow step meets the watchdog.
 SHARED_RUN_GROUPS = (("moe_rehearsal_runs", "moe_runs"), ("llama_runs", "llama_runs"))
 MODULE_GROUPS = ("test_parallel_matrix.py", "test_checkpoint_resume.py", "test_compare_runs.py",
                  "test_train.py", "test_hccl.py", "test_cann_emu.py", "test_training_ops.py",
                  "test_debug_outputs.py", "test_profiling.py", "test_cann_attention.py", "test_moe.py")
-GROUP_ORDER = ("moe_runs", "llama_runs", "test_parallel_matrix.py", "test_checkpoint_resume.py",
+TORCHFT_GROUP = ("test_torchft.py", "test_torchft_semi_sync.py")
+GROUP_ORDER = ("moe_runs", "torchft_runs", "llama_runs", "test_parallel_matrix.py", "test_checkpoint_resume.py",
                "test_compare_runs.py", "test_train.py", "test_hccl.py", "test_debug_outputs.py",
                "test_profiling.py")
 
@@ -40,6 +43,8 @@ def _run_group(item) -> str | None:
     for fixture, group in SHARED_RUN_GROUPS:
         if fixture in fixtures:
             return group
+    if item.path.name in TORCHFT_GROUP:
+        return "torchft_runs"
     return item.path.name if item.path.name in MODULE_GROUPS else None
 
 
