@@ -105,7 +105,7 @@ def test_deepseek_v3_ep2_on_simulated_npus_parity_with_independent_moe(tmp_path)
 
 # The patched run is the session's (fixture moe_rehearsal_runs), also test_compile_train's qwen3 eager
 # baseline (compile_long). Marked e2e_long, outside CI: CI's EP2 parity is deepseek_v3's on simulated NPUs
-# above; this pair of runs took 260 s on a slow CI host. Patch cuda_graphs sets --training.disable_cuda_graphs
+# above; this pair of runs took 260 s on a slow host. Patch cuda_graphs sets --training.disable_cuda_graphs
 # for EP.
 QWEN3_MOE_EP2 = ["--parallelism.expert_parallel_degree", "2"]
 

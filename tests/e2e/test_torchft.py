@@ -72,7 +72,7 @@ def test_a_killed_replica_group_restarts_heals_from_the_live_group_and_ends_bitw
     check_failover(tmp_path, "cpu", steps=50, kill_at=6)
 
 
-@pytest.mark.e2e_long  # 372 s on a slow CI host; CI runs torchft over HCCL on the real wheel (test_torchft_semi_sync)
+@pytest.mark.e2e_long  # 372 s on a slow host; CI runs torchft over HCCL on the real wheel (test_torchft_semi_sync)
 def test_the_same_failover_on_the_simulated_npu_over_torchfts_hccl_group(tmp_path):
     check_failover(tmp_path, "sim", steps=30, kill_at=4)
 
