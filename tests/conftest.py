@@ -29,10 +29,12 @@ from testkit import (  # noqa: E402
 # each, under a 15 or 45 s train timeout) go one at a time, on one worker: two at once put 8 busy ranks on two
 # cores (load 8.5 in the fresh-clone run of 2026-11-28), where a slow step meets the watchdog.
 SHARED_RUN_GROUPS = (("moe_rehearsal_runs", "moe_runs"), ("llama_runs", "llama_runs"))
-MODULE_GROUPS = ("test_parallel_matrix.py", "test_checkpoint_resume.py", "test_compare_runs.py",
-                 "test_train.py", "test_hccl.py", "test_cann_emu.py", "test_training_ops.py",
-                 "test_debug_outputs.py", "test_profiling.py", "test_cann_attention.py", "test_moe.py")
-TORCHFT_GROUP = ("test_torchft.py", "test_torchft_semi_sync.py")
+# test file -> its group: a module's own runs, or one group for several files
+MODULE_GROUPS = {name: name for name in (
+    "test_parallel_matrix.py", "test_checkpoint_resume.py", "test_compare_runs.py", "test_train.py", "test_hccl.py",
+    "test_cann_emu.py", "test_training_ops.py", "test_debug_outputs.py", "test_profiling.py",
+    "test_cann_attention.py", "test_moe.py")} | {
+    "test_torchft.py": "torchft_runs", "test_torchft_semi_sync.py": "torchft_runs"}
 GROUP_ORDER = ("moe_runs", "torchft_runs", "llama_runs", "test_parallel_matrix.py", "test_checkpoint_resume.py",
                "test_compare_runs.py", "test_train.py", "test_hccl.py", "test_debug_outputs.py",
                "test_profiling.py")
@@ -43,9 +45,7 @@ def _run_group(item) -> str | None:
     for fixture, group in SHARED_RUN_GROUPS:
         if fixture in fixtures:
             return group
-    if item.path.name in TORCHFT_GROUP:
-        return "torchft_runs"
-    return item.path.name if item.path.name in MODULE_GROUPS else None
+    return MODULE_GROUPS.get(item.path.name)
 
 
 def _names_only_files_in_marked_folders(config) -> bool:
