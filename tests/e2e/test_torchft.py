@@ -10,8 +10,10 @@ SIGKILLed at step 6. Group 0 never restarts and trains on; torchrun restarts gro
 0's live state (it has no checkpoint on disk) and rejoins; at the end both groups hold the same parameters,
 optimizer state, schedule and step, tensor for tensor, and every step was applied once. The same failover on
 the simulated NPU runs torchft's cross-group all-reduce on the runtime's HCCL group (patch torchft_npu;
-``-m e2e_long``, outside CI);
-tests/cann_emu/test_torchft_failover.py runs it on the real torch_npu over the CANN emulation.
+``-m e2e_long``, outside CI), as does the same kill under DiLoCo (the healed group takes the live group's fragment
+state too; 152 s of CI's 60 min on 2026-11-28: CI keeps the failover and DiLoCo over HCCL,
+tests/cann_emu/test_torchft_semi_sync.py, apart);
+tests/cann_emu/test_torchft_failover.py runs both on the real torch_npu over the CANN emulation.
 
 A hung rank (rank 1 of group 1 hangs at step 8): group 0 goes on after the train timeout (torchft_leave's
 watchdog ends group 1's ranks) and the lighthouse's heartbeat timeout, and trains every step.
@@ -77,6 +79,7 @@ def test_the_same_failover_on_the_simulated_npu_over_torchfts_hccl_group(tmp_pat
     check_failover(tmp_path, "sim", steps=30, kill_at=4)
 
 
+@pytest.mark.e2e_long
 def test_a_replica_group_killed_during_diloco_heals_and_synchronises_again(tmp_path):
     # upstream's setting (DiLoCo, 2 fragments), a synchronisation every 2 steps: the healed group must take the
     # live group's fragment state as well, or the fragment synchronised at the last step would differ
