@@ -220,6 +220,20 @@ def later_operators(tmp_path_factory) -> dict:
             out["unitriangular_double"] = "no error"
         except RuntimeError as error:
             out["unitriangular_double"] = str(error)
+        # FLOAT16/BFLOAT16 matrix products (aclnnMm, aclnnBatchMatMul, aclnnMatmul, aclnnAddmm): the cube's FP32
+        # accumulator rounded once, against CPU PyTorch's FP32 products of the same rounded inputs, rounded once
+        def products(dtype):
+            a, b, bias = torch.randn(33, 70).to(dtype), torch.randn(70, 17).to(dtype), torch.randn(17).to(dtype)
+            left, right = torch.randn(3, 9, 40).to(dtype), torch.randn(3, 40, 5).to(dtype)
+            got = [torch.mm(a.npu(), b.npu()), torch.bmm(left.npu(), right.npu()), torch.matmul(left.npu(), right[0].npu()),
+                   torch.addmm(bias.npu(), a.npu(), b.npu())]
+            f = lambda t: t.float()
+            want = [f(a) @ f(b), torch.bmm(f(left), f(right)), f(left) @ f(right[0]), f(bias) + f(a) @ f(b)]
+            # each element's distance from the expected one, in units of the dtype's spacing at the expected value
+            spacing = 2.0 ** -(7 if dtype == torch.bfloat16 else 10)
+            return [[g.dtype == dtype, ((f(g.cpu()) - f(w.to(dtype))).abs() / (f(w.to(dtype)).abs() * spacing).clamp_min(1e-30)).max().item()]
+                    for g, w in zip(got, want)]
+        out["half_products"] = {str(dtype): products(dtype) for dtype in (torch.bfloat16, torch.float16)}
         # model scopes (the step marks' cann_emu_mark_scope): 50 adds dispatched under "first" and not yet
         # synchronised when "second" is marked still count under "first" (the scope is read at GetWorkspaceSize)
         import ctypes
@@ -335,6 +349,15 @@ def test_softplus_nan_to_num_and_grid_sample_through_torch_npu(later_operators):
     pairs += [pair for sampled in zip(got["grid_sample"], expected["grid_sample"]) for pair in zip(*sampled)]
     for index, (a, b) in enumerate(pairs):  # forward outputs, then gradients
         assert torch.allclose(torch.tensor(a), torch.tensor(b), rtol=1e-5, atol=1e-6), (index, a, b)
+
+
+def test_half_precision_matrix_products_accumulate_in_fp32_and_round_once(later_operators):
+    """mm, bmm, matmul and addmm in bf16 and fp16 through torch_npu: within one step of the dtype's spacing of
+    CPU PyTorch's FP32 products rounded once (the summation order may differ; the rounding is one)."""
+    for dtype, rows in later_operators["half_products"].items():
+        for (same_dtype, steps), op in zip(rows, ("mm", "bmm", "matmul", "addmm")):
+            assert same_dtype, (dtype, op)
+            assert steps <= 1.0, (dtype, op, steps)
 
 
 def test_triangular_solve_logical_and_and_mask_indexing_through_torch_npu(later_operators):

@@ -19,6 +19,20 @@ static aclnnStatus check_cube_math(const char* op, const aclTensor* self, int8_t
     return 0;
 }
 
+// The cube multiplies FLOAT16/BFLOAT16 inputs with an FP32 accumulator and rounds once, into the output's dtype.
+// So does ATen's CPU GEMM for them, but on a CPU without AVX-512 BF16 that is a scalar loop: the emulated
+// bf16 llama3 debug model spent 56% of its time there (perf, 2026-11-28). MKL's FP32 GEMM on FP32 copies
+// accumulates the same way (in another order), then one rounding into out. FLOAT inputs go straight to product.
+template <typename Product>
+static void cube_product(at::Tensor& out, const at::Tensor& a, const at::Tensor& b, Product product) {
+    const bool reduced = a.scalar_type() == at::kHalf || a.scalar_type() == at::kBFloat16;
+    if (!reduced) return (void)product(out, a, b);
+    if (out.scalar_type() == at::kFloat) return (void)product(out, a.to(at::kFloat), b.to(at::kFloat));
+    at::Tensor accumulator = at::empty(out.sizes(), out.options().dtype(at::kFloat));
+    product(accumulator, a.to(at::kFloat), b.to(at::kFloat));
+    out.copy_(accumulator);
+}
+
 // out = self @ mat2: aclnnMm (2-D), aclnnBatchMatMul (3-D), aclnnMatmul (torch.matmul's broadcasting).
 // An out of FLOAT with FLOAT16/BFLOAT16 inputs (torch_npu's mm.dtype: torchtitan dist_gemm's fp32 wgrad) is the
 // cube's FP32 accumulator written out unrounded.
@@ -30,12 +44,8 @@ static aclnnStatus check_cube_math(const char* op, const aclTensor* self, int8_t
         if (int rc = check_cube_math(#name, self, cube_math_type)) return rc;                              \
         return aten_executor(#name, [s = hold(self), m = hold(mat2), o = hold(out)] {                      \
             at::Tensor r = view(o);                                                                        \
-            at::Tensor a = view(s), b = view(m);                                                           \
-            if (r.scalar_type() != a.scalar_type()) { /* FP16/BF16 in, FLOAT out: FP32 accumulate kept */  \
-                a = a.to(r.scalar_type());                                                                 \
-                b = b.to(r.scalar_type());                                                                 \
-            }                                                                                              \
-            fn(r, a, b);                                                                                   \
+            cube_product(r, view(s), view(m),                                                              \
+                         [](at::Tensor& y, const at::Tensor& x, const at::Tensor& w) { fn(y, x, w); });    \
         }, ws, ex);                                                                                        \
     }                                                                                                      \
     CANN_EMU_LAUNCH(name)
@@ -60,8 +70,10 @@ CANN_API aclnnStatus aclnnAddmmGetWorkspaceSize(const aclTensor* self, const acl
     if (int rc = check_cube_math(op, mat1, cube_math_type)) return rc;
     return aten_executor(op, [s = hold(self), a = hold(mat1), b = hold(mat2), be = host_scalar(*beta),
                               al = host_scalar(*alpha), o = hold(out)] {
-        at::Tensor r = view(o);
-        at::addmm_out(r, view(s), view(a), view(b), be, al);
+        at::Tensor r = view(o), bias = view(s);
+        cube_product(r, view(a), view(b), [&](at::Tensor& y, const at::Tensor& x, const at::Tensor& w) {
+            at::addmm_out(y, bias.to(y.scalar_type()), x, w, be, al);
+        });
     }, ws, ex);
 }
 CANN_EMU_LAUNCH(aclnnAddmm)
