@@ -9,8 +9,9 @@ math on inputs every rank can make (seeded per rank). Tensors are made on the CP
 
 MODE ``collectives``: every collective; ``exit``: after one all_reduce the last rank exits and the
 others try a second; ``hang``: the same, but the last rank stays alive without joining; ``stop``: as
-``hang``, and the others stop the device's tasks (torch_npu's stop_device) and restart it. In
-``exit``/``hang``/``stop`` every rank exits 0 after writing its result, so torchrun waits for all of them.
+``hang``, and the others stop the device's tasks (torch_npu's stop_device) and restart it;
+``stop_while_waiting``: as ``stop`` with CANN_EMU_ASYNC_STREAMS=1, the stop made by another Python thread while
+the host waits. In ``exit``/``hang``/``stop*`` every rank exits 0 after writing its result, so torchrun waits for all of them.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+import threading
 import time
 
 import torch
@@ -161,6 +163,51 @@ def stop_and_restart(t: torch.Tensor) -> None:
     check("new_communicator_after_restart", t, torch.full((4,), 7.0))
 
 
+def stop_while_waiting(t: torch.Tensor) -> None:
+    """With CANN_EMU_ASYNC_STREAMS=1: a collective waits for a peer that never joins while the host goes on, as
+    on a device. The launch returns, work queued behind it waits, and a host synchronisation blocks without
+    holding the GIL, so another Python thread (torchft's timer, here a plain one) runs and stops the device."""
+    ticks = [0]
+    beating = threading.Event()
+
+    def heartbeat() -> None:
+        while not beating.wait(0.05):
+            ticks[0] += 1
+
+    threading.Thread(target=heartbeat, daemon=True).start()
+    start = time.monotonic()
+    dist.all_reduce(t)
+    doubled = t * 2  # queued on the compute stream behind the collective's end
+    torch.npu.current_stream().npu_stream  # torch_npu empties its task queue here, GIL held
+    results["host_went_on_after_s"] = time.monotonic() - start
+    stopped_at = []
+
+    def stop_later() -> None:
+        time.sleep(1)
+        stopped_at.append(time.monotonic())
+        torch_npu.npu.stop_device(torch.npu.current_device())
+
+    timer = threading.Thread(target=stop_later)
+    ticks_before = ticks[0]
+    timer.start()
+    try:
+        torch.npu.synchronize()
+        results["after_stop"] = None
+    except RuntimeError as error:
+        results["after_stop"] = str(error).splitlines()[0]
+    timer.join()
+    results["synchronize_ended_after_stop_s"] = time.monotonic() - stopped_at[0] if stopped_at else None
+    results["heartbeats_while_waiting"] = ticks[0] - ticks_before
+    beating.set()
+    del doubled
+    torch_npu.npu.restart_device(torch.npu.current_device())
+    check("op_after_restart", torch.ones(4).npu() * 5, torch.full((4,), 5.0))
+    alone = dist.new_group([RANK], backend="hccl")
+    t = torch.full((4,), 7.0).npu()
+    dist.all_reduce(t, group=alone)
+    check("new_communicator_after_restart", t, torch.full((4,), 7.0))
+
+
 def main() -> None:
     mode, out_dir = sys.argv[1], sys.argv[2]
     torch.npu.set_device(int(os.environ["LOCAL_RANK"]))
@@ -174,11 +221,11 @@ def main() -> None:
         dist.all_reduce(t)
         check("first_all_reduce", t, torch.full((4,), float(WORLD)))
         if RANK == WORLD - 1:
-            if mode in ("hang", "stop"):
+            if mode in ("hang", "stop", "stop_while_waiting"):
                 time.sleep(2 * float(os.environ["CANN_EMU_HCCL_TIMEOUT"]))
             os._exit(0)
-        if mode == "stop":
-            stop_and_restart(t)
+        if mode in ("stop", "stop_while_waiting"):
+            (stop_and_restart if mode == "stop" else stop_while_waiting)(t)
             with open(os.path.join(out_dir, f"rank{RANK}.json"), "w") as f:
                 json.dump(results, f)
             os._exit(0)

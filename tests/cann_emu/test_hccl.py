@@ -28,8 +28,10 @@ BAD_OUTPUT = ("watchdog thread terminated", "Watchdog caught", "terminate called
               "is not implemented by the CANN emulation", "Aborted")
 
 
-def run_ranks(tmp: Path, world: int, mode: str, hccl_timeout: float | None = None) -> dict:
+def run_ranks(tmp: Path, world: int, mode: str, hccl_timeout: float | None = None, async_streams: bool = False) -> dict:
     env = cann_env({k: v for k, v in os.environ.items() if not k.startswith("CANN_EMU_")}, devices=world)
+    if async_streams:
+        env["CANN_EMU_ASYNC_STREAMS"] = "1"
     env["OMP_NUM_THREADS"] = "1"
     env["CANN_EMU_COUNTS"] = str(tmp / "counts-{pid}.json")
     if hccl_timeout is not None:
@@ -52,10 +54,13 @@ def run_ranks(tmp: Path, world: int, mode: str, hccl_timeout: float | None = Non
     return {"ranks": ranks, "counts": counts, "output": output}
 
 
-@pytest.fixture(scope="module", params=[2, 4], ids=["2ranks", "4ranks"])
+# The last: the same checks with collectives running on their streams' own threads (CANN_EMU_ASYNC_STREAMS=1),
+# so what follows each one on the compute stream is queued behind it and must still read its result.
+@pytest.fixture(scope="module", params=[(2, False), (4, False), (2, True)], ids=["2ranks", "4ranks", "2ranks_async"])
 def collectives(request, tmp_path_factory) -> dict:
-    out = run_ranks(tmp_path_factory.mktemp(f"hccl{request.param}"), request.param, "collectives")
-    out["world"] = request.param
+    world, async_streams = request.param
+    out = run_ranks(tmp_path_factory.mktemp(f"hccl{world}"), world, "collectives", async_streams=async_streams)
+    out["world"] = world
     return out
 
 
@@ -128,5 +133,21 @@ def test_stop_device_aborts_a_waiting_collective_and_restart_device_recovers(tmp
     assert result["first_all_reduce"] is True
     assert result["stopped_after_s"] < 5, result
     assert result["after_stop"] and result["after_stop"].startswith("FORCE STOP"), result
+    assert result["op_after_restart"] is True and result["new_communicator_after_restart"] is True, result
+    assert "aborted by aclrtDeviceTaskAbort" in out["output"]
+
+
+def test_a_collective_waiting_on_its_own_stream_leaves_the_host_free_until_stop_device(tmp_path):
+    # CANN_EMU_ASYNC_STREAMS=1, as a device: the all_reduce's launch returns while it waits for the silent peer;
+    # torch_npu's task queue empties (it would not while the collective held its thread), a host synchronisation
+    # waits without the GIL, so another Python thread beats and stops the device; the wait ends with FORCE STOP,
+    # and restart_device brings back the device and a new communicator.
+    out = run_ranks(tmp_path, 2, "stop_while_waiting", hccl_timeout=30, async_streams=True)
+    result = out["ranks"][0]
+    assert result["first_all_reduce"] is True
+    assert result["host_went_on_after_s"] < 5, result
+    assert result["after_stop"] and "FORCE STOP, error code is 107022" in result["after_stop"], result
+    assert result["synchronize_ended_after_stop_s"] < 5, result
+    assert result["heartbeats_while_waiting"] >= 10, result  # 1 s of 50 ms beats before the stop
     assert result["op_after_restart"] is True and result["new_communicator_after_restart"] is True, result
     assert "aborted by aclrtDeviceTaskAbort" in out["output"]

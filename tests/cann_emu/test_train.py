@@ -135,6 +135,30 @@ def test_trains_with_the_rehearsals_losses_and_counts_every_step(name, tmp_path)
     assert "Operators sent down the legacy aclop path: 0" in audit.stdout
 
 
+@pytest.mark.cann_emu_long
+def test_collectives_on_their_own_streams_train_exactly_as_at_launch(tmp_path):
+    """CANN_EMU_ASYNC_STREAMS=1: each collective runs on its stream's own thread while the host goes on, and
+    what is launched behind it (on that stream, or on one waiting for its event) queues there too, as on a
+    device. FSDP2's all-gathers and reduce-scatters then overlap compute only as its streams and events allow:
+    a wrong stream order or event would change what a kernel reads. The losses must equal the default
+    emulation's (work done at launch), digit for digit."""
+    losses = {}
+    for mode in ("0", "1"):
+        dump = tmp_path / f"async{mode}"
+        (dump / "npu_inject").mkdir(parents=True)
+        env = cann_env(clean_env(TORCHTITAN_NPU="1", HF_HUB_OFFLINE="1", OMP_NUM_THREADS="1"))
+        env["CANN_EMU_ASYNC_STREAMS"] = mode
+        result = subprocess.run([str(PYTHON), "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
+                                 "-m", "torchtitan.train", *MODELS["llama3"], *RUN, "--dump-folder", str(dump)],
+                                env=env, cwd=REPO, timeout=900, text=True, stdout=subprocess.PIPE,
+                                stderr=subprocess.STDOUT)
+        assert result.returncode == 0, result.stdout[-6000:]
+        losses[mode] = parse_losses(result.stdout)
+    print(f"work at launch {losses['0']}\ncollectives on their streams {losses['1']}")
+    assert sorted(losses["1"]) == list(range(1, STEPS + 1))
+    assert losses["1"] == losses["0"]
+
+
 def test_selftest_through_the_real_torch_npu():
     """npu-inject selftest: every npu_* op the patches use, on the wheel's op-plugin down to the
     emulated aclnn operators, against npu_inject's reference kernels on the host."""

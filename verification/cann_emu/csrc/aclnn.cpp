@@ -331,16 +331,23 @@ aclnnStatus make_executor(const char* op, std::function<aclnnStatus()> run, uint
 }
 }  // namespace cann_emu
 namespace cann_emu {
-aclnnStatus execute(const char* op, aclOpExecutor* e) {
+// Phase two: runs the executor in its stream's order (runtime.cpp launch). The injected UCE is met at launch,
+// where the emulation reports it.
+aclnnStatus execute(const char* op, aclOpExecutor* e, aclrtStream stream) {
     if (!e) return fail(ACLNN_ERR_PARAM_NULLPTR, std::string(op) + ": executor is null");
     if (e->op != op) return fail(ACLNN_ERR_PARAM_INVALID, std::string(op) + ": executor was made by " + e->op);
     static const bool trace = std::getenv("CANN_EMU_TRACE") != nullptr;
     if (trace) std::fprintf(stderr, "cann_emu trace: %s\n", op);
     count_call(op, e->scope, e->site);
-    aclnnStatus rc = take_injected_mem_uce(op);
-    if (!rc) rc = e->run();
-    if (!e->repeatable) delete e;
-    return rc;
+    if (aclnnStatus rc = take_injected_mem_uce(op)) {
+        if (!e->repeatable) delete e;
+        return rc;
+    }
+    return launch(stream, op, [e]() {
+        aclnnStatus rc = e->run();
+        if (!e->repeatable) delete e;
+        return rc;
+    }, false);
 }
 }  // namespace cann_emu
 
@@ -368,13 +375,13 @@ CANN_API aclnnStatus aclnnAddGetWorkspaceSize(const aclTensor* self, const aclTe
                                               aclTensor* out, uint64_t* ws, aclOpExecutor** ex) {
     return add_prepare("aclnnAdd", self, other, alpha, out, ws, ex);
 }
-CANN_API aclnnStatus aclnnAdd(void*, uint64_t, aclOpExecutor* ex, aclrtStream) { return execute("aclnnAdd", ex); }
+CANN_API aclnnStatus aclnnAdd(void*, uint64_t, aclOpExecutor* ex, aclrtStream stream) { return execute("aclnnAdd", ex, stream); }
 CANN_API aclnnStatus aclnnInplaceAddGetWorkspaceSize(aclTensor* self, const aclTensor* other, const aclScalar* alpha,
                                                      uint64_t* ws, aclOpExecutor** ex) {
     return add_prepare("aclnnInplaceAdd", self, other, alpha, self, ws, ex);
 }
-CANN_API aclnnStatus aclnnInplaceAdd(void*, uint64_t, aclOpExecutor* ex, aclrtStream) {
-    return execute("aclnnInplaceAdd", ex);
+CANN_API aclnnStatus aclnnInplaceAdd(void*, uint64_t, aclOpExecutor* ex, aclrtStream stream) {
+    return execute("aclnnInplaceAdd", ex, stream);
 }
 
 // aclnnInplaceCopy: selfRef = src, converting dtype, broadcasting src (hicann/ops-math conversion/view_copy).
@@ -399,8 +406,8 @@ CANN_API aclnnStatus aclnnInplaceCopyGetWorkspaceSize(aclTensor* self, const acl
         return 0;
     }, ws, ex);
 }
-CANN_API aclnnStatus aclnnInplaceCopy(void*, uint64_t, aclOpExecutor* ex, aclrtStream) {
-    return execute("aclnnInplaceCopy", ex);
+CANN_API aclnnStatus aclnnInplaceCopy(void*, uint64_t, aclOpExecutor* ex, aclrtStream stream) {
+    return execute("aclnnInplaceCopy", ex, stream);
 }
 
 // aclnnInplaceFillScalar: selfRef[...] = value (hicann/ops-math conversion/fill/docs/aclnnInplaceFillScalar.md).
@@ -416,8 +423,8 @@ CANN_API aclnnStatus aclnnInplaceFillScalarGetWorkspaceSize(aclTensor* self, con
         return 0;
     }, ws, ex);
 }
-CANN_API aclnnStatus aclnnInplaceFillScalar(void*, uint64_t, aclOpExecutor* ex, aclrtStream) {
-    return execute("aclnnInplaceFillScalar", ex);
+CANN_API aclnnStatus aclnnInplaceFillScalar(void*, uint64_t, aclOpExecutor* ex, aclrtStream stream) {
+    return execute("aclnnInplaceFillScalar", ex, stream);
 }
 
 // aclnnInplaceOne / aclnnInplaceZero: selfRef[...] = 1 / 0. Dtype lists provisional (InplaceFillScalar's;
@@ -434,12 +441,12 @@ static aclnnStatus fill_prepare(const char* op, aclTensor* self, double v, uint6
 CANN_API aclnnStatus aclnnInplaceOneGetWorkspaceSize(aclTensor* self, uint64_t* ws, aclOpExecutor** ex) {
     return fill_prepare("aclnnInplaceOne", self, 1.0, ws, ex);
 }
-CANN_API aclnnStatus aclnnInplaceOne(void*, uint64_t, aclOpExecutor* ex, aclrtStream) {
-    return execute("aclnnInplaceOne", ex);
+CANN_API aclnnStatus aclnnInplaceOne(void*, uint64_t, aclOpExecutor* ex, aclrtStream stream) {
+    return execute("aclnnInplaceOne", ex, stream);
 }
 CANN_API aclnnStatus aclnnInplaceZeroGetWorkspaceSize(aclTensor* self, uint64_t* ws, aclOpExecutor** ex) {
     return fill_prepare("aclnnInplaceZero", self, 0.0, ws, ex);
 }
-CANN_API aclnnStatus aclnnInplaceZero(void*, uint64_t, aclOpExecutor* ex, aclrtStream) {
-    return execute("aclnnInplaceZero", ex);
+CANN_API aclnnStatus aclnnInplaceZero(void*, uint64_t, aclOpExecutor* ex, aclrtStream stream) {
+    return execute("aclnnInplaceZero", ex, stream);
 }

@@ -54,7 +54,7 @@ bool broadcastable_to(const aclTensor& t, const aclTensor& out);
 // Phase one's end: workspace 0 and an executor that runs run() at launch.
 aclnnStatus make_executor(const char* op, std::function<aclnnStatus()> run, uint64_t* ws, aclOpExecutor** ex);
 // Phase two: runs the executor (named op) and frees it unless repeatable.
-aclnnStatus execute(const char* op, aclOpExecutor* e);
+aclnnStatus execute(const char* op, aclOpExecutor* e, aclrtStream stream);
 // device_errors.cpp: an injected memory UCE met by this launch (its error status), else 0.
 aclnnStatus take_injected_mem_uce(const char* op);
 }  // namespace cann_emu

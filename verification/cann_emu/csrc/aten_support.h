@@ -85,6 +85,6 @@ aclnnStatus aten_executor(const char* op, Body body, uint64_t* ws, aclOpExecutor
 
 // Phase two of operator name: runs the executor phase one made.
 #define CANN_EMU_LAUNCH(name)                                                                  \
-    CANN_API aclnnStatus name(void*, uint64_t, aclOpExecutor* executor, aclrtStream) {        \
-        return cann_emu::execute(#name, executor);                                            \
+    CANN_API aclnnStatus name(void*, uint64_t, aclOpExecutor* executor, aclrtStream stream) { \
+        return cann_emu::execute(#name, executor, stream);                                    \
     }

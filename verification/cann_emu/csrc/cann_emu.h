@@ -5,6 +5,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <string>
 
 #define CANN_API extern "C" __attribute__((visibility("default")))
@@ -27,6 +28,7 @@ constexpr aclError ACL_ERROR_RT_INVALID_DEVICEID = 107001;
 constexpr aclError ACL_ERROR_RT_CONTEXT_NULL = 107002;
 constexpr aclError ACL_ERROR_RT_MEMORY_ALLOCATION = 207001;
 constexpr aclError ACL_ERROR_RT_DEVICE_MEM_ERROR = 507053;
+constexpr aclError ACL_ERROR_RT_DEVICE_TASK_ABORT = 107022;  // the device's tasks were stopped (aclrtDeviceTaskAbort)
 constexpr aclnnStatus ACLNN_ERR_PARAM_NULLPTR = 161001;
 constexpr aclnnStatus ACLNN_ERR_PARAM_INVALID = 161002;
 constexpr aclnnStatus ACLNN_ERR_INNER = 561000;
@@ -94,6 +96,7 @@ struct Config {
     uint64_t capacity;         // CANN_EMU_MEMORY_GB per device, default 64
     std::string cann_version;  // CANN_EMU_CANN_VERSION, default 9.1.0
     double hccl_timeout_s;     // CANN_EMU_HCCL_TIMEOUT: how long an HCCL call waits for its peers, default 300
+    bool async_streams;        // CANN_EMU_ASYNC_STREAMS=1: collectives run on their stream's own thread (runtime.cpp)
 };
 const Config& config();
 
@@ -104,6 +107,15 @@ int fail(int code, const std::string& msg);
 int unimplemented(const char* name);
 
 int current_device();  // the calling thread's device (aclrtSetDevice), -1 before any
+// Stream order (runtime.cpp). launch runs task on stream now, in the calling thread, when the stream has no
+// unfinished work; otherwise (and always for a collective, defer_always) it queues task behind that work, to run
+// on the stream's own thread, and returns ACL_SUCCESS: a queued task's failure is reported by the stream's next
+// synchronisation. Without CANN_EMU_ASYNC_STREAMS=1, and for work launched from inside a running task (an MC2
+// operator's collective), task runs now. launch_after waits for the stream's unfinished work, then runs task now.
+int launch(void* stream, const char* what, std::function<int()> task, bool defer_always);
+int launch_after(void* stream, std::function<int()> task);
+int drain_device(int device);  // waits for every stream of device; its first queued failure, else ACL_SUCCESS
+void abort_streams(int device);  // aclrtDeviceTaskAbort: queued work is dropped, waits end with TASK_ABORT
 size_t dtype_size(int dtype);  // bytes per element; 0 for a dtype the emulation does not know
 const char* dtype_name(int dtype);
 // op_table.json, compiled in by build.py: the dtypes argument arg of operator op accepts on SoC soc at CANN

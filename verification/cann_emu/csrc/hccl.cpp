@@ -188,7 +188,7 @@ namespace {
 
 // Runs one call on a communicator: argument failures leave it usable; every other failure sticks.
 template <typename F>
-HcclResult on_comm(const char* api, HcclComm handle, F&& body) {
+HcclResult run_on_comm(const char* api, HcclComm handle, F& body) {
     Comm* c = live(handle);
     if (!c) return fail(HCCL_E_PTR, std::string(api) + ": comm is not a live communicator of this process");
     std::lock_guard<std::mutex> lock(c->call_mutex);
@@ -207,6 +207,18 @@ HcclResult on_comm(const char* api, HcclComm handle, F&& body) {
         c->set_error(e.code, msg);
         return fail(e.code, msg);
     }
+}
+
+// A call in its stream's order (runtime.cpp). A deferrable one (its arguments are all in body's copies and in
+// device memory) is queued on the stream: with CANN_EMU_ASYNC_STREAMS=1 it runs on the stream's own thread,
+// as a device runs a collective while the host goes on, and its failure reaches the communicator's async error
+// and the stream's next synchronisation. Any other runs in the calling thread once the stream's earlier work
+// is done.
+template <typename F>
+HcclResult on_comm(const char* api, HcclComm handle, aclrtStream stream, bool deferrable, F body) {
+    if (!live(handle)) return fail(HCCL_E_PTR, std::string(api) + ": comm is not a live communicator of this process");
+    auto task = [api, handle, body]() mutable { return int(run_on_comm(api, handle, body)); };
+    return HcclResult(deferrable ? launch(stream, api, task, true) : launch_after(stream, task));
 }
 
 void check_dtype(int dtype) {
@@ -374,8 +386,9 @@ void check_p2p(Comm& c, const void* buf, uint64_t count, int dtype, uint32_t pee
 }
 
 // Point-to-point now, or at HcclGroupEnd inside a group.
-HcclResult p2p(const char* api, HcclComm handle, bool send, void* buf, uint64_t count, int dtype, uint32_t peer) {
-    return on_comm(api, handle, [&](Comm& c) {
+HcclResult p2p(const char* api, HcclComm handle, bool send, void* buf, uint64_t count, int dtype, uint32_t peer,
+               aclrtStream stream) {
+    return on_comm(api, handle, stream, false, [&](Comm& c) {
         check_p2p(c, buf, count, dtype, peer, send ? "destRank" : "srcRank");
         count_hccl_bytes(api, count * dtype_bytes(dtype));
         P2P op{&c, send, static_cast<char*>(buf), count, dtype, peer};
@@ -594,11 +607,13 @@ CANN_API HcclResult HcclCommInitRootInfoConfig(uint32_t nranks, const void* root
     return init_api("HcclCommInitRootInfoConfig", nranks, root_info, rank, config, comm);
 }
 
-// Stops the device's tasks: here, the HCCL calls blocked in this process (every other task ran at launch).
+// Stops the device's tasks: the HCCL calls blocked in this process, and (CANN_EMU_ASYNC_STREAMS=1) the work queued
+// on its streams, whose waiters get ACL_ERROR_RT_DEVICE_TASK_ABORT.
 CANN_API aclError aclrtDeviceTaskAbort(int32_t device, uint32_t /*timeout*/) {
     count_hccl("aclrtDeviceTaskAbort");
     if (device < 0) return fail(ACL_ERROR_INVALID_PARAM, "aclrtDeviceTaskAbort: deviceId " + std::to_string(device) + " is negative");
     abort_calls();
+    abort_streams(device);
     return ACL_SUCCESS;
 }
 
@@ -653,9 +668,9 @@ CANN_API HcclResult HcclGetCommAsyncError(HcclComm handle, HcclResult* error) {
 
 // ---- collectives ----------------------------------------------------------------------------------
 CANN_API HcclResult HcclAllReduce(void* send, void* recv, uint64_t count, int dtype, int op, HcclComm comm,
-                                  aclrtStream) {
+                                  aclrtStream stream) {
     count_hccl("HcclAllReduce");
-    return on_comm("HcclAllReduce", comm, [&](Comm& c) {
+    return on_comm("HcclAllReduce", comm, stream, true, [=](Comm& c) {
         check_reduce(dtype, op);
         size_t bytes = count * dtype_bytes(dtype);
         check_ptr(send, bytes, "sendBuf");
@@ -672,9 +687,9 @@ CANN_API HcclResult HcclAllReduce(void* send, void* recv, uint64_t count, int dt
 }
 
 CANN_API HcclResult HcclReduce(void* send, void* recv, uint64_t count, int dtype, int op, uint32_t root,
-                               HcclComm comm, aclrtStream) {
+                               HcclComm comm, aclrtStream stream) {
     count_hccl("HcclReduce");
-    return on_comm("HcclReduce", comm, [&](Comm& c) {
+    return on_comm("HcclReduce", comm, stream, true, [=](Comm& c) {
         check_reduce(dtype, op);
         check_rank(c, root, "root");
         size_t bytes = count * dtype_bytes(dtype);
@@ -691,9 +706,9 @@ CANN_API HcclResult HcclReduce(void* send, void* recv, uint64_t count, int dtype
     });
 }
 
-CANN_API HcclResult HcclBroadcast(void* buf, uint64_t count, int dtype, uint32_t root, HcclComm comm, aclrtStream) {
+CANN_API HcclResult HcclBroadcast(void* buf, uint64_t count, int dtype, uint32_t root, HcclComm comm, aclrtStream stream) {
     count_hccl("HcclBroadcast");
-    return on_comm("HcclBroadcast", comm, [&](Comm& c) {
+    return on_comm("HcclBroadcast", comm, stream, true, [=](Comm& c) {
         check_dtype(dtype);
         check_rank(c, root, "root");
         size_t bytes = count * dtype_bytes(dtype);
@@ -710,9 +725,9 @@ CANN_API HcclResult HcclBroadcast(void* buf, uint64_t count, int dtype, uint32_t
 }
 
 CANN_API HcclResult HcclScatter(void* send, void* recv, uint64_t recv_count, int dtype, uint32_t root,
-                                HcclComm comm, aclrtStream) {
+                                HcclComm comm, aclrtStream stream) {
     count_hccl("HcclScatter");
-    return on_comm("HcclScatter", comm, [&](Comm& c) {
+    return on_comm("HcclScatter", comm, stream, true, [=](Comm& c) {
         check_dtype(dtype);
         check_rank(c, root, "root");
         size_t chunk = recv_count * dtype_bytes(dtype);
@@ -729,9 +744,9 @@ CANN_API HcclResult HcclScatter(void* send, void* recv, uint64_t recv_count, int
     });
 }
 
-CANN_API HcclResult HcclAllGather(void* send, void* recv, uint64_t send_count, int dtype, HcclComm comm, aclrtStream) {
+CANN_API HcclResult HcclAllGather(void* send, void* recv, uint64_t send_count, int dtype, HcclComm comm, aclrtStream stream) {
     count_hccl("HcclAllGather");
-    return on_comm("HcclAllGather", comm, [&](Comm& c) {
+    return on_comm("HcclAllGather", comm, stream, true, [=](Comm& c) {
         check_dtype(dtype);
         size_t chunk = send_count * dtype_bytes(dtype);
         check_ptr(send, chunk, "sendBuf");
@@ -749,9 +764,9 @@ CANN_API HcclResult HcclAllGather(void* send, void* recv, uint64_t send_count, i
 
 // recvCounts/recvDispls: uint64_t[rankSize], in elements (torch_npu passes std::vector<uint64_t>).
 CANN_API HcclResult HcclAllGatherV(void* send, uint64_t send_count, void* recv, const void* recv_counts,
-                                   const void* recv_displs, int dtype, HcclComm comm, aclrtStream) {
+                                   const void* recv_displs, int dtype, HcclComm comm, aclrtStream stream) {
     count_hccl("HcclAllGatherV");
-    return on_comm("HcclAllGatherV", comm, [&](Comm& c) {
+    return on_comm("HcclAllGatherV", comm, stream, false, [&](Comm& c) {
         check_dtype(dtype);
         if (!recv_counts || !recv_displs) invalid("recvCounts or recvDispls is null", HCCL_E_PTR);
         const uint64_t* counts = static_cast<const uint64_t*>(recv_counts);
@@ -792,9 +807,9 @@ CANN_API HcclResult HcclAllGatherV(void* send, uint64_t send_count, void* recv, 
 }
 
 CANN_API HcclResult HcclReduceScatter(void* send, void* recv, uint64_t recv_count, int dtype, int op,
-                                      HcclComm comm, aclrtStream) {
+                                      HcclComm comm, aclrtStream stream) {
     count_hccl("HcclReduceScatter");
-    return on_comm("HcclReduceScatter", comm, [&](Comm& c) {
+    return on_comm("HcclReduceScatter", comm, stream, true, [=](Comm& c) {
         check_reduce(dtype, op);
         size_t chunk = recv_count * dtype_bytes(dtype);
         check_ptr(send, chunk * c.size, "sendBuf");
@@ -814,9 +829,9 @@ CANN_API HcclResult HcclReduceScatter(void* send, void* recv, uint64_t recv_coun
 
 // sendCounts/sendDispls: uint64_t[rankSize] in elements; every rank gives the same sendCounts.
 CANN_API HcclResult HcclReduceScatterV(void* send, const void* send_counts, const void* send_displs, void* recv,
-                                       uint64_t recv_count, int dtype, int op, HcclComm comm, aclrtStream) {
+                                       uint64_t recv_count, int dtype, int op, HcclComm comm, aclrtStream stream) {
     count_hccl("HcclReduceScatterV");
-    return on_comm("HcclReduceScatterV", comm, [&](Comm& c) {
+    return on_comm("HcclReduceScatterV", comm, stream, false, [&](Comm& c) {
         check_reduce(dtype, op);
         if (!send_counts || !send_displs) invalid("sendCounts or sendDispls is null", HCCL_E_PTR);
         const uint64_t* counts = static_cast<const uint64_t*>(send_counts);
@@ -903,9 +918,9 @@ void alltoall(Comm& c, uint32_t kind, const char* api, const char* send, const u
 // Counts and displacements: uint64_t[rankSize], in elements.
 CANN_API HcclResult HcclAlltoAllV(const void* send, const void* send_counts, const void* sdispls, int send_type,
                                   const void* recv, const void* recv_counts, const void* rdispls, int recv_type,
-                                  HcclComm comm, aclrtStream) {
+                                  HcclComm comm, aclrtStream stream) {
     count_hccl("HcclAlltoAllV");
-    return on_comm("HcclAlltoAllV", comm, [&](Comm& c) {
+    return on_comm("HcclAlltoAllV", comm, stream, false, [&](Comm& c) {
         check_dtype(send_type);
         if (send_type != recv_type)
             invalid("sendType " + dtype_label(send_type) + " differs from recvType " + dtype_label(recv_type));
@@ -917,9 +932,9 @@ CANN_API HcclResult HcclAlltoAllV(const void* send, const void* send_counts, con
 }
 
 CANN_API HcclResult HcclAlltoAll(const void* send, uint64_t send_count, int send_type, const void* recv,
-                                 uint64_t recv_count, int recv_type, HcclComm comm, aclrtStream) {
+                                 uint64_t recv_count, int recv_type, HcclComm comm, aclrtStream stream) {
     count_hccl("HcclAlltoAll");
-    return on_comm("HcclAlltoAll", comm, [&](Comm& c) {
+    return on_comm("HcclAlltoAll", comm, stream, true, [=](Comm& c) {
         check_dtype(send_type);
         if (send_type != recv_type || send_count != recv_count)
             invalid("send (" + std::to_string(send_count) + " " + dtype_label(send_type) + ") and receive (" +
@@ -931,22 +946,22 @@ CANN_API HcclResult HcclAlltoAll(const void* send, uint64_t send_count, int send
     });
 }
 
-CANN_API HcclResult HcclBarrier(HcclComm comm, aclrtStream) {
+CANN_API HcclResult HcclBarrier(HcclComm comm, aclrtStream stream) {
     count_hccl("HcclBarrier");
-    return on_comm("HcclBarrier", comm, [&](Comm& c) {
+    return on_comm("HcclBarrier", comm, stream, true, [=](Comm& c) {
         collective(c, frame(K_BARRIER, 0, DT_INT8), true, nullptr, 0,
                    [&](std::vector<Bytes>&) { return std::vector<Bytes>(c.size); }, [](const Bytes&) {});
     });
 }
 
 // ---- point-to-point and groups --------------------------------------------------------------------
-CANN_API HcclResult HcclSend(void* buf, uint64_t count, int dtype, uint32_t dest, HcclComm comm, aclrtStream) {
+CANN_API HcclResult HcclSend(void* buf, uint64_t count, int dtype, uint32_t dest, HcclComm comm, aclrtStream stream) {
     count_hccl("HcclSend");
-    return p2p("HcclSend", comm, true, buf, count, dtype, dest);
+    return p2p("HcclSend", comm, true, buf, count, dtype, dest, stream);
 }
-CANN_API HcclResult HcclRecv(void* buf, uint64_t count, int dtype, uint32_t src, HcclComm comm, aclrtStream) {
+CANN_API HcclResult HcclRecv(void* buf, uint64_t count, int dtype, uint32_t src, HcclComm comm, aclrtStream stream) {
     count_hccl("HcclRecv");
-    return p2p("HcclRecv", comm, false, buf, count, dtype, src);
+    return p2p("HcclRecv", comm, false, buf, count, dtype, src, stream);
 }
 
 struct HcclSendRecvItem {  // hccl_types.h HcclSendRecvItemDef
@@ -956,9 +971,9 @@ struct HcclSendRecvItem {  // hccl_types.h HcclSendRecvItemDef
     int dataType;
     uint32_t remoteRank;
 };
-CANN_API HcclResult HcclBatchSendRecv(HcclSendRecvItem* items, uint32_t n, HcclComm comm, aclrtStream) {
+CANN_API HcclResult HcclBatchSendRecv(HcclSendRecvItem* items, uint32_t n, HcclComm comm, aclrtStream stream) {
     count_hccl("HcclBatchSendRecv");
-    return on_comm("HcclBatchSendRecv", comm, [&](Comm& c) {
+    return on_comm("HcclBatchSendRecv", comm, stream, false, [&](Comm& c) {
         if (!items && n) invalid("sendRecvInfo is null", HCCL_E_PTR);
         std::vector<P2P> ops;
         for (uint32_t i = 0; i < n; ++i) {
@@ -987,6 +1002,7 @@ CANN_API HcclResult HcclGroupEnd() {
     count_hccl("HcclGroupEnd");
     if (t_group_depth == 0) return fail(HCCL_E_PARA, "HcclGroupEnd: no HcclGroupStart is open on this thread");
     if (--t_group_depth > 0 || t_group_ops.empty()) return HCCL_SUCCESS;
+    if (int rc = drain_device(current_device())) return HcclResult(rc);  // the group runs after the streams' work
     std::vector<P2P> ops;
     ops.swap(t_group_ops);
     std::vector<Comm*> comms;

@@ -1,6 +1,8 @@
 // ACL runtime on host memory: devices, memory counted against a per-device capacity, streams and
-// events that execute at launch (work is done when it is enqueued, so every stream order holds),
-// copies of every kind, synchronisation, device properties and versions.
+// events, copies of every kind, synchronisation, device properties and versions.
+// Work runs at launch, in the launching thread (so every stream order holds), unless CANN_EMU_ASYNC_STREAMS=1:
+// then a collective runs on its stream's own thread, as a device runs it apart from the host, and what is
+// launched behind unfinished work (on that stream, or on a stream waiting for its event) queues there too.
 // Signatures follow CANN's public headers (hicann/runtime include/external/acl/acl_rt.h, acl_base_rt.h).
 #include "cann_emu.h"
 
@@ -10,7 +12,13 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <condition_variable>
+#include <deque>
+#include <functional>
 #include <map>
+#include <memory>
+#include <set>
+#include <thread>
 #include <mutex>
 #include <string>
 #include <unordered_map>
@@ -63,6 +71,12 @@ const Config& config() {
         c.hccl_timeout_s = hccl_timeout && *hccl_timeout ? std::atof(hccl_timeout) : 300.0;
         if (!(c.hccl_timeout_s > 0)) {
             std::fprintf(stderr, "cann_emu: CANN_EMU_HCCL_TIMEOUT=%s is not a positive number of seconds\n", hccl_timeout);
+            std::abort();
+        }
+        const char* async_streams = std::getenv("CANN_EMU_ASYNC_STREAMS");
+        c.async_streams = async_streams && std::strcmp(async_streams, "1") == 0;
+        if (async_streams && *async_streams && !c.async_streams && std::strcmp(async_streams, "0") != 0) {
+            std::fprintf(stderr, "cann_emu: CANN_EMU_ASYNC_STREAMS=%s is neither 1 nor 0\n", async_streams);
             std::abort();
         }
         if (c.devices < 1 || c.devices > 64) {
@@ -119,23 +133,185 @@ static void* host_alloc(size_t size) {
 }
 
 // ---- streams and events ------------------------------------------------------------------------
+struct Task {
+    const char* what;
+    std::function<int()> run;
+};
 struct Stream {
     int device;
     int id;
+    // CANN_EMU_ASYNC_STREAMS=1 (guarded by g_async_mutex): the work not yet done, in stream order.
+    std::deque<Task> queued;
+    bool busy = false;       // a task of this stream is running (on its thread, or inline in a launching one)
+    bool worker = false;     // the stream's thread was started
+    bool destroyed = false;  // aclrtDestroyStream: the thread ends once the queue is empty
+    int error = ACL_SUCCESS; // a queued task's failure, reported by the next synchronisation
+    std::string error_what;
 };
 static int g_next_stream_id = 1;  // 0: the default stream
 struct Event {
     uint32_t flags;
     bool recorded = false;
     double time_ms = 0;
+    // CANN_EMU_ASYNC_STREAMS=1 (guarded by g_async_mutex): records are numbered; those not yet done are pending.
+    // A wait is for the record latest when it was made, never satisfied by a later record done first.
+    uint64_t recorded_seq = 0;
+    std::set<uint64_t> pending;
 };
 static std::mutex g_obj_mutex;
 static std::unordered_set<Stream*> g_streams;
-static std::unordered_set<Event*> g_events;
+// Shared with the queued records and waits that use an event, so that destroying it frees it once they ran.
+static std::unordered_map<Event*, std::shared_ptr<Event>> g_events;
 
 static double now_ms() {
     using namespace std::chrono;
     return duration<double, std::milli>(steady_clock::now().time_since_epoch()).count();
+}
+
+// ---- stream order with CANN_EMU_ASYNC_STREAMS=1 ------------------------------------------------
+// One mutex and one condition for every stream and event: a task ending, an event completing and an abort
+// all wake every waiter, which re-checks its own condition (few streams, few waiters).
+// Never destroyed: the streams' threads still wait on them while the process exits (glibc's destructor of a
+// condition variable waits for its waiters).
+static std::mutex& g_async_mutex = *new std::mutex;
+static std::condition_variable& g_async_cv = *new std::condition_variable;
+static uint64_t g_abort_epoch = 0;       // aclrtDeviceTaskAbort calls so far
+static thread_local int t_task_depth = 0;  // > 0 while this thread runs a task: what it launches runs inside it
+static std::vector<Stream*> g_default_streams;  // the null stream of each device (never destroyed)
+
+static Stream* resolve(void* stream) {
+    if (stream) return static_cast<Stream*>(stream);
+    std::lock_guard<std::mutex> lock(g_obj_mutex);
+    if (g_default_streams.empty())
+        for (int d = 0; d < config().devices; ++d) g_default_streams.push_back(new Stream{d, 0});
+    return g_default_streams[t_device < 0 ? 0 : t_device];
+}
+
+static int run_task(const std::function<int()>& task) {
+    ++t_task_depth;
+    int rc = task();
+    --t_task_depth;
+    return rc;
+}
+
+// The stream's own thread: runs its queued tasks in order, one at a time, never beside an inline one.
+static void stream_thread(Stream* s) {
+    t_device = s->device;
+    std::unique_lock<std::mutex> lock(g_async_mutex);
+    for (;;) {
+        g_async_cv.wait(lock, [s] { return (!s->busy && !s->queued.empty()) || (s->destroyed && s->queued.empty()); });
+        if (s->queued.empty()) break;  // destroyed, nothing left
+        Task task = std::move(s->queued.front());
+        s->queued.pop_front();
+        s->busy = true;
+        uint64_t epoch = g_abort_epoch;
+        lock.unlock();
+        int rc = run_task(task.run);
+        lock.lock();
+        s->busy = false;
+        // A task the abort ended is not a failure to report later: its waiters were told TASK_ABORT.
+        if (rc != ACL_SUCCESS && s->error == ACL_SUCCESS && g_abort_epoch == epoch) {
+            s->error = rc;
+            s->error_what = task.what;
+        }
+        g_async_cv.notify_all();
+    }
+    delete s;
+}
+
+// Waits (lock held) until s has nothing unfinished, or the device's tasks were stopped; then takes its error.
+static int drain(std::unique_lock<std::mutex>& lock, Stream* s, const char* api) {
+    uint64_t epoch = g_abort_epoch;
+    g_async_cv.wait(lock, [&] { return (!s->busy && s->queued.empty()) || g_abort_epoch != epoch; });
+    if (g_abort_epoch != epoch) return ACL_ERROR_RT_DEVICE_TASK_ABORT;
+    int rc = s->error;
+    if (rc != ACL_SUCCESS) {
+        std::string what = s->error_what;
+        s->error = ACL_SUCCESS;
+        lock.unlock();
+        fail(rc, std::string(api) + ": " + what + ", queued on stream " + std::to_string(s->id) + ", failed");
+        lock.lock();
+    }
+    return rc;
+}
+
+int launch(void* stream, const char* what, std::function<int()> task, bool defer_always) {
+    if (!config().async_streams || t_task_depth > 0) return run_task(task);
+    Stream* s = resolve(stream);
+    std::unique_lock<std::mutex> lock(g_async_mutex);
+    static const bool trace = std::getenv("CANN_EMU_ASYNC_TRACE") != nullptr;
+    if (trace) std::fprintf(stderr, "async %d %ld stream %d%s %s: %s\n", getpid(), (long)gettid(), s->id, stream ? "" : "(null)", what,
+                            (!defer_always && !s->busy && s->queued.empty()) ? "inline" : "queued");
+    if (!defer_always && !s->busy && s->queued.empty()) {
+        s->busy = true;  // later launches on s queue behind this one
+        lock.unlock();
+        int rc = run_task(task);
+        lock.lock();
+        s->busy = false;
+        g_async_cv.notify_all();
+        return rc;
+    }
+    s->queued.push_back(Task{what, std::move(task)});
+    if (!s->worker) {
+        s->worker = true;
+        std::thread(stream_thread, s).detach();  // never joined: it may outlive main at exit
+    }
+    g_async_cv.notify_all();
+    return ACL_SUCCESS;
+}
+
+int launch_after(void* stream, std::function<int()> task) {
+    if (config().async_streams && t_task_depth == 0) {
+        Stream* s = resolve(stream);
+        std::unique_lock<std::mutex> lock(g_async_mutex);
+        if (int rc = drain(lock, s, "a launch that waits for its stream")) return rc;
+    }
+    return run_task(task);
+}
+
+int drain_device(int device) {
+    if (!config().async_streams || t_task_depth > 0) return ACL_SUCCESS;
+    std::vector<Stream*> streams;
+    {
+        std::lock_guard<std::mutex> lock(g_obj_mutex);
+        for (Stream* s : g_streams)
+            if (s->device == device) streams.push_back(s);
+    }
+    streams.push_back(resolve(nullptr));
+    std::unique_lock<std::mutex> lock(g_async_mutex);
+    int first = ACL_SUCCESS;
+    for (Stream* s : streams) {
+        int rc = drain(lock, s, "aclrtSynchronizeDevice");
+        if (rc != ACL_SUCCESS && first == ACL_SUCCESS) first = rc;
+        if (rc == ACL_ERROR_RT_DEVICE_TASK_ABORT) break;
+    }
+    return first;
+}
+
+void abort_streams(int device) {
+    std::vector<Stream*> streams;
+    {
+        std::lock_guard<std::mutex> lock(g_obj_mutex);
+        for (Stream* s : g_streams)
+            if (s->device == device) streams.push_back(s);
+        for (Stream* s : g_default_streams)
+            if (s->device == device) streams.push_back(s);
+    }
+    std::lock_guard<std::mutex> lock(g_async_mutex);
+    ++g_abort_epoch;
+    for (Stream* s : streams) {
+        if (!s->queued.empty())
+            std::fprintf(stderr, "cann_emu: aclrtDeviceTaskAbort dropped %zu task(s) queued on stream %d of device %d\n",
+                         s->queued.size(), s->id, s->device);
+        s->queued.clear();
+        s->error = ACL_SUCCESS;
+    }
+    {
+        // The dropped records never happen: their events count as done, so no later wait hangs on them.
+        std::lock_guard<std::mutex> objects(g_obj_mutex);
+        for (auto& entry : g_events) entry.second->pending.clear();
+    }
+    g_async_cv.notify_all();
 }
 
 }  // namespace cann_emu
@@ -234,14 +410,15 @@ CANN_API aclError aclrtGetDevice(int32_t* device) {
 }
 CANN_API aclError aclrtResetDevice(int32_t device) { return check_device(device); }
 CANN_API aclError aclrtResetDeviceForce(int32_t device) { return check_device(device); }
-// All work ran at launch, so synchronisation only waits for nothing; each call is counted (audit.cpp).
+// Work that ran at launch is done; queued work (CANN_EMU_ASYNC_STREAMS=1) is waited for. Each call is counted
+// (audit.cpp).
 CANN_API aclError aclrtSynchronizeDevice() {
     count_sync("aclrtSynchronizeDevice");
-    return ACL_SUCCESS;
+    return drain_device(t_device);
 }
 CANN_API aclError aclrtSynchronizeDeviceWithTimeout(int32_t /*timeout*/) {
     count_sync("aclrtSynchronizeDevice");
-    return ACL_SUCCESS;
+    return drain_device(t_device);
 }
 
 // Contexts: one per device; the handle is the device number + 1 (never null).
@@ -328,6 +505,7 @@ CANN_API aclError aclrtMalloc(void** ptr, size_t size, int /*policy*/) {
 CANN_API aclError aclrtMallocAlign32(void** ptr, size_t size, int policy) { return aclrtMalloc(ptr, size, policy); }
 CANN_API aclError aclrtFree(void* ptr) {
     if (!ptr) return fail(ACL_ERROR_INVALID_PARAM, "aclrtFree: devPtr is null");
+    drain_device(t_device);  // as CANN's aclrtFree, which synchronises the device: queued work may use ptr
     std::lock_guard<std::mutex> lock(g_mem_mutex);
     auto it = g_allocations.find(ptr);
     if (it == g_allocations.end() || it->second.device < 0)
@@ -556,15 +734,25 @@ CANN_API aclError aclrtMemcpy(void* dst, size_t dest_max, const void* src, size_
                                         "aclrtMemcpy device to host", "aclrtMemcpy device to device"};
     if (kind >= ACL_MEMCPY_HOST_TO_HOST && kind <= ACL_MEMCPY_DEVICE_TO_DEVICE) count_sync(kinds[kind]);
     else count_sync("aclrtMemcpy other");
+    if (int rc = drain_device(t_device)) return rc;
     return copy("aclrtMemcpy", dst, dest_max, src, count, kind);
 }
+// An asynchronous copy in stream order. One with host memory on either side runs when the stream's earlier
+// work is done, in the calling thread: the host buffer may be gone once the call returns.
+static aclError copy_async(const char* api, void* dst, size_t dest_max, const void* src, size_t count, int kind,
+                           aclrtStream stream) {
+    auto task = [=]() { return copy(api, dst, dest_max, src, count, kind); };
+    if (kind == ACL_MEMCPY_DEVICE_TO_DEVICE || kind == ACL_MEMCPY_INNER_DEVICE_TO_DEVICE)
+        return launch(stream, api, task, false);
+    return launch_after(stream, task);
+}
 CANN_API aclError aclrtMemcpyAsync(void* dst, size_t dest_max, const void* src, size_t count, int kind,
-                                   aclrtStream) {
-    return copy("aclrtMemcpyAsync", dst, dest_max, src, count, kind);
+                                   aclrtStream stream) {
+    return copy_async("aclrtMemcpyAsync", dst, dest_max, src, count, kind, stream);
 }
 CANN_API aclError aclrtMemcpyAsyncWithCondition(void* dst, size_t dest_max, const void* src, size_t count,
-                                                int kind, aclrtStream) {
-    return copy("aclrtMemcpyAsyncWithCondition", dst, dest_max, src, count, kind);
+                                                int kind, aclrtStream stream) {
+    return copy_async("aclrtMemcpyAsyncWithCondition", dst, dest_max, src, count, kind, stream);
 }
 CANN_API aclError aclrtMemcpy2d(void* dst, size_t dpitch, const void* src, size_t spitch, size_t width,
                                 size_t height, int kind) {
@@ -576,16 +764,17 @@ CANN_API aclError aclrtMemcpy2d(void* dst, size_t dpitch, const void* src, size_
     return ACL_SUCCESS;
 }
 CANN_API aclError aclrtMemcpy2dAsync(void* dst, size_t dpitch, const void* src, size_t spitch, size_t width,
-                                     size_t height, int kind, aclrtStream) {
-    return aclrtMemcpy2d(dst, dpitch, src, spitch, width, height, kind);
+                                     size_t height, int kind, aclrtStream stream) {
+    return launch_after(stream, [=]() { return aclrtMemcpy2d(dst, dpitch, src, spitch, width, height, kind); });
 }
 CANN_API aclError aclrtMemset(void* ptr, size_t max_count, int32_t value, size_t count) {
     if (count > max_count) return fail(ACL_ERROR_INVALID_PARAM, "aclrtMemset: count exceeds maxCount");
     if (count) std::memset(ptr, value, count);
     return ACL_SUCCESS;
 }
-CANN_API aclError aclrtMemsetAsync(void* ptr, size_t max_count, int32_t value, size_t count, aclrtStream) {
-    return aclrtMemset(ptr, max_count, value, count);
+CANN_API aclError aclrtMemsetAsync(void* ptr, size_t max_count, int32_t value, size_t count, aclrtStream stream) {
+    if (count > max_count) return fail(ACL_ERROR_INVALID_PARAM, "aclrtMemsetAsync: count exceeds maxCount");
+    return launch(stream, "aclrtMemsetAsync", [=]() { return aclrtMemset(ptr, max_count, value, count); }, false);
 }
 
 // ---- streams -----------------------------------------------------------------------------------
@@ -603,39 +792,72 @@ CANN_API aclError aclrtCreateStreamWithConfig(aclrtStream* stream, uint32_t, uin
     return make_stream(stream, "aclrtCreateStreamWithConfig");
 }
 CANN_API aclError aclrtDestroyStream(aclrtStream stream) {
-    std::lock_guard<std::mutex> lock(g_obj_mutex);
     auto* s = static_cast<Stream*>(stream);
-    if (!g_streams.erase(s)) return fail(ACL_ERROR_INVALID_PARAM, "aclrtDestroyStream: unknown stream");
-    delete s;
+    {
+        std::lock_guard<std::mutex> lock(g_obj_mutex);
+        if (!g_streams.erase(s)) return fail(ACL_ERROR_INVALID_PARAM, "aclrtDestroyStream: unknown stream");
+    }
+    std::lock_guard<std::mutex> lock(g_async_mutex);
+    if (s->worker) {  // its thread frees it once its queue is empty
+        s->destroyed = true;
+        g_async_cv.notify_all();
+    } else {
+        delete s;
+    }
     return ACL_SUCCESS;
 }
 CANN_API aclError aclrtDestroyStreamForce(aclrtStream stream) { return aclrtDestroyStream(stream); }
-CANN_API aclError aclrtSynchronizeStream(aclrtStream) {  // work ran at launch
+static aclError synchronize_stream(aclrtStream stream) {
     count_sync("aclrtSynchronizeStream");
-    return ACL_SUCCESS;
+    if (!config().async_streams || t_task_depth > 0) return ACL_SUCCESS;  // work ran at launch
+    Stream* s = resolve(stream);
+    std::unique_lock<std::mutex> lock(g_async_mutex);
+    return drain(lock, s, "aclrtSynchronizeStream");
 }
-CANN_API aclError aclrtSynchronizeStreamWithTimeout(aclrtStream, int32_t) {
-    count_sync("aclrtSynchronizeStream");
-    return ACL_SUCCESS;
-}
-CANN_API aclError aclrtStreamQuery(aclrtStream, int* status) {
+CANN_API aclError aclrtSynchronizeStream(aclrtStream stream) { return synchronize_stream(stream); }
+CANN_API aclError aclrtSynchronizeStreamWithTimeout(aclrtStream stream, int32_t) { return synchronize_stream(stream); }
+CANN_API aclError aclrtStreamQuery(aclrtStream stream, int* status) {
     if (!status) return fail(ACL_ERROR_INVALID_PARAM, "aclrtStreamQuery: status is null");
     *status = 0;  // ACL_STREAM_STATUS_COMPLETE
+    if (config().async_streams) {
+        Stream* s = resolve(stream);
+        std::lock_guard<std::mutex> lock(g_async_mutex);
+        if (s->busy || !s->queued.empty()) *status = 1;  // ACL_STREAM_STATUS_NOT_READY
+    }
     return ACL_SUCCESS;
 }
 CANN_API aclError aclrtSetStreamFailureMode(aclrtStream, uint64_t) { return ACL_SUCCESS; }
-CANN_API aclError aclrtStreamWaitEvent(aclrtStream, aclrtEvent event) {
+static std::shared_ptr<Event> find_event(aclrtEvent event);
+static bool done(const Event* e, uint64_t seq) { return !e->pending.count(seq); }  // g_async_mutex held
+static bool complete(const Event* e) { return done(e, e->recorded_seq); }
+// The stream waits for the event's latest record: queued behind it when that record is not done yet.
+CANN_API aclError aclrtStreamWaitEvent(aclrtStream stream, aclrtEvent event) {
     if (!event) return fail(ACL_ERROR_INVALID_PARAM, "aclrtStreamWaitEvent: event is null");
-    return ACL_SUCCESS;  // the recorded work is done already
+    if (!config().async_streams) return ACL_SUCCESS;  // the recorded work is done already
+    std::shared_ptr<Event> e = find_event(event);
+    if (!e) return fail(ACL_ERROR_INVALID_PARAM, "aclrtStreamWaitEvent: " + std::string("unknown event"));
+    uint64_t seq;
+    {
+        std::lock_guard<std::mutex> lock(g_async_mutex);
+        if (complete(e.get())) return ACL_SUCCESS;
+        seq = e->recorded_seq;
+    }
+    return launch(stream, "aclrtStreamWaitEvent", [e, seq]() {
+        std::unique_lock<std::mutex> lock(g_async_mutex);
+        uint64_t epoch = g_abort_epoch;
+        g_async_cv.wait(lock, [&] { return done(e.get(), seq) || g_abort_epoch != epoch; });
+        return g_abort_epoch != epoch ? ACL_ERROR_RT_DEVICE_TASK_ABORT : ACL_SUCCESS;
+    }, true);
 }
 
 // ---- events ------------------------------------------------------------------------------------
 static aclError make_event(aclrtEvent* event, uint32_t flags, const char* api) {
     if (!event) return fail(ACL_ERROR_INVALID_PARAM, std::string(api) + ": event is null");
-    auto* e = new Event{flags};
+    auto e = std::make_shared<Event>();
+    e->flags = flags;
     std::lock_guard<std::mutex> lock(g_obj_mutex);
-    g_events.insert(e);
-    *event = e;
+    g_events[e.get()] = e;
+    *event = e.get();
     return ACL_SUCCESS;
 }
 CANN_API aclError aclrtCreateEvent(aclrtEvent* event) { return make_event(event, 0, "aclrtCreateEvent"); }
@@ -650,41 +872,57 @@ static std::string unknown_event(aclrtEvent event) {
     std::snprintf(text, sizeof text, "event %p is not a live event of this process (never created, or destroyed)", event);
     return text;
 }
-static Event* find_event(aclrtEvent event) {
+static std::shared_ptr<Event> find_event(aclrtEvent event) {
     std::lock_guard<std::mutex> lock(g_obj_mutex);
-    auto* e = static_cast<Event*>(event);
-    return g_events.count(e) ? e : nullptr;
+    auto it = g_events.find(static_cast<Event*>(event));
+    return it == g_events.end() ? nullptr : it->second;
 }
 CANN_API aclError aclrtDestroyEvent(aclrtEvent event) {
     std::lock_guard<std::mutex> lock(g_obj_mutex);
-    auto* e = static_cast<Event*>(event);
-    if (!g_events.erase(e)) return fail(ACL_ERROR_INVALID_PARAM, "aclrtDestroyEvent: " + unknown_event(event));
-    delete e;
+    if (!g_events.erase(static_cast<Event*>(event)))
+        return fail(ACL_ERROR_INVALID_PARAM, "aclrtDestroyEvent: " + unknown_event(event));
     return ACL_SUCCESS;
 }
-CANN_API aclError aclrtRecordEvent(aclrtEvent event, aclrtStream) {
-    Event* e = find_event(event);
+CANN_API aclError aclrtRecordEvent(aclrtEvent event, aclrtStream stream) {
+    std::shared_ptr<Event> e = find_event(event);
     if (!e) return fail(ACL_ERROR_INVALID_PARAM, "aclrtRecordEvent: " + unknown_event(event));
-    e->recorded = true;
-    e->time_ms = now_ms();
-    return ACL_SUCCESS;
+    uint64_t seq;
+    {
+        std::lock_guard<std::mutex> lock(g_async_mutex);
+        e->recorded = true;
+        seq = ++e->recorded_seq;
+        e->pending.insert(seq);
+    }
+    return launch(stream, "aclrtRecordEvent", [e, seq]() {
+        std::lock_guard<std::mutex> lock(g_async_mutex);
+        e->time_ms = now_ms();
+        e->pending.erase(seq);
+        g_async_cv.notify_all();
+        return ACL_SUCCESS;
+    }, false);
 }
 CANN_API aclError aclrtResetEvent(aclrtEvent event, aclrtStream) {
-    Event* e = find_event(event);
+    std::shared_ptr<Event> e = find_event(event);
     if (!e) return fail(ACL_ERROR_INVALID_PARAM, "aclrtResetEvent: " + unknown_event(event));
     e->recorded = false;
     return ACL_SUCCESS;
 }
 CANN_API aclError aclrtSynchronizeEvent(aclrtEvent event) {
     count_sync("aclrtSynchronizeEvent");
-    if (!find_event(event)) return fail(ACL_ERROR_INVALID_PARAM, "aclrtSynchronizeEvent: " + unknown_event(event));
-    return ACL_SUCCESS;
+    std::shared_ptr<Event> e = find_event(event);
+    if (!e) return fail(ACL_ERROR_INVALID_PARAM, "aclrtSynchronizeEvent: " + unknown_event(event));
+    std::unique_lock<std::mutex> lock(g_async_mutex);
+    uint64_t epoch = g_abort_epoch;
+    g_async_cv.wait(lock, [&] { return complete(e.get()) || g_abort_epoch != epoch; });
+    return g_abort_epoch != epoch ? ACL_ERROR_RT_DEVICE_TASK_ABORT : ACL_SUCCESS;
 }
 CANN_API aclError aclrtSynchronizeEventWithTimeout(aclrtEvent event, int32_t) { return aclrtSynchronizeEvent(event); }
 CANN_API aclError aclrtQueryEventStatus(aclrtEvent event, int* status) {
     if (!status) return fail(ACL_ERROR_INVALID_PARAM, "aclrtQueryEventStatus: status is null");
-    if (!find_event(event)) return fail(ACL_ERROR_INVALID_PARAM, "aclrtQueryEventStatus: " + unknown_event(event));
-    *status = 1;  // ACL_EVENT_RECORDED_STATUS_COMPLETE: all work ran at launch
+    std::shared_ptr<Event> e = find_event(event);
+    if (!e) return fail(ACL_ERROR_INVALID_PARAM, "aclrtQueryEventStatus: " + unknown_event(event));
+    std::lock_guard<std::mutex> lock(g_async_mutex);
+    *status = complete(e.get()) ? 1 : 0;  // ACL_EVENT_RECORDED_STATUS_COMPLETE, _NOT_READY
     return ACL_SUCCESS;
 }
 CANN_API aclError aclrtQueryEventWaitStatus(aclrtEvent event, int* status) {
@@ -694,8 +932,8 @@ CANN_API aclError aclrtQueryEventWaitStatus(aclrtEvent event, int* status) {
     return ACL_SUCCESS;
 }
 CANN_API aclError aclrtEventElapsedTime(float* ms, aclrtEvent start, aclrtEvent end) {
-    Event* s = find_event(start);
-    Event* e = find_event(end);
+    std::shared_ptr<Event> s = find_event(start);
+    std::shared_ptr<Event> e = find_event(end);
     if (!ms) return fail(ACL_ERROR_INVALID_PARAM, "aclrtEventElapsedTime: ms is null");
     if (!s) return fail(ACL_ERROR_INVALID_PARAM, "aclrtEventElapsedTime: start: " + unknown_event(start));
     if (!e) return fail(ACL_ERROR_INVALID_PARAM, "aclrtEventElapsedTime: end: " + unknown_event(end));
