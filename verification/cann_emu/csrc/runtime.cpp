@@ -219,11 +219,18 @@ static void stream_thread(Stream* s) {
     delete s;
 }
 
+// Waits (g_async_mutex held) until ready() holds: ACL_SUCCESS, or TASK_ABORT when the device's tasks were stopped
+// first (aclrtDeviceTaskAbort).
+template <typename Ready>
+static int wait_unless_aborted(std::unique_lock<std::mutex>& lock, Ready ready) {
+    uint64_t epoch = g_abort_epoch;
+    g_async_cv.wait(lock, [&] { return ready() || g_abort_epoch != epoch; });
+    return g_abort_epoch != epoch ? ACL_ERROR_RT_DEVICE_TASK_ABORT : ACL_SUCCESS;
+}
+
 // Waits (lock held) until s has nothing unfinished, or the device's tasks were stopped; then takes its error.
 static int drain(std::unique_lock<std::mutex>& lock, Stream* s, const char* api) {
-    uint64_t epoch = g_abort_epoch;
-    g_async_cv.wait(lock, [&] { return (!s->busy && s->queued.empty()) || g_abort_epoch != epoch; });
-    if (g_abort_epoch != epoch) return ACL_ERROR_RT_DEVICE_TASK_ABORT;
+    if (int rc = wait_unless_aborted(lock, [s] { return !s->busy && s->queued.empty(); })) return rc;
     int rc = s->error;
     if (rc != ACL_SUCCESS) {
         std::string what = s->error_what;
@@ -239,10 +246,11 @@ int launch(void* stream, const char* what, std::function<int()> task, bool defer
     if (!config().async_streams || t_task_depth > 0) return run_task(task);
     Stream* s = resolve(stream);
     std::unique_lock<std::mutex> lock(g_async_mutex);
+    bool now = !defer_always && !s->busy && s->queued.empty();
     static const bool trace = std::getenv("CANN_EMU_ASYNC_TRACE") != nullptr;
     if (trace) std::fprintf(stderr, "async %d %ld stream %d%s %s: %s\n", getpid(), (long)gettid(), s->id, stream ? "" : "(null)", what,
-                            (!defer_always && !s->busy && s->queued.empty()) ? "inline" : "queued");
-    if (!defer_always && !s->busy && s->queued.empty()) {
+                            now ? "inline" : "queued");
+    if (now) {
         s->busy = true;  // later launches on s queue behind this one
         lock.unlock();
         int rc = run_task(task);
@@ -269,15 +277,21 @@ int launch_after(void* stream, std::function<int()> task) {
     return run_task(task);
 }
 
+// Every live stream of device, its null stream included.
+static std::vector<Stream*> device_streams(int device) {
+    resolve(nullptr);  // makes the null streams
+    std::lock_guard<std::mutex> lock(g_obj_mutex);
+    std::vector<Stream*> streams;
+    size_t null_stream = device < 0 ? 0 : size_t(device);  // as resolve: a thread without a device uses device 0's
+    if (null_stream < g_default_streams.size()) streams.push_back(g_default_streams[null_stream]);
+    for (Stream* s : g_streams)
+        if (s->device == device) streams.push_back(s);
+    return streams;
+}
+
 int drain_device(int device) {
     if (!config().async_streams || t_task_depth > 0) return ACL_SUCCESS;
-    std::vector<Stream*> streams;
-    {
-        std::lock_guard<std::mutex> lock(g_obj_mutex);
-        for (Stream* s : g_streams)
-            if (s->device == device) streams.push_back(s);
-    }
-    streams.push_back(resolve(nullptr));
+    std::vector<Stream*> streams = device_streams(device);
     std::unique_lock<std::mutex> lock(g_async_mutex);
     int first = ACL_SUCCESS;
     for (Stream* s : streams) {
@@ -289,14 +303,7 @@ int drain_device(int device) {
 }
 
 void abort_streams(int device) {
-    std::vector<Stream*> streams;
-    {
-        std::lock_guard<std::mutex> lock(g_obj_mutex);
-        for (Stream* s : g_streams)
-            if (s->device == device) streams.push_back(s);
-        for (Stream* s : g_default_streams)
-            if (s->device == device) streams.push_back(s);
-    }
+    std::vector<Stream*> streams = device_streams(device);
     std::lock_guard<std::mutex> lock(g_async_mutex);
     ++g_abort_epoch;
     for (Stream* s : streams) {
@@ -828,6 +835,7 @@ CANN_API aclError aclrtStreamQuery(aclrtStream stream, int* status) {
 }
 CANN_API aclError aclrtSetStreamFailureMode(aclrtStream, uint64_t) { return ACL_SUCCESS; }
 static std::shared_ptr<Event> find_event(aclrtEvent event);
+static std::string unknown_event(aclrtEvent event);
 static bool done(const Event* e, uint64_t seq) { return !e->pending.count(seq); }  // g_async_mutex held
 static bool complete(const Event* e) { return done(e, e->recorded_seq); }
 // The stream waits for the event's latest record: queued behind it when that record is not done yet.
@@ -835,7 +843,7 @@ CANN_API aclError aclrtStreamWaitEvent(aclrtStream stream, aclrtEvent event) {
     if (!event) return fail(ACL_ERROR_INVALID_PARAM, "aclrtStreamWaitEvent: event is null");
     if (!config().async_streams) return ACL_SUCCESS;  // the recorded work is done already
     std::shared_ptr<Event> e = find_event(event);
-    if (!e) return fail(ACL_ERROR_INVALID_PARAM, "aclrtStreamWaitEvent: " + std::string("unknown event"));
+    if (!e) return fail(ACL_ERROR_INVALID_PARAM, "aclrtStreamWaitEvent: " + unknown_event(event));
     uint64_t seq;
     {
         std::lock_guard<std::mutex> lock(g_async_mutex);
@@ -844,9 +852,7 @@ CANN_API aclError aclrtStreamWaitEvent(aclrtStream stream, aclrtEvent event) {
     }
     return launch(stream, "aclrtStreamWaitEvent", [e, seq]() {
         std::unique_lock<std::mutex> lock(g_async_mutex);
-        uint64_t epoch = g_abort_epoch;
-        g_async_cv.wait(lock, [&] { return done(e.get(), seq) || g_abort_epoch != epoch; });
-        return g_abort_epoch != epoch ? ACL_ERROR_RT_DEVICE_TASK_ABORT : ACL_SUCCESS;
+        return wait_unless_aborted(lock, [&] { return done(e.get(), seq); });
     }, true);
 }
 
@@ -912,9 +918,7 @@ CANN_API aclError aclrtSynchronizeEvent(aclrtEvent event) {
     std::shared_ptr<Event> e = find_event(event);
     if (!e) return fail(ACL_ERROR_INVALID_PARAM, "aclrtSynchronizeEvent: " + unknown_event(event));
     std::unique_lock<std::mutex> lock(g_async_mutex);
-    uint64_t epoch = g_abort_epoch;
-    g_async_cv.wait(lock, [&] { return complete(e.get()) || g_abort_epoch != epoch; });
-    return g_abort_epoch != epoch ? ACL_ERROR_RT_DEVICE_TASK_ABORT : ACL_SUCCESS;
+    return wait_unless_aborted(lock, [&] { return complete(e.get()); });
 }
 CANN_API aclError aclrtSynchronizeEventWithTimeout(aclrtEvent event, int32_t) { return aclrtSynchronizeEvent(event); }
 CANN_API aclError aclrtQueryEventStatus(aclrtEvent event, int* status) {
