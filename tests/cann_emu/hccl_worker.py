@@ -11,7 +11,7 @@ MODE ``collectives``: every collective; ``exit``: after one all_reduce the last 
 others try a second; ``hang``: the same, but the last rank stays alive without joining; ``stop``: as
 ``hang``, and the others stop the device's tasks (torch_npu's stop_device) and restart it;
 ``stop_while_waiting``: as ``stop`` with CANN_EMU_ASYNC_STREAMS=1, the stop made by another Python thread while
-the host waits. In ``exit``/``hang``/``stop*`` every rank exits 0 after writing its result, so torchrun waits for all of them.
+the host waits; a communicator idle at the stop refuses calls until resumed, the one whose call was cut cannot be. In ``exit``/``hang``/``stop*`` every rank exits 0 after writing its result, so torchrun waits for all of them.
 """
 
 from __future__ import annotations
@@ -175,6 +175,12 @@ def stop_while_waiting(t: torch.Tensor) -> None:
             ticks[0] += 1
 
     threading.Thread(target=heartbeat, daemon=True).start()
+    # communicators with nothing in flight at the stop
+    idle, unresumed = dist.new_group([RANK], backend="hccl"), dist.new_group([RANK], backend="hccl")
+    one = torch.full((4,), 3.0).npu()
+    dist.all_reduce(one, group=idle)
+    dist.all_reduce(one, group=unresumed)
+    torch.npu.synchronize()
     start = time.monotonic()
     dist.all_reduce(t)
     doubled = t * 2  # queued on the compute stream behind the collective's end
@@ -202,10 +208,28 @@ def stop_while_waiting(t: torch.Tensor) -> None:
     del doubled
     torch_npu.npu.restart_device(torch.npu.current_device())
     check("op_after_restart", torch.ones(4).npu() * 5, torch.full((4,), 5.0))
+    # HCCL suspends every communicator at the stop: each refuses calls until it is resumed
+    idle._get_backend(torch.device("npu")).resume_hccl_comm(torch.npu.current_device())
+    one = torch.full((4,), 3.0).npu()
+    dist.all_reduce(one, group=idle)
+    check("idle_after_resume", one, torch.full((4,), 3.0))
+    # the world group's all-reduce was cut by the stop: the emulation cannot resume that one, and says so
+    try:
+        dist.group.WORLD._get_backend(torch.device("npu")).resume_hccl_comm(torch.npu.current_device())
+        results["cut_resume"] = None
+    except RuntimeError as error:
+        results["cut_resume"] = " ".join(str(error).split())[:400]
     alone = dist.new_group([RANK], backend="hccl")
     t = torch.full((4,), 7.0).npu()
     dist.all_reduce(t, group=alone)
     check("new_communicator_after_restart", t, torch.full((4,), 7.0))
+    # last: the refusal runs in torch_npu's task queue, whose thread it ends (the process's device is then done)
+    try:
+        dist.all_reduce(one, group=unresumed)
+        torch.npu.synchronize()
+        results["unresumed"] = None
+    except RuntimeError as error:
+        results["unresumed"] = " ".join(str(error).split())[:200]
 
 
 def main() -> None:

@@ -152,3 +152,7 @@ def test_a_collective_waiting_on_its_own_stream_leaves_the_host_free_until_stop_
     assert result["heartbeats_while_waiting"] >= 10, result  # 1 s of 50 ms beats before the stop
     assert result["op_after_restart"] is True and result["new_communicator_after_restart"] is True, result
     assert "aborted by aclrtDeviceTaskAbort" in out["output"]
+    # as HCCL's task-abort handler: every communicator suspended (error 22) until HcclCommResume
+    assert result["idle_after_resume"] is True, result
+    assert result["unresumed"] and "suspended since aclrtDeviceTaskAbort" in out["output"], result
+    assert result["cut_resume"] and "the emulation resumes only a communicator that had no call cut" in out["output"], result

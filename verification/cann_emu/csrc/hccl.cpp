@@ -146,6 +146,7 @@ struct Comm {
     std::vector<uint64_t> sent, received;              // point-to-point messages so far, per peer
     std::mutex call_mutex;                             // one call at a time
     std::atomic<int> error{HCCL_SUCCESS};              // sticky
+    std::atomic<bool> suspended{false};                // by aclrtDeviceTaskAbort, until HcclCommResume
     std::mutex error_mutex;
     std::string error_msg;
 
@@ -214,9 +215,18 @@ HcclResult run_on_comm(const char* api, HcclComm handle, F& body) {
 // as a device runs a collective while the host goes on, and its failure reaches the communicator's async error
 // and the stream's next synchronisation. Any other runs in the calling thread once the stream's earlier work
 // is done.
+// HCCL's own check at launch (ops' Selector: a communicator not READY returns HCCL_E_SUSPENDING); not sticky.
+HcclResult refuse_suspended(const char* api, const Comm& c) {
+    return fail(HCCL_E_SUSPENDING, std::string(api) + " on " + c.label() + ": the communicator is suspended since "
+                "aclrtDeviceTaskAbort stopped the device's tasks; HcclCommResume it (torch_npu: the backend's "
+                "resume_hccl_comm, torch_npu.distributed.reinit_process_group(rebuild_link=False)) or destroy it");
+}
+
 template <typename F>
 HcclResult on_comm(const char* api, HcclComm handle, aclrtStream stream, bool deferrable, F body) {
-    if (!live(handle)) return fail(HCCL_E_PTR, std::string(api) + ": comm is not a live communicator of this process");
+    Comm* c = live(handle);
+    if (!c) return fail(HCCL_E_PTR, std::string(api) + ": comm is not a live communicator of this process");
+    if (c->suspended.load()) return refuse_suspended(api, *c);
     auto task = [api, handle, body]() mutable { return int(run_on_comm(api, handle, body)); };
     return HcclResult(deferrable ? launch(stream, api, task, true) : launch_after(stream, task));
 }
@@ -613,8 +623,31 @@ CANN_API aclError aclrtDeviceTaskAbort(int32_t device, uint32_t /*timeout*/) {
     count_hccl("aclrtDeviceTaskAbort");
     if (device < 0) return fail(ACL_ERROR_INVALID_PARAM, "aclrtDeviceTaskAbort: deviceId " + std::to_string(device) + " is negative");
     abort_calls();
+    {
+        // HCCL's task-abort handler suspends every communicator (HcclCommunicator::Suspend): each call on one
+        // fails with HCCL_E_SUSPENDING until HcclCommResume.
+        std::lock_guard<std::mutex> lock(g_mutex);
+        for (Comm* c : g_comms) c->suspended.store(true);
+    }
     abort_streams(device);
     return ACL_SUCCESS;
+}
+
+// Clears a suspended communicator for new calls. A call that the abort cut mid-way has left the communicator
+// failed (its peers may hold part of that call): real HCCL clears that too; the emulation cannot, and says so.
+CANN_API HcclResult HcclCommResume(HcclComm handle) {
+    count_hccl("HcclCommResume");
+    Comm* c = live(handle);
+    if (!c) return fail(HCCL_E_PTR, "HcclCommResume: comm is not a live communicator of this process");
+    std::lock_guard<std::mutex> lock(c->call_mutex);
+    if (int e = c->error.load()) {
+        std::lock_guard<std::mutex> el(c->error_mutex);
+        return fail(HCCL_E_NOT_SUPPORT, "HcclCommResume on " + c->label() + ": the communicator failed (" + c->error_msg +
+                                            "); the emulation resumes only a communicator that had no call cut or failed "
+                                            "(real HCCL clears one): destroy it and make a new one");
+    }
+    c->suspended.store(false);
+    return HCCL_SUCCESS;
 }
 
 CANN_API HcclResult HcclCommDestroy(HcclComm handle) {
@@ -1013,6 +1046,7 @@ CANN_API HcclResult HcclGroupEnd() {
     for (Comm* c : comms) {
         if (!live(c)) return fail(HCCL_E_PTR, "HcclGroupEnd: a communicator of the group was destroyed before its end");
         locks.emplace_back(c->call_mutex);
+        if (c->suspended.load()) return refuse_suspended("HcclGroupEnd", *c);
         if (int e = c->error.load()) {
             std::lock_guard<std::mutex> el(c->error_mutex);
             return fail(e, "HcclGroupEnd on " + c->label() + ": the communicator failed earlier: " + c->error_msg);

@@ -25,6 +25,7 @@ enum : int {
     HCCL_E_TCP_CONNECT = 11,
     HCCL_E_TCP_TRANSFER = 13,
     HCCL_E_REMOTE = 21,
+    HCCL_E_SUSPENDING = 22,  // a communicator that aclrtDeviceTaskAbort suspended, until HcclCommResume
 };
 
 // HcclDataType (hccl_types.h).
