@@ -12,9 +12,16 @@ torchft 0.2.0 (PyPI), torch_npu's ``hccl`` backend.
   built the same way). Every quorum ``configure`` aborts the old communicator and builds a new one on the
   quorum's store. A collective that outlives ``--fault_tolerance.process_group_timeout_ms`` aborts the group
   from torchft's timer thread, as torchft's NCCL group does; ``errored()`` synchronises the device before it
-  answers, so an error of a collective still queued is seen. What a failure inside a collective does to
-  torch_npu itself (its task queue dies with it, so the surviving group restarts) is in
-  docs/fault-tolerance.md.
+  answers, so an error of a collective still queued is seen.
+* Aborting a collective in flight: NCCL's ``ncclCommAbort`` ends the kernel and the stream goes on; HCCL has
+  no such call (destroying the communicator waits for its call in flight, and a collective that fails by
+  itself leaves torch_npu's task queue dead for the rest of the process). On NPUs torchft's abort therefore
+  first stops the device's tasks (``torch_npu.npu.stop_device``: the hung collective and all work queued
+  behind it end, HCCL suspends every communicator), then destroys the group's communicator. The training
+  thread's next operator fails with torch_npu's "FORCE STOP"; torchft_recover restarts the device, resumes
+  the other communicators and discards the step. Only the timers of the communicator in use stop the
+  device: a late timer of one already aborted does not. The simulated NPU has no ``stop_device`` (its
+  collectives block their caller, and its abort ends them): there the abort only destroys, noted.
 * torchft 0.2.0 picks stream contexts, events and synchronisation for CUDA or XPU only (``torchft.utils``):
   on any other accelerator its recovery and collective streams were entered as no-op contexts (their work
   ran on the training stream, the events torchft waits on recorded elsewhere) and ``synchronize()`` did
@@ -76,10 +83,21 @@ def synchronize() -> None:
         torch.accelerator.current_stream().synchronize()
 
 
-def make_process_group_class():
+class AbortOne:
+    """What torchft's timers of one communicator call: abort the group only while that communicator is in use."""
+
+    def __init__(self, group, generation: int) -> None:
+        self.group, self.generation = group, generation
+
+    def abort(self) -> None:
+        self.group.abort_generation(self.generation)
+
+
+def make_process_group_class(ctx: PatchContext | None = None):
     """torchft's ProcessGroupWrapper over the ``hccl`` backend registered with torch.distributed."""
     import torch
     import torch.distributed as dist
+    import torch_npu
     from torch.distributed.distributed_c10d import _DistributedBackendOptions
     from torchft import process_group as ft_process_group
 
@@ -89,9 +107,15 @@ def make_process_group_class():
         def __init__(self, timeout: timedelta = timedelta(seconds=60.0)) -> None:
             super().__init__(timeout)
             self._errored: Exception | None = None
+            self._generation = 0  # communicators made so far
+            self._device_index: int | None = None
+            self.stopped_device: int | None = None  # the device an abort stopped; torchft_recover restarts it
+            self.issued = 0  # collectives issued so far (torchft_recover: did this step use the group)
 
         def _create_pg(self, store, rank: int, world_size: int):
             self._errored = None
+            self._generation += 1
+            self._device_index = torch.accelerator.current_device_index()
             plugin = dist.Backend._plugins.get(HCCL.upper())
             if plugin is None:
                 raise RuntimeError("torchft's HCCL group needs torch_npu's 'hccl' backend, and torch.distributed "
@@ -122,25 +146,45 @@ def make_process_group_class():
         @contextlib.contextmanager
         def _run_context(self):
             # a collective that blocks its caller (the simulated NPU's) ends at the timeout
-            timeout = self._timeout
+            timeout, this_one = self._timeout, AbortOne(self, self._generation)
 
             def on_timeout() -> None:
                 ft_process_group.logger.error(f"aborting torchft's HCCL group after {timeout}")
-                self.abort()
+                this_one.abort()
 
             with ft_process_group.context_timeout(on_timeout, timeout):
                 yield
 
         def _wrap_work(self, work, opts):
+            self.issued += 1
             timeout = self._timeout
             if getattr(opts, "timeout", None) is not None and opts.timeout.total_seconds() > 0:
                 timeout = opts.timeout
-            return ft_process_group._WorkAcceleratorTimeout(self, work, timeout)
+            # torchft's timer calls .abort() on what it is given: this communicator's, not a later one's
+            return ft_process_group._WorkAcceleratorTimeout(AbortOne(self, self._generation), work, timeout)
+
+        def abort_generation(self, generation: int) -> None:
+            if generation == self._generation and self._pg is not None:
+                self.abort()
 
         def abort(self, errored: bool = True) -> None:
             # set before the abort: a collective the abort unblocks must see it in errored()
             self._errored = RuntimeError("torchft's HCCL group was aborted")
+            if errored and self._pg is not None:
+                self._stop_device()
             super().abort(errored=errored)
+
+        def _stop_device(self) -> None:
+            stop_device = getattr(torch_npu.npu, "stop_device", None)
+            if stop_device is None:  # the simulated NPU: its collectives block the caller and the abort ends them
+                if ctx is not None:
+                    ctx.fallback("torchft's abort destroys the communicator without stopping the device (this "
+                                 "torch_npu has no stop_device)")
+                return
+            ft_process_group.logger.error(f"stopping NPU {self._device_index}'s tasks (torch_npu stop_device) to end "
+                                          "torchft's timed-out HCCL collective; the step is discarded")
+            self.stopped_device = self._device_index  # before the stop: the training thread's error may come first
+            stop_device(self._device_index)
 
         def errored(self) -> Exception | None:
             synchronize()
@@ -155,7 +199,7 @@ def make_process_group_class():
 def apply(ctx: PatchContext) -> None:
     import torchft
 
-    process_group_class = make_process_group_class()
+    process_group_class = make_process_group_class(ctx)
 
     def init(original, manager, config, *args, **kwargs):
         if not (config.enable and config.process_group in (HCCL, "nccl")):

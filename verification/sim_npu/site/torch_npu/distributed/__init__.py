@@ -8,4 +8,13 @@ def is_hccl_available() -> bool:
     return True
 
 
-__all__ = ["is_hccl_available"]
+def reinit_process_group(group=None, rebuild_link: bool = True):
+    """torch_npu's recovery of the job's process groups after stop_device and restart_device (rebuild_link=False:
+    HcclCommResume on each communicator). The simulated device stops no tasks, so no communicator is suspended:
+    nothing to resume."""
+    if not isinstance(rebuild_link, bool):
+        raise TypeError(f"reinit_process_group: rebuild_link must be a bool, not {type(rebuild_link).__name__}")
+    return None if not rebuild_link else group
+
+
+__all__ = ["is_hccl_available", "reinit_process_group"]
