@@ -118,6 +118,15 @@ class Failover:
         report = self.dumps[1] / "npu_inject" / "report_rank0.json"
         return "healed from a peer replica group's live state" in report.read_text(encoding="utf-8")
 
+    def attempts(self, group: int) -> int:
+        """How many times the group's rank 0 started (its runtime's one-line summary each time)."""
+        return len(re.findall(r"^\[default0\]:.*npu_inject: target=", self.logs[group], re.M))
+
+    def discarded(self, group: int) -> list[int]:
+        """The steps rank 0 of the group discarded in the process (torchft_recover)."""
+        return [int(step) for step in re.findall(r"^\[default0\]:.*npu_inject torchft_recover: step (\d+) discarded",
+                                                 self.logs[group], re.M)]
+
     def failed(self, label: str, workdir: Path) -> bool:
         """Whether a group exited non-zero; then its logs stay in ``workdir``, named on one line."""
         if self.returncodes == [0, 0]:
@@ -149,9 +158,10 @@ def target_environment(target: str, base: dict[str, str]) -> tuple[str, dict[str
 
 
 def run_failover(workdir: Path, steps: int = 30, fault: str | None = "kill@4:rank=1", timeout: int = 900,
-                 target: str = "cpu", extra_args: tuple[str, ...] = (), min_replicas: int = 1) -> Failover:
+                 target: str = "cpu", extra_args: tuple[str, ...] = (), min_replicas: int = 1,
+                 extra_env: dict[str, str] | None = None) -> Failover:
     """Two replica groups, the fault (if any) in group 1, each group under ``torchrun --max-restarts 1``;
-    ``extra_args`` come after :data:`ARGS` (and override them).
+    ``extra_args`` come after :data:`ARGS` (and override them), ``extra_env`` is added to both groups'.
 
     A hang runs under upstream's 15 s train timeout (what bounds it); any other run under 45 s, still inside
     torchft's 60 s quorum timeout: torchft_leave's watchdog ends a process whose step outlasts the train timeout,
@@ -163,6 +173,7 @@ def run_failover(workdir: Path, steps: int = 30, fault: str | None = "kill@4:ran
         processes = []
         for group, dump in enumerate(dumps):
             python, env = target_environment(target, clean_env(TORCHFT_LIGHTHOUSE=address, HF_HUB_OFFLINE="1"))
+            env.update(extra_env or {})
             if group == 1 and fault:
                 selection = [env.get("TORCHTITAN_NPU_PATCHES"), "+inject_faults"]
                 env.update(TORCHTITAN_NPU_PATCHES=",".join(filter(None, selection)), TORCHTITAN_NPU_FAULTS=fault)
@@ -192,9 +203,11 @@ def run_failover(workdir: Path, steps: int = 30, fault: str | None = "kill@4:ran
 
 
 def stall(run: Failover) -> tuple[float, float, int]:
-    """(median step interval, longest interval, the step that ended it) of group 0, the survivor."""
+    """(median step interval, longest interval, the step that ended it) of group 0, the survivor; an interval
+    spans a step that logged nothing (discarded by torchft_recover)."""
     times = run.step_times(0)
-    intervals = {step: times[step] - times[step - 1] for step in sorted(times) if step - 1 in times}
+    logged = sorted(times)
+    intervals = {step: times[step] - times[before] for before, step in zip(logged, logged[1:])}
     longest = max(intervals, key=intervals.get)
     return statistics.median(intervals.values()), intervals[longest], longest
 
@@ -274,8 +287,11 @@ def main() -> None:
         shutil.rmtree(workdir)
         rejoin = (f"group 1 healed and rejoined at step {resumed}" if healed and resumed else
                   f"group 1 did not heal (its restarted attempt began at step {resumed}: group 0 had finished)")
+        survivor = f"group 0 started {run.attempts(0)} time(s)"
+        if run.discarded(0):
+            survivor += f", discarded step(s) {run.discarded(0)} in the process and trained on"
         print(f"{fault}: group 0 stalled {longest:.1f} s at step {at} (median step {median:.2f} s: "
-              f"{longest - median:.1f} s lost); {rejoin}; {steps} steps in {took:.0f} s")
+              f"{longest - median:.1f} s lost); {survivor}; {rejoin}; {steps} steps in {took:.0f} s")
 
 
 if __name__ == "__main__":
