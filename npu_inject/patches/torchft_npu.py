@@ -182,7 +182,8 @@ def make_process_group_class(ctx: PatchContext | None = None):
                                  "torch_npu has no stop_device)")
                 return
             ft_process_group.logger.error(f"stopping NPU {self._device_index}'s tasks (torch_npu stop_device) to end "
-                                          "torchft's timed-out HCCL collective; the step is discarded")
+                                          "torchft's HCCL collective: its next operator fails with FORCE STOP "
+                                          "(torchft_recover restarts the device and discards the step)")
             self.stopped_device = self._device_index  # before the stop: the training thread's error may come first
             stop_device(self._device_index)
 
