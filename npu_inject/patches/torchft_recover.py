@@ -43,6 +43,7 @@ import logging
 
 from npu_inject.errors import stop_run
 from npu_inject.patching import PatchContext
+from npu_inject.step_recovery import UCE_MARK, reset_fsdp
 
 TARGETS = (
     "torchtitan.experiments.torchft.trainer:FaultTolerantTrainer.train_step",
@@ -51,7 +52,6 @@ TARGETS = (
 logger = logging.getLogger("npu_inject")
 FORCE_STOP = "FORCE STOP"  # torch_npu's error for work ended by stop_device (ACL_ERROR_RT_DEVICE_TASK_ABORT 107022)
 QUEUE_ENDED = "The Inner error is reported as above"  # torch_npu's task queue thread has exited
-UCE_MARK = "UCE ERROR"  # uce_repair's
 
 
 def torchft_group(trainer):
@@ -76,7 +76,6 @@ def failure_of(group, text: str, issued_before: int) -> str | None:
 
 def apply(ctx: PatchContext) -> None:
     import torch_npu
-    from torch.distributed.fsdp import FSDPModule
     from torch.optim.optimizer import register_optimizer_step_pre_hook
     from torch_npu.distributed import reinit_process_group
 
@@ -91,10 +90,7 @@ def apply(ctx: PatchContext) -> None:
                      f"was already aborted without stopping the device: nothing to restart ({why})")
         torch_npu.npu.restart_device(device)
         reinit_process_group(rebuild_link=False)  # HcclCommResume on every communicator of the job's groups
-        for part in trainer.model_parts:  # FSDP as before the step: sharded, no trackers of the failed one
-            root = next((module for module in part.modules() if isinstance(module, FSDPModule)), None)
-            if root is not None:
-                root.reset_iter_state()
+        reset_fsdp(trainer.model_parts)
         group.stopped_device = None
         manager = trainer.ft_manager.manager
         manager.report_error(RuntimeError(f"step {step}: torchft's HCCL group was aborted and NPU {device} stopped"))

@@ -46,13 +46,13 @@ import os
 
 from npu_inject.errors import stop_run
 from npu_inject.patching import PatchContext
+from npu_inject.step_recovery import UCE_MARK, reset_fsdp
 
 TARGETS = (
     "torchtitan.trainer:Trainer.train_step",
 )
 
 logger = logging.getLogger("npu_inject")
-UCE_MARK = "UCE ERROR"  # torch_npu's task queue (NPUQueue.cpp deviceErrorMap, RepoStatus::UCE_EXIT)
 TEMPORARY = 2  # check_uce_in_memory: the error lies in memory given back once the step's tensors are freed
 WHERE = {0: "no memory error recorded by torch_npu", 1: "memory outside torch_npu's pool",
          3: "memory holding the job's state (weights, gradients or optimizer states)"}
@@ -86,7 +86,6 @@ class StepBatches:
 def apply(ctx: PatchContext) -> None:
     import torch
     import torch_npu
-    from torch.distributed.fsdp import FSDPModule
     from torch.optim.optimizer import register_optimizer_step_pre_hook
 
     world_size = int(os.environ.get("WORLD_SIZE", "1"))
@@ -131,10 +130,7 @@ def apply(ctx: PatchContext) -> None:
                      f"{os.environ.get('RANK', '0')} of {world_size}: retrying the step needs every rank to stop and "
                      "retry together, which is not built; resume from the last checkpoint")
         torch_npu.npu.restart_device(device)
-        for part in trainer.model_parts:  # FSDP as it was before the step: sharded, no trackers of the failed one
-            root = next((module for module in part.modules() if isinstance(module, FSDPModule)), None)
-            if root is not None:
-                root.reset_iter_state()
+        reset_fsdp(trainer.model_parts)  # FSDP as it was before the step: sharded, no trackers of the failed one
         ctx.note(f"step {step}: device memory error (UCE) in temporary memory repaired "
                  "(torch_npu restart_device), step trained again on the same batches")
         logger.warning("npu_inject uce_repair: step %d: device memory error in temporary memory: repaired, "
