@@ -20,8 +20,8 @@ torchft 0.2.0 (PyPI), torch_npu's ``hccl`` backend.
   behind it end, HCCL suspends every communicator), then destroys the group's communicator. The training
   thread's next operator fails with torch_npu's "FORCE STOP"; torchft_recover restarts the device, resumes
   the other communicators and discards the step. Only the timers of the communicator in use stop the
-  device: a late timer of one already aborted does not. The simulated NPU has no ``stop_device`` (its
-  collectives block their caller, and its abort ends them): there the abort only destroys, noted.
+  device: a late timer of one already aborted does not. (The simulated NPU's stop does nothing: its
+  collectives block their caller, and the abort ends them.)
 * torchft 0.2.0 picks stream contexts, events and synchronisation for CUDA or XPU only (``torchft.utils``):
   on any other accelerator its recovery and collective streams were entered as no-op contexts (their work
   ran on the training stream, the events torchft waits on recorded elsewhere) and ``synchronize()`` did
@@ -93,7 +93,7 @@ class AbortOne:
         self.group.abort_generation(self.generation)
 
 
-def make_process_group_class(ctx: PatchContext | None = None):
+def make_process_group_class():
     """torchft's ProcessGroupWrapper over the ``hccl`` backend registered with torch.distributed."""
     import torch
     import torch.distributed as dist
@@ -175,17 +175,11 @@ def make_process_group_class(ctx: PatchContext | None = None):
             super().abort(errored=errored)
 
         def _stop_device(self) -> None:
-            stop_device = getattr(torch_npu.npu, "stop_device", None)
-            if stop_device is None:  # the simulated NPU: its collectives block the caller and the abort ends them
-                if ctx is not None:
-                    ctx.fallback("torchft's abort destroys the communicator without stopping the device (this "
-                                 "torch_npu has no stop_device)")
-                return
             ft_process_group.logger.error(f"stopping NPU {self._device_index}'s tasks (torch_npu stop_device) to end "
                                           "torchft's HCCL collective: its next operator fails with FORCE STOP "
                                           "(torchft_recover restarts the device and discards the step)")
             self.stopped_device = self._device_index  # before the stop: the training thread's error may come first
-            stop_device(self._device_index)
+            torch_npu.npu.stop_device(self._device_index)
 
         def errored(self) -> Exception | None:
             synchronize()
@@ -200,7 +194,7 @@ def make_process_group_class(ctx: PatchContext | None = None):
 def apply(ctx: PatchContext) -> None:
     import torchft
 
-    process_group_class = make_process_group_class(ctx)
+    process_group_class = make_process_group_class()
 
     def init(original, manager, config, *args, **kwargs):
         if not (config.enable and config.process_group in (HCCL, "nccl")):

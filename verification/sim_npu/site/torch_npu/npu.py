@@ -406,6 +406,14 @@ def check_uce_in_memory(device: _device_t = None) -> int:
     return 0
 
 
+def stop_device(device: _device_t = None) -> int:
+    """torch_npu's stop of a device's tasks (aclrtDeviceTaskAbort): 0 on success. The simulated device runs each
+    task at launch in the calling thread, so nothing is queued for a stop to drop, and a collective blocked on a
+    peer ends when its process group is aborted."""
+    _device_index(device)
+    return 0
+
+
 def restart_device(device: _device_t = None) -> None:
     """torch_npu's recovery after a UCE or stop_device (repair, then resume the device's task queue). The
     simulated device stops no tasks: nothing to resume."""
