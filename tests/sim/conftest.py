@@ -20,6 +20,7 @@ REPO_ROOT = Path(__file__).resolve().parents[2]
 if str(REPO_ROOT) not in sys.path:
     sys.path.insert(0, str(REPO_ROOT))
 
+from tools.training_runs import clean_env  # noqa: E402
 from verification.sim_npu import sim_env  # noqa: E402
 
 WORKERS_DIR = Path(__file__).resolve().parent / "workers"
@@ -37,8 +38,10 @@ def _tail(text: str, lines: int = 60) -> str:
 
 @pytest.fixture
 def sim_child_env() -> dict[str, str]:
-    """Environment for a child process that imports the simulated torch_npu."""
-    return sim_env(os.environ)
+    """Environment for a child process that imports the simulated torch_npu, without TORCHTITAN_NPU*: a
+    selection left in this process's environment would start the runtime's bootstrap in the child, which would
+    patch its imports before its tests did."""
+    return sim_env(clean_env())
 
 
 @pytest.fixture
