@@ -9,9 +9,10 @@ third); and ``npu-inject plan --hardware cpu`` of the same job with the rates ``
 measured on this host (``--hardware-file``; calibrated here first when not given). Prints both and the error.
 The cpu family's overhead is fitted on the first row (1 rank; printed); the 2-rank row is the prediction.
 
-``layer``: llama3_8b's decoder layer (local batch 2 x seq 8192, no activation checkpointing, FSDP 8) as the
-planner plans it (``time_by_module["layers.1"]`` and its classes), beside ``tools/bench_layer.py --profile
---json`` measured on a real accelerator (the file it wrote).
+``layer``: a decoder layer (llama3_8b's at local batch 2 x seq 8192, or qwen3_30b_a3b's MoE layer at 2 x 4096;
+no activation checkpointing, FSDP 8, no expert parallelism) as the planner plans it (``time_by_module["layers.1"]``
+and its classes), beside ``tools/bench_layer.py --profile --json`` measured on a real accelerator (the file it
+wrote names the model).
 """
 
 from __future__ import annotations
@@ -29,8 +30,13 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 BIN = os.path.dirname(sys.executable)
 REHEARSAL = ["--module", "llama3", "--config", "llama3_debugmodel", "--training.seq_len", "256",
              "--training.local_batch_size", "2"]
-LAYER = ["--module", "llama3", "--config", "llama3_8b", "--training.seq_len", "8192", "--training.local_batch_size", "2",
-         "activation-checkpoint:none"]
+# The job whose layers.1 each tools/bench_layer.py --model is: its local batch and seq_len, no activation checkpointing.
+LAYER = {
+    "llama3_8b": ["--module", "llama3", "--config", "llama3_8b", "--training.seq_len", "8192",
+                  "--training.local_batch_size", "2", "activation-checkpoint:none"],
+    "qwen3_30b_a3b": ["--module", "qwen3", "--config", "qwen3_30b_a3b", "--training.seq_len", "4096",
+                      "--training.local_batch_size", "2", "activation-checkpoint:none"],
+}
 
 
 def _error(predicted: float, measured: float) -> str:
@@ -97,9 +103,16 @@ def cmd_rehearsal(args) -> int:
 def cmd_layer(args) -> int:
     with open(args.layer_json, encoding="utf-8") as handle:
         measured = json.load(handle)
-    planned = plan(args.hardware, args.hardware_file, 8, LAYER)
+    model = measured.get("model", "llama3_8b")  # files written before --model existed are llama3_8b's
+    if model not in LAYER:
+        raise SystemExit(f"{args.layer_json}: model {model!r} is not one of {', '.join(LAYER)}")
+    argv = LAYER[model].copy()
+    argv[argv.index("--training.local_batch_size") + 1] = str(measured["batch"])  # the batch bench_layer ran
+    argv[argv.index("--training.seq_len") + 1] = str(measured["seq"])
+    planned = plan(args.hardware, args.hardware_file, 8, argv)
     layer_s = planned["time_by_module"]["layers.1"]
-    print(f"llama3_8b decoder layer, local batch 2 x seq 8192, bf16, AC none; measured on {measured['device']} "
+    print(f"{model} decoder layer, local batch {measured['batch']} x seq {measured['seq']}, bf16, AC none; "
+          f"measured on {measured['device']} "
           f"(torch {measured['torch']}), planned on {planned['hardware']}")
     print(f"  planned layers.1: {layer_s * 1e3:.1f} ms forward + backward (time_by_module)")
     for kernel, run in measured["runs"].items():
