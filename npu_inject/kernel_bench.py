@@ -183,16 +183,34 @@ def matmul(device: Device, dtype: str, progress: Callable[[str], None], *, budge
     return points
 
 
+# An MoE layer's grouped product takes its local tokens x top-k rows at once (qwen3_30b_a3b: 2 x 4096 tokens x 8
+# = 65,536 rows over 128 experts). Eight groups of 128 rows fill a fraction of an accelerator and planned
+# qwen3_30b_a3b's grouped products 1.5x slower than measured on an H200 (docs/planner.md), so on an accelerator
+# a point takes as many groups as give GROUPED_ROWS rows, at most GROUPED_MAX_GROUPS (experts per rank
+# in the configs torchtitan ships) and GROUPED_WEIGHT_BYTES of weights, at least 8.
+GROUPED_ROWS = 65536
+GROUPED_MAX_GROUPS = 128
+GROUPED_WEIGHT_BYTES = 4 << 30
+
+
+def grouped_count(device: Device, m: int, n: int, k: int, itemsize: int) -> int:
+    """The number of groups of ``m`` rows a grouped point is measured with (8 on a CPU, which has no device to fill)."""
+    if device.kind == "cpu" or device.quick:
+        return 8
+    return max(8, min(GROUPED_ROWS // m, GROUPED_MAX_GROUPS, GROUPED_WEIGHT_BYTES // (n * k * itemsize)))
+
+
 def grouped_matmul(device: Device, dtype: str, progress: Callable[[str], None], *, budget_s: float) -> list[dict]:
-    """M-grouped products (8 groups of equal rows) at the corners of :func:`matmul_grid`'s per-group M, N and K:
-    y[rows of g] = x[rows of g] @ w[g]."""
-    groups = 8
+    """M-grouped products of equal rows on a coarse :func:`matmul_grid` (three per-group M, the corners of N and K),
+    :func:`grouped_count` groups each: y[rows of g] = x[rows of g] @ w[g]."""
     ms, ns, ks = matmul_grid(device)
-    shapes = [(m, n, k) for m in (ms[0], ms[-2]) for n in (ns[1], ns[-1]) for k in (ks[1], ks[-1])]
+    # Three per-group M (an expert's rows vary most between jobs), two N and K.
+    shapes = [(m, n, k) for m in sorted({ms[0], ms[1], ms[-2]}) for n in (ns[1], ns[-1]) for k in (ks[1], ks[-1])]
     points = []
     per_shape = budget_s / len(shapes)
     torch_dtype = DTYPES[dtype]
     for index, (m, n, k) in enumerate(shapes):
+        groups = grouped_count(device, m, n, k, torch.finfo(torch_dtype).bits // 8)
         x_RK = torch.randn(groups * m, k, dtype=torch_dtype, device=device.torch_device)
         w_GKN = torch.randn(groups, k, n, dtype=torch_dtype, device=device.torch_device)
         ends_G = torch.arange(m, groups * m + 1, m, dtype=torch.int64, device=device.torch_device)

@@ -72,3 +72,14 @@ def test_a_kernel_that_fails_leaves_a_partial_file_naming_what_is_missing(tmp_pa
     rates = json.loads((tmp_path / "cpu.json").read_text())["profiles"]["cpu"]["rates"]
     assert rates["partial"] is True and rates["missing"] == ["attention"]
     assert "attention" not in rates
+
+
+def test_grouped_points_on_an_accelerator_take_a_moe_layers_rows_within_its_weight_memory():
+    gpu = kernel_bench.Device("cuda", "NVIDIA H200", "", torch.device("cpu"), 1)
+    # qwen3_30b_a3b's layer gives 65,536 rows over 128 experts: 8 groups of 128 rows would fill a fraction of it.
+    assert kernel_bench.grouped_count(gpu, 128, 1024, 1024, 2) == 128
+    assert kernel_bench.grouped_count(gpu, 4096, 1024, 1024, 2) == 16
+    # 16384 x 16384 bf16 weights are 512 MiB a group: 8 of them, not 128.
+    assert kernel_bench.grouped_count(gpu, 128, 16384, 16384, 2) == 8
+    cpu = kernel_bench.Device("cpu", "cpu: test", "", torch.device("cpu"), 1)
+    assert kernel_bench.grouped_count(cpu, 64, 1024, 1024, 4) == 8
