@@ -36,15 +36,28 @@ def preload() -> None:
 
 
 def executor(*, selection: str, modules: list[str], processes: int | None = None) -> ProcessPoolExecutor:
-    """A pool whose every task runs in a fresh fork of the preloaded server. The server starts with this
-    process's environment at the first submission, once per process: its patches are fixed then."""
+    """A pool whose every task runs in a fresh fork of the preloaded server. The server is started here, once
+    per process, with the recordings' environment (its patches are fixed then); this process's own environment
+    is left as it was, so a caller (a rehearsal's rank, a test) does not become a runtime-enabled process."""
+    from multiprocessing import forkserver
+
     from npu_inject.planner import config
 
-    os.environ.update(config.environment(selection))
-    os.environ[PRELOAD_ENV] = ",".join(modules)
-    os.environ.setdefault("OMP_NUM_THREADS", "1")  # fake tensors compute nothing; forks stay thread-free
-    context = multiprocessing.get_context("forkserver")
-    context.set_forkserver_preload(["npu_inject.planner.preload"])
+    recording_env = {**config.environment(selection), PRELOAD_ENV: ",".join(modules),
+                     # fake tensors compute nothing; forks stay thread-free
+                     "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}
+    saved = {name: os.environ.get(name) for name in recording_env}
+    os.environ.update(recording_env)
+    try:
+        context = multiprocessing.get_context("forkserver")
+        context.set_forkserver_preload(["npu_inject.planner.preload"])
+        forkserver.ensure_running()  # it copies the environment now
+    finally:
+        for name, value in saved.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
     return ProcessPoolExecutor(processes or max(1, os.cpu_count() or 1), mp_context=context, max_tasks_per_child=1)
 
 
