@@ -89,14 +89,29 @@ def pytest_collection_modifyitems(config, items):
                                  "e2e" not in item.keywords))  # stable: collection order within
 
 
+def _runtime_variables() -> dict[str, str]:
+    return {name: value for name, value in os.environ.items() if name.startswith("TORCHTITAN_NPU")}
+
+
 @pytest.fixture(autouse=True)
-def _clean_runtime():
-    """Every test starts and ends with no active runtime (patches reverted)."""
+def _clean_runtime(request):
+    """Every test starts and ends with no active runtime (patches reverted), and leaves the runtime's
+    variables in os.environ as it found them: a TORCHTITAN_NPU left behind switches the runtime on in every
+    process the worker starts later (it once broke a simulator suite in CI, two files away)."""
     from npu_inject import runtime
 
     runtime.deactivate()
+    before = _runtime_variables()
     yield
     runtime.deactivate()
+    after = _runtime_variables()
+    if after != before:
+        for name in after:
+            os.environ.pop(name)
+        os.environ.update(before)
+        changed = sorted(name for name in set(before) | set(after) if before.get(name) != after.get(name))
+        pytest.fail(f"{request.node.nodeid} changed {', '.join(changed)} in os.environ and left it so (restored now); "
+                    "use monkeypatch.setenv or pass env= to the child")
 
 
 @pytest.fixture
