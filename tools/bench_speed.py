@@ -30,12 +30,11 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 BIN = os.path.dirname(sys.executable)
 REHEARSAL = ["--module", "llama3", "--config", "llama3_debugmodel", "--training.seq_len", "256",
              "--training.local_batch_size", "2"]
-# The job whose layers.1 each tools/bench_layer.py --model is: its local batch and seq_len, no activation checkpointing.
+# The job each tools/bench_layer.py --model is a layer of; planned at the batch and seq_len it ran, without
+# activation checkpointing.
 LAYER = {
-    "llama3_8b": ["--module", "llama3", "--config", "llama3_8b", "--training.seq_len", "8192",
-                  "--training.local_batch_size", "2", "activation-checkpoint:none"],
-    "qwen3_30b_a3b": ["--module", "qwen3", "--config", "qwen3_30b_a3b", "--training.seq_len", "4096",
-                      "--training.local_batch_size", "2", "activation-checkpoint:none"],
+    "llama3_8b": ["--module", "llama3", "--config", "llama3_8b"],
+    "qwen3_30b_a3b": ["--module", "qwen3", "--config", "qwen3_30b_a3b"],
 }
 
 
@@ -106,9 +105,8 @@ def cmd_layer(args) -> int:
     model = measured.get("model", "llama3_8b")  # files written before --model existed are llama3_8b's
     if model not in LAYER:
         raise SystemExit(f"{args.layer_json}: model {model!r} is not one of {', '.join(LAYER)}")
-    argv = LAYER[model].copy()
-    argv[argv.index("--training.local_batch_size") + 1] = str(measured["batch"])  # the batch bench_layer ran
-    argv[argv.index("--training.seq_len") + 1] = str(measured["seq"])
+    argv = [*LAYER[model], "--training.seq_len", str(measured["seq"]), "--training.local_batch_size",
+            str(measured["batch"]), "activation-checkpoint:none"]
     planned = plan(args.hardware, args.hardware_file, 8, argv)
     layer_s = planned["time_by_module"]["layers.1"]
     print(f"{model} decoder layer, local batch {measured['batch']} x seq {measured['seq']}, bf16, AC none; "
