@@ -54,3 +54,18 @@ def test_a_non_leaf_input_pops_the_module_after_its_gradient():
         y.sum().backward()
         assert tracker.parents == {"Global"}
     assert seen and "Linear" in seen[0], seen
+
+
+def test_of_two_active_modules_of_one_depth_an_op_belongs_to_the_one_entered_last():
+    # In backward two layers can be in ModTracker's set at once; the pick used to follow the string hash.
+    import types
+
+    from npu_inject.planner.trace import Recorder
+
+    tracker = _UncheckedModTracker()
+    for name in ("Model", "Model.layers.10", "Model.layers.9"):
+        tracker._get_append_fn(None, name, False)()
+    recorder = types.SimpleNamespace(_modules=tracker)
+    assert Recorder._module_of(recorder) == "layers.9"
+    tracker._get_append_fn(None, "Model.layers.10", False)()  # entered again (recomputation)
+    assert Recorder._module_of(recorder) == "layers.10"
