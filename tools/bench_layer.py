@@ -65,6 +65,15 @@ class Layer(torch.nn.Module):
         cos, sin = cos_LH[None, :, None, :], sin_LH[None, :, None, :]
         return torch.stack((even * cos - odd * sin, even * sin + odd * cos), dim=-1).flatten(-2).type_as(x_BLNH)
 
+    def attend(self, q_BNLH, k_BNLH, v_BNLH):
+        """Causal GQA attention by SDPA, on ``self.backend`` when one is set."""
+        if self.backend is None:
+            return F.scaled_dot_product_attention(q_BNLH, k_BNLH, v_BNLH, is_causal=True, enable_gqa=True)
+        from torch.nn.attention import sdpa_kernel
+
+        with sdpa_kernel([self.backend]):
+            return F.scaled_dot_product_attention(q_BNLH, k_BNLH, v_BNLH, is_causal=True, enable_gqa=True)
+
     def forward(self, x_BLD: torch.Tensor, cos_LH, sin_LH) -> torch.Tensor:
         B, L, _ = x_BLD.shape
         h_BLD = self.attention_norm(x_BLD)
@@ -72,14 +81,7 @@ class Layer(torch.nn.Module):
         k_BLNH = self.wk(h_BLD).view(B, L, self.kv_heads, self.head_dim)
         v_BLNH = self.wv(h_BLD).view(B, L, self.kv_heads, self.head_dim)
         q_BLNH, k_BLNH = self.rotate(q_BLNH, cos_LH, sin_LH), self.rotate(k_BLNH, cos_LH, sin_LH)
-        q_BNLH, k_BNLH, v_BNLH = (t.transpose(1, 2) for t in (q_BLNH, k_BLNH, v_BLNH))
-        if self.backend is None:
-            out_BNLH = F.scaled_dot_product_attention(q_BNLH, k_BNLH, v_BNLH, is_causal=True, enable_gqa=True)
-        else:
-            from torch.nn.attention import sdpa_kernel
-
-            with sdpa_kernel([self.backend]):
-                out_BNLH = F.scaled_dot_product_attention(q_BNLH, k_BNLH, v_BNLH, is_causal=True, enable_gqa=True)
+        out_BNLH = self.attend(*(t.transpose(1, 2) for t in (q_BLNH, k_BLNH, v_BLNH)))
         x_BLD = x_BLD + self.wo(out_BNLH.transpose(1, 2).reshape(B, L, -1))
         h_BLD = self.ffn_norm(x_BLD)
         return x_BLD + self.w2(F.silu(self.w1(h_BLD)) * self.w3(h_BLD))
@@ -106,16 +108,7 @@ class Qwen3MoELayer(Layer):
         self.rope_theta = rope_theta
         self.backend = None
 
-    def attend(self, q_BNLH, k_BNLH, v_BNLH):
-        if self.backend is None:
-            return F.scaled_dot_product_attention(q_BNLH, k_BNLH, v_BNLH, is_causal=True, enable_gqa=True)
-        from torch.nn.attention import sdpa_kernel
-
-        with sdpa_kernel([self.backend]):
-            return F.scaled_dot_product_attention(q_BNLH, k_BNLH, v_BNLH, is_causal=True, enable_gqa=True)
-
     def experts(self, h_TD: torch.Tensor) -> torch.Tensor:
-        T, D = h_TD.shape
         with torch.autocast(device_type=h_TD.device.type, enabled=False):
             scores_TE = F.linear(h_TD.float(), self.gate.weight.float()).softmax(dim=-1)
         top_scores_TK, expert_TK = scores_TE.topk(self.top_k, dim=-1)
