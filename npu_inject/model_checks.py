@@ -13,7 +13,8 @@ import os
 import traceback
 from dataclasses import dataclass
 
-EXTRA = "pip install 'npu-inject[models]'"
+from npu_inject.extras import install_hint
+
 MAKE_ASSETS = "python tools/make_assets.py (text) / python tools/make_sft_assets.py (SFT)"
 
 
@@ -129,7 +130,8 @@ def family_problem(family: str | None, target: str) -> str | None:
     if not missing:
         return None
     what = ", ".join(f"{needs.distribution} ({needs.used_for})" for needs in missing)
-    return f"--module {family} needs {what}, not installed: {EXTRA}"
+    return f"--module {family} needs {what}, not installed: " + "; ".join(
+        install_hint(needs.distribution) for needs in missing)
 
 
 def quantization_problem(exc: BaseException, config: str | None, target: str) -> str | None:
@@ -219,7 +221,6 @@ def data_problem(config, config_name: str | None) -> str | None:
 # torchtitan's TorchFTManager builds these torchft process groups (experiments/torchft/manager.py); hccl is the
 # runtime's (patches/torchft_npu.py; the rehearsal runs it, and nccl, on gloo).
 FT_PROCESS_GROUPS = ("gloo", "nccl", "mccl", "hccl")
-FT_EXTRA = "pip install 'npu-inject[torchft]'"
 LIGHTHOUSE_CONNECT_TIMEOUT_S = 5.0
 # torchft 0.2.0's defaults: the manager's quorum timeout (TORCHFT_QUORUM_TIMEOUT_SEC overrides it; torchtitan passes
 # none) and the lighthouse's heartbeat timeout (its --heartbeat_timeout_ms, which a replica cannot read).
@@ -282,7 +283,7 @@ def fault_tolerance_problem(config, target: str, environ=os.environ, hccl_group:
     if ft is None or not getattr(ft, "enable", False):
         return None
     if importlib.util.find_spec("torchft") is None:
-        return f"--fault_tolerance.enable needs torchft, not installed: {FT_EXTRA}"
+        return f"--fault_tolerance.enable needs torchft, not installed: {install_hint('torchft')}"
     group = ft.process_group
     if group not in FT_PROCESS_GROUPS:
         return (f"--fault_tolerance.process_group {group!r} does not exist: torchtitan's TorchFTManager builds "

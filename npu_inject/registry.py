@@ -77,6 +77,9 @@ class PatchSpec:
         default_factory=lambda: MappingProxyType({}))
     runs_on: tuple[str, ...] = _key(list, "list of runtime targets the patch applies to: 'npu' and/or 'cpu'",
                                     default=TARGET_KINDS)
+    packages: tuple[str, ...] = _key(
+        list, "list of optional distributions the patch's targets live in (e.g. torchft): where one is not "
+        "installed the patch is not applicable, never a problem", default=())
 
     @property
     def description(self) -> str:
@@ -174,7 +177,7 @@ def _parse_key(where: str, key: str, value: Any, ranges: Mapping[str, Mapping[st
     meta = ENTRY_KEYS[key].metadata
     if not isinstance(value, meta["json_type"]):
         raise ConfigError(f"{where}: key {key!r} must be {meta['meaning']}, got {type(value).__name__}")
-    if key in ("triggers", "requires", "runs_on"):
+    if key in ("triggers", "requires", "runs_on", "packages"):
         value = _string_list(where, key, value)
     if key == "runs_on":
         for item in value:

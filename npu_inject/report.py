@@ -14,9 +14,10 @@ from typing import Any
 
 # applied: in effect; skipped: enabled but not applied (version, requirement);
 # failed: apply raised or a target is missing (everything it changed was restored);
-# disabled: off by selection or not meant for this target; pending: trigger not imported yet;
+# disabled: off by selection or not meant for this target; not applicable: an optional package it patches
+# (torchft) is not installed; pending: trigger not imported yet;
 # reverted: was applied, then undone (applies again at the next import of its trigger).
-STATES = ("applied", "skipped", "failed", "disabled", "pending", "reverted")
+STATES = ("applied", "skipped", "failed", "disabled", "not applicable", "pending", "reverted")
 
 
 @dataclass
@@ -48,12 +49,15 @@ class Report:
         torch_npu = self.versions.get("torch_npu")
         if torch_npu:
             parts.append(f"torch_npu={torch_npu}")
-        for state in ("applied", "failed", "skipped", "pending", "reverted", "disabled"):
+        for state in ("applied", "failed", "skipped", "pending", "reverted", "disabled", "not applicable"):
             ids = self.ids(state)
             if not ids:
                 continue
             if state in ("failed", "skipped"):
                 shown = ", ".join(f"{i} ({self.patches[i].reason})" for i in ids)
+            elif state == "not applicable":  # the same reason for every patch of one package: said once
+                reasons = dict.fromkeys(self.patches[i].reason for i in ids)
+                shown = f"{', '.join(ids)} ({'; '.join(reasons)})"
             else:
                 shown = ", ".join(ids)
             parts.append(f"{state} {len(ids)}: {shown}")

@@ -13,6 +13,7 @@ selection is made before torch or torchtitan are imported.
 
 from __future__ import annotations
 
+import functools
 import os
 from dataclasses import dataclass
 from types import MappingProxyType
@@ -84,8 +85,19 @@ def select(registry: registry_mod.Registry, selection: str,
     return enabled
 
 
-def initial_state(spec: registry_mod.PatchSpec, enabled: Mapping[str, bool], target: str | None) -> tuple[str, str]:
-    """(state, reason) of a patch before its trigger is imported: 'disabled' or 'pending'.
+NOT_APPLICABLE = "not applicable"
+
+
+def missing_packages(spec: registry_mod.PatchSpec, version_of=None) -> list[str]:
+    """The optional distributions ``spec`` patches (its ``packages``) that are not installed."""
+    version_of = version_of or installed_version
+    return [distribution for distribution in spec.packages if version_of(distribution) is None]
+
+
+def initial_state(spec: registry_mod.PatchSpec, enabled: Mapping[str, bool], target: str | None,
+                  version_of=None) -> tuple[str, str]:
+    """(state, reason) of a patch before its trigger is imported: 'disabled', 'not applicable' (an optional
+    package it patches is not installed: nothing to patch, and nothing wrong) or 'pending'.
 
     ``enabled`` is :func:`select`'s result for the whole registry.
     """
@@ -96,6 +108,11 @@ def initial_state(spec: registry_mod.PatchSpec, enabled: Mapping[str, bool], tar
         return "disabled", "off by selection"
     if target is not None and target not in spec.runs_on:
         return "disabled", f"runs only on {', '.join(spec.runs_on)}"
+    missing = missing_packages(spec, version_of)
+    if missing:
+        from npu_inject.extras import install_hint
+
+        return NOT_APPLICABLE, "; ".join(f"{name} is not installed; to use it: {install_hint(name)}" for name in missing)
     return "pending", f"waiting for import of {' or '.join(spec.triggers)}"
 
 
@@ -170,7 +187,9 @@ def make(environ: os._Environ | dict | None = None) -> Selection:
         # Faults asked for and silently not caused would make a recovery test pass for nothing.
         raise ConfigError(f"{settings_mod.ENV_FAULTS} asks for faults but patch inject_faults is not enabled; "
                           f"add +inject_faults to {settings_mod.ENV_PATCHES} or unset {settings_mod.ENV_FAULTS}")
-    initial = {patch_id: initial_state(spec, enabled, settings.target) for patch_id, spec in registry.patches.items()}
+    installed = functools.lru_cache(maxsize=None)(installed_version)  # one lookup per distribution
+    initial = {patch_id: initial_state(spec, enabled, settings.target, installed)
+               for patch_id, spec in registry.patches.items()}
     pending = [patch_id for patch_id, (state, _) in initial.items() if state == "pending"]
     versions = {dist: installed_version(dist) for dist in registry_mod.VERSIONED_DISTRIBUTIONS}
     return Selection(settings, registry, MappingProxyType(enabled), MappingProxyType(initial),

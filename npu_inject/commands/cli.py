@@ -41,6 +41,9 @@ def _state(selection: selection_mod.Selection, patch_id: str) -> str:
     'on for <target>' when the patch runs on one target only."""
     state, reason = selection.initial[patch_id]
     reason = reason.removeprefix("off: ")  # shown as "off (...)"
+    if state == selection_mod.NOT_APPLICABLE:  # the reason's install line is in `show` and doctor
+        missing = selection_mod.missing_packages(selection.registry.patches[patch_id])
+        return f"n/a ({', '.join(missing)} not installed)"
     if state == "pending":
         if selection.target is not None:
             return "on"
@@ -214,8 +217,9 @@ def target_status(target: str) -> str:
 
 def cmd_doctor(args) -> int:
     selection = selection_mod.make()
+    optional = (name for spec in selection.registry.patches.values() for name in spec.packages)
     versions = {dist: selection.versions[dist] if dist in selection.versions else selection_mod.installed_version(dist)
-                for dist in DOCTOR_DISTRIBUTIONS}
+                for dist in dict.fromkeys((*DOCTOR_DISTRIBUTIONS, *optional))}
     print("installed:")
     for dist, version in versions.items():
         print(f"  {dist:14} {version or '-'}")
@@ -225,8 +229,14 @@ def cmd_doctor(args) -> int:
         problems += not probe_ok
         print(f"  torch_npu import: {probe if probe_ok else 'PROBLEM: ' + probe}")
     print(f"patches enabled for target {selection.target or 'off'}:")
+    unchecked: dict[str, list[str]] = {}  # why -> the patches doctor did not check for it
     for spec in selection.registry.patches.values():
-        if selection.state(spec.id) != "pending":
+        state, reason = selection.initial[spec.id]
+        if state == selection_mod.NOT_APPLICABLE:
+            print(f"  {spec.id:18} not applicable: {reason}")
+        if state != "pending":
+            unchecked.setdefault(reason.removeprefix("off: ") if state == "disabled" else
+                                 f"{', '.join(selection_mod.missing_packages(spec))} not installed", []).append(spec.id)
             continue
         issues = []
         version_issue = selection.version_problem(spec.id)
@@ -247,6 +257,9 @@ def cmd_doctor(args) -> int:
         problems += bool(issues)
         verdict = "ok" if not issues else "PROBLEM: " + "; ".join(issues)
         print(f"  {spec.id:18} {verdict}" + "".join(f" [note: {note}]" for note in notes))
+    if unchecked:
+        print("not checked (nothing this run would apply): " + "; ".join(
+            f"{', '.join(ids)} ({why})" for why, ids in unchecked.items()))
     if problems:
         print(f"{problems} problem(s): a run with this environment would not apply every enabled patch")
     return EXIT_OK if problems == 0 else EXIT_ERROR

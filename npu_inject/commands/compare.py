@@ -35,6 +35,7 @@ import re
 from dataclasses import dataclass, field
 
 from npu_inject.errors import ConfigError
+from npu_inject.extras import install_hint
 
 # 1: run B does not match A: a step past --tolerance, or steps / metrics missing from one run.
 EXIT_OK, EXIT_MISMATCH = 0, 1
@@ -442,7 +443,7 @@ def _require_matplotlib() -> None:
     try:
         import matplotlib  # noqa: F401
     except ImportError:
-        raise RunInputError("--plot needs matplotlib: pip install 'npu-inject[plot]'") from None
+        raise RunInputError(f"--plot needs matplotlib: {install_hint('matplotlib')}") from None
 
 
 # -- command --------------------------------------------------------------------
@@ -523,7 +524,7 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
                         help="read this rank's lines/records when a run has several (default: lowest)")
     parser.add_argument("--plot", metavar="PNG", default=None,
                         help="write both curves and their relative difference to this PNG "
-                        "(needs matplotlib: pip install 'npu-inject[plot]')")
+                        "(needs matplotlib: npu-inject's plot extra)")
     parser.add_argument("--allow-prefix", action="store_true",
                         help="compare the runs up to the last step of the shorter one (e.g. a short "
                         "NPU run against a long reference); the later steps of the longer run are "

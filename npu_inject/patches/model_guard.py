@@ -29,7 +29,7 @@ both targets:
   survivor's quorum outlasts (``model_checks.hang_timeout_problem``).
 
 Each stop is ``SystemExit`` with one line that names what is missing and how to
-get it (the optional packages are the ``npu-inject[models]`` extra). Configs that
+get it (an optional package at the version npu-inject's extra pins, :mod:`npu_inject.extras`). Configs that
 can train pass through unchanged.
 """
 

@@ -132,6 +132,34 @@ def test_doctor_reports_versions_and_targets(env, capsys):
     assert "  attention          ok" in out
 
 
+def _without_torchft(env):
+    """As on a machine that installed npu-inject without its torchft extra (the README's plain install)."""
+    from npu_inject import selection
+
+    real = selection.installed_version
+    env.setattr(selection, "installed_version", lambda name: None if name == "torchft" else real(name))
+
+
+def test_doctor_without_an_optional_package_is_ok_and_names_what_it_did_not_check(env, capsys):
+    env.setenv("TORCHTITAN_NPU", "cpu")
+    _without_torchft(env)
+    assert cli.main(["doctor"]) == 0
+    out = capsys.readouterr().out
+    assert "problem" not in out.lower()
+    assert "  torchft        -" in out
+    hint = "torchft is not installed; to use it: pip install 'torchft~=0.2.0' (npu-inject's torchft extra)"
+    for patch_id in ("torchft_commits", "torchft_heal", "torchft_leave"):
+        assert f"  {patch_id:18} not applicable: {hint}" in out
+    unchecked = next(line for line in out.splitlines() if line.startswith("not checked"))
+    assert "torchft_commits, torchft_heal, torchft_leave (torchft not installed)" in unchecked
+    assert "torchft_npu, torchft_recover, uce_repair (runs only on npu)" in unchecked
+    assert "swap_optimizer, inject_faults (off by selection)" in unchecked
+    env.setenv("COLUMNS", "250")
+    assert cli.main(["list"]) == 0
+    row = next(line for line in capsys.readouterr().out.splitlines() if line.startswith("torchft_heal "))
+    assert "n/a (torchft not installed)" in row
+
+
 def test_doctor_finds_missing_targets(env, capsys, tmp_path):
     (tmp_path / "mine_patch.py").write_text(
         '"""A local patch."""\n\nTARGETS = ("torchtitan.trainer:Trainer.no_such_method", "torchtitan.nowhere:thing")\n')

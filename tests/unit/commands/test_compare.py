@@ -255,7 +255,7 @@ def test_plot_without_matplotlib_is_a_one_line_error(tmp_path, capsys, monkeypat
     a = write_log(tmp_path / "a.log", REFERENCE)
     assert cli.main(["compare", a, a, "--plot", str(tmp_path / "out.png")]) == 2
     err = capsys.readouterr().err
-    assert err == "npu-inject: error: --plot needs matplotlib: pip install 'npu-inject[plot]'\n"
+    assert err == "npu-inject: error: --plot needs matplotlib: pip install 'matplotlib' (npu-inject's plot extra)\n"
     assert not (tmp_path / "out.png").exists()
 
 

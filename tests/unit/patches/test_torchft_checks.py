@@ -67,8 +67,10 @@ def test_rehearsal_with_a_lighthouse_passes_and_each_bad_input_is_one_line(light
 def test_torchft_missing_names_the_extra(monkeypatch):
     real = importlib.util.find_spec
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "torchft" else real(name, *a))
+    # the project is installed from a clone, not from PyPI: the line names torchft at the extra's pin
     assert model_checks.fault_tolerance_problem(_config(), "cpu", {}) == (
-        "--fault_tolerance.enable needs torchft, not installed: pip install 'npu-inject[torchft]'")
+        "--fault_tolerance.enable needs torchft, not installed: pip install 'torchft~=0.2.0' (npu-inject's "
+        "torchft extra)")
 
 
 def _timeouts(train_timeout_seconds: int):

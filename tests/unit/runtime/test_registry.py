@@ -265,10 +265,10 @@ def test_requirement_cycle_across_documents_names_each_file():
                      "did you mean 'patches'?"),
     ({"patches": {"mine": {"triggers": ["x"], "requries": ["device"]}}},
      "patches['mine']: unknown key(s) 'requries'; allowed: triggers, module, supports, requires, default, options, "
-     "option_rules, runs_on; did you mean 'requires'?"),
+     "option_rules, runs_on, packages; did you mean 'requires'?"),
     ({"patches": {"mine": {"triggers": ["x"], "defualt": False, "colour": 1, "optoins": {}}}},
      "patches['mine']: unknown key(s) 'colour', 'defualt', 'optoins'; allowed: triggers, module, supports, requires, "
-     "default, options, option_rules, runs_on; did you mean 'default' for 'defualt', 'options' for 'optoins'?"),
+     "default, options, option_rules, runs_on, packages; did you mean 'default' for 'defualt', 'options' for 'optoins'?"),
     ({"patches": {"device": {"defualt": False}}},
      "patches['device']: key(s) 'defualt' cannot be overridden for existing patch 'device'; allowed: supports, "
      "default, options; did you mean 'default'?"),

@@ -127,6 +127,23 @@ def test_disabled_and_wrong_target_patches_are_reported(fake_target):
     assert rt.report.patches["triton_guard"].state == "disabled"  # not in the exact selection
 
 
+def test_a_patch_of_a_package_that_is_not_installed_is_not_applicable_and_never_imported(fake_target):
+    path = fake_target({
+        "fake_device": fake_entry("fake_patch_device"),
+        "fake_optional": fake_entry("fake_patch_broken", packages=["surely-not-installed-dist"]),
+    })
+    rt = activate(path, "fake_device,fake_optional")
+    importlib.import_module("faketitan.core")  # the trigger of both
+    record = rt.report.patches["fake_optional"]
+    assert record.state == "not applicable"
+    assert record.reason == ("surely-not-installed-dist is not installed; to use it: pip install "
+                             "surely-not-installed-dist")
+    assert "fake_patch_broken" not in sys.modules  # its module would raise when applied
+    line = rt.report.summary_line()
+    assert "not applicable 1: fake_optional (surely-not-installed-dist is not installed" in line
+    assert "failed" not in line and "applied 1: fake_device" in line
+
+
 def test_configuration_errors_come_before_any_patch(fake_target):
     path = fake_target({"fake_device": fake_entry("fake_patch_device", requires=["nonexistent"])})
     with pytest.raises(ConfigError, match="requires unknown patch 'nonexistent'"):
