@@ -300,3 +300,11 @@ def fault_tolerance_problem(config, target: str, environ=os.environ, hccl_group:
                 "gloo (a config naming nccl or hccl is run on gloo)")
     return (hang_timeout_problem(config, environ) if leave_watchdog else None) or lighthouse_problem(
         environ.get("TORCHFT_LIGHTHOUSE"))
+    checkpoint = getattr(config, "checkpoint", None)
+    if getattr(ft, "group_size", 1) > 1 and not getattr(checkpoint, "enable", True):
+        # upstream's TorchFTCheckpointManager registers torchft's state functions only when checkpointing is on
+        return (f"--fault_tolerance.group_size {ft.group_size} needs --checkpoint.enable: torchtitan registers the "
+                "state a replica group heals from (model, optimizer, schedule, step) with torchft only when "
+                "checkpointing is on, and without it every group fails at its first quorum (torchft: \"user "
+                "state_dict is not initialized\"); add --checkpoint.enable (--checkpoint.interval N sets how often "
+                "it also writes to disk)")

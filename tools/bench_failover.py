@@ -63,8 +63,9 @@ STEP_LINE = re.compile(r"^\[default0\]:\[titan\] (\S+ \S+) - root - INFO - .*?st
 
 
 @contextlib.contextmanager
-def lighthouse(min_replicas: int = 1):
-    """torchft's lighthouse on a free port (a quorum of ``min_replicas`` groups or more); yields its address.
+def lighthouse(min_replicas: int = 1, join_timeout_ms: int = 1000):
+    """torchft's lighthouse on a free port (a quorum of ``min_replicas`` groups or more, formed once every
+    heartbeating group joined or ``join_timeout_ms`` after the first joined); yields its address.
 
     A group whose manager stopped heartbeating for 2 s is left out of the next quorum (torchft's default is 5 s):
     shorter than torchrun's restart of a killed group (4 s or more here), so the live group trains on alone
@@ -72,7 +73,7 @@ def lighthouse(min_replicas: int = 1):
     was quick enough joined the quorum the live group was waiting in, and nothing was trained alone."""
     port = free_port()
     binary = Path(sys.executable).with_name("torchft_lighthouse")
-    server = subprocess.Popen([str(binary), "--min_replicas", str(min_replicas), "--join_timeout_ms", "1000",
+    server = subprocess.Popen([str(binary), "--min_replicas", str(min_replicas), "--join_timeout_ms", str(join_timeout_ms),
                                "--heartbeat_timeout_ms", "2000", "--bind", f"[::]:{port}"],
                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
@@ -159,7 +160,7 @@ def target_environment(target: str, base: dict[str, str]) -> tuple[str, dict[str
 
 def run_failover(workdir: Path, steps: int = 30, fault: str | None = "kill@4:rank=1", timeout: int = 900,
                  target: str = "cpu", extra_args: tuple[str, ...] = (), min_replicas: int = 1,
-                 extra_env: dict[str, str] | None = None) -> Failover:
+                 extra_env: dict[str, str] | None = None, join_timeout_ms: int = 1000) -> Failover:
     """Two replica groups, the fault (if any) in group 1, each group under ``torchrun --max-restarts 1``;
     ``extra_args`` come after :data:`ARGS` (and override them), ``extra_env`` is added to both groups'.
 
@@ -169,7 +170,7 @@ def run_failover(workdir: Path, steps: int = 30, fault: str | None = "kill@4:ran
     step 2 of a run without a fault)."""
     train_timeout_s = 15 if fault and "hang" in fault else 45
     dumps = [workdir / f"group{group}" for group in range(2)]
-    with lighthouse(min_replicas) as address:
+    with lighthouse(min_replicas, join_timeout_ms) as address:
         processes = []
         for group, dump in enumerate(dumps):
             python, env = target_environment(target, clean_env(TORCHFT_LIGHTHOUSE=address, HF_HUB_OFFLINE="1"))

@@ -250,7 +250,12 @@ def cmd_doctor(args) -> int:
             targets = ()
         for target in targets:
             status = target_status(target.name)
-            if not status.startswith("ok"):
+            package = split_target(target.name)[0].split(".")[0]
+            if target.condition and status.startswith("module ") and importlib.util.find_spec(package) is None:
+                # changed only under its condition, which cannot hold without the package (torchft)
+                notes.append(f"target {target.name}: not checked, {package} is not installed (changed only "
+                             f"{target.condition})")
+            elif not status.startswith("ok"):
                 issues.append(f"target {target.name}: {status}")
             elif status != "ok" and "serves" not in status:
                 notes.append(f"target {target.name}: {status[len('ok ('):-1]}")

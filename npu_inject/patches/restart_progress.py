@@ -13,9 +13,19 @@ Here rank 0 records each finished step in the launcher's store, which outlives t
 outside :mod:`npu_inject.patches.restart_store`'s per-attempt prefix). A restarted attempt that begins at step
 1 while an earlier attempt reached step N > 1 is watched: without torchft every rank stops after that step
 with one line naming both; a torchft group may train a few steps alone before a quorum with a live peer heals
-it (its step jumps inside a step), so it stops only once it has trained to step N again without healing. Each
-further attempt torchrun makes stops the same way. ``TORCHTITAN_NPU_PATCHES=-restart_progress`` lets such a
-restart train from scratch. Its cost: rank 0 sets one key of the launcher's store per step (one round trip).
+it, so it stops only once it has trained to step N again without healing. Each further attempt torchrun makes
+stops the same way. ``TORCHTITAN_NPU_PATCHES=-restart_progress`` lets such a restart train from scratch. Its
+cost: rank 0 sets one key of the launcher's store per step (one round trip).
+
+A heal is recognised by torchft's own signal: its manager loads a peer's torchft state
+(``Manager.load_state_dict``, which torchft calls only when it heals, on its quorum thread). torchtitan's step
+counter is no such signal: under DiLoCo and LocalSGD a heal restores the model and torchft's step at a
+synchronisation, and whether torchtitan's step moves with it depends on the train state served; a group that
+healed at its first synchronisation was stopped at step 8 as if it had trained from scratch (upstream's
+``llama3_torchft_debugmodel``, group 1 killed at step 8). A semi-synchronous group meets its peers only at its
+synchronisations, so the lighthouse must wait for them (``--join_timeout_ms``, torchft's default 60 s, longer
+than the time between two synchronisations): with a shorter one, the restarted group formed its quorums alone
+and never healed, and its stop line says so.
 """
 
 from __future__ import annotations
@@ -27,6 +37,7 @@ from npu_inject.patching import PatchContext
 
 TARGETS = (
     "torchtitan.trainer:Trainer.train_step",
+    ("torchft.manager:Manager.load_state_dict", "in a torchft job restarted by torchrun"),
 )
 
 STEP_KEY = "npu_inject/restart_progress/step"  # in the launcher's store, under no attempt's prefix
@@ -49,14 +60,18 @@ def apply(ctx: PatchContext) -> None:
     if attempt is None:
         ctx.note("not under torchrun: no restart to watch")
     rank = int(os.environ.get("RANK", "0"))
-    state = {"first_step": True, "watching": False, "earlier": 0, "store": None}
+    state = {"first_step": True, "watching": False, "earlier": 0, "store": None, "healed": False}
 
-    def stop(attempt_began: str, earlier: int) -> None:
+    def stop(attempt_began: str, earlier: int, hint: str = "") -> None:
         stop_run(f"npu_inject restart_progress: restart attempt {attempt} of this worker group {attempt_began}, from "
                  f"the initial weights, after an earlier attempt reached step {earlier}: no checkpoint was loaded "
-                 "and no torchft peer was ahead to heal from, so every step since would be lost without a word. "
-                 "Keep checkpoints (--checkpoint.enable --checkpoint.interval N), or allow it with "
+                 f"and no torchft peer was ahead to heal from{hint}, so every step since would be lost without a "
+                 "word. Keep checkpoints (--checkpoint.enable --checkpoint.interval N), or allow it with "
                  "TORCHTITAN_NPU_PATCHES=-restart_progress")
+
+    def load_state_dict(original, manager, *args, **kwargs):
+        state["healed"] = True  # torchft heals: it loads the peer's torchft state (its quorum thread)
+        return original(manager, *args, **kwargs)
 
     def train_step(original, trainer, *args, **kwargs):
         if state["first_step"]:
@@ -70,22 +85,35 @@ def apply(ctx: PatchContext) -> None:
                 if not state["watching"]:
                     ctx.note(f"restart attempt {attempt} began at step {trainer.step} "
                              f"(an earlier attempt reached step {state['earlier']})")
+                elif torchft_job(trainer):
+                    ctx.wrap("torchft.manager:Manager.load_state_dict", load_state_dict)
         store = state["store"]
         began = trainer.step
         result = original(trainer, *args, **kwargs)
         if state["watching"]:
             earlier = state["earlier"]
-            if trainer.step != began:  # a torchft group healed from a peer's live state inside the step
+            if state["healed"]:  # torchft loaded a peer's state inside the step
                 state["watching"] = False
-                ctx.note(f"restart attempt {attempt} healed to step {trainer.step} after training to step {began} "
-                         f"from the initial weights (an earlier attempt reached step {earlier})")
-            elif not getattr(getattr(trainer, "ft_manager", None), "enabled", False):
+                ctx.note(f"restart attempt {attempt} healed from a torchft peer in its step {began} (torchtitan's "
+                         f"step now {trainer.step}) after training from the initial weights (an earlier attempt "
+                         f"reached step {earlier})")
+            elif not torchft_job(trainer):
                 stop("began again at step 1", earlier)
             elif trainer.step >= earlier:
                 # torchft: a restarted group may train a few steps alone before a quorum with a live peer heals it
-                stop(f"trained from step 1 to step {trainer.step} again without healing from a torchft peer", earlier)
+                semi_sync = getattr(getattr(trainer.config, "fault_tolerance", None), "semi_sync_method", None)
+                hint = (f" (under {semi_sync} a group meets its peers only at its synchronisations: a lighthouse "
+                        "whose --join_timeout_ms is shorter than the time between two of them forms a restarted "
+                        "group's quorums without the live groups; torchft's default is 60000)" if semi_sync else "")
+                stop(f"trained from step 1 to step {trainer.step} again without healing from a torchft peer", earlier,
+                     hint)
         if rank == 0 and store is not None:
             store.set(STEP_KEY, str(trainer.step))
         return result
 
     ctx.wrap_overrides("Trainer.train_step", train_step)
+
+
+def torchft_job(trainer) -> bool:
+    """Whether ``trainer`` trains with torchft (torchtitan's FaultTolerantTrainer with fault tolerance on)."""
+    return getattr(getattr(trainer, "ft_manager", None), "enabled", False)

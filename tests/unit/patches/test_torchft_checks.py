@@ -73,6 +73,21 @@ def test_torchft_missing_names_the_extra(monkeypatch):
         "torchft extra)")
 
 
+def test_replica_groups_without_checkpointing_stop_naming_the_flag(lighthouse_port):
+    """Upstream registers the state a group heals from only with --checkpoint.enable: without it two groups
+    failed at their first quorum ("user state_dict is not initialized", then 60 s lock timeouts)."""
+    here = {"TORCHFT_LIGHTHOUSE": f"http://127.0.0.1:{lighthouse_port}"}
+
+    def problem(group_size: int, enable: bool):
+        config = _config(group_size=group_size)
+        config.checkpoint = SimpleNamespace(enable=enable)
+        return model_checks.fault_tolerance_problem(config, "cpu", here)
+
+    assert problem(2, enable=False).startswith("--fault_tolerance.group_size 2 needs --checkpoint.enable: ")
+    assert problem(2, enable=True) is None
+    assert problem(1, enable=False) is None  # one group heals from nobody
+
+
 def _timeouts(train_timeout_seconds: int):
     config = _config()
     config.comm = SimpleNamespace(train_timeout_seconds=train_timeout_seconds)
