@@ -28,3 +28,7 @@ def test_wheel_layout(tmp_path):
     for dependency in ("torch", "torchtitan", "wrapt", "importlib-metadata", "packaging"):
         assert any(line.split()[1].startswith(dependency) for line in requires), dependency
     assert not any(line.split()[1] == "torch" and "==" in line for line in requires), "torch must not be pinned"
+    # the project's licence travels with the wheel, named in its metadata
+    (licence,) = [name for name in names if name.endswith(".dist-info/licenses/LICENSE")]
+    assert zipfile.ZipFile(wheel).read(licence).decode().startswith("BSD 3-Clause License")
+    assert "License-Expression: BSD-3-Clause" in metadata and "License-File: LICENSE" in metadata
