@@ -24,12 +24,21 @@ rank's process, and they are running while the check runs).
   and the run goes on. A job that spans hosts (``LOCAL_WORLD_SIZE`` below ``WORLD_SIZE``) and a
   ``--comm.mode`` dry run (one process) are not checked; the report notes it.
 
-Cost: one plan at start-up (two when the job does not fit). For ``llama3_debugmodel`` on 2 ranks,
-start-up (torchtitan's version line to "Trainer is initialized") took 27.4 s against 2.7 s without the
-check, the plan 26 s, on this project's 2-core 24 GiB host under a load of 4 to 6; the plans of
-upstream's 4-rank MoE cases took 13 to 15 s there. Most of it is the planner's own imports of torch
-and torchtitan. Switch it off with ``TORCHTITAN_NPU_PATCHES=-host_memory_check``; ``npu-inject suite``,
-which plans each case itself, does, and the planner's own recordings run without it (``PLANNER_EXCLUDED``).
+A plan costs 15 to 30 s at start-up (most of it the planner's own imports of torch and torchtitan; the plans of
+upstream's 4-rank MoE cases took 13 to 15 s), a third of a debug job's run. So rank 0 first bounds the job
+from above, in this process and without planning (:func:`upper_bound`, well under a second): the model built on
+the meta device as torchtitan builds it, every rank taken to hold all of it (``BYTES_PER_PARAMETER``: fp32
+parameters, gradients, Adam's two moments and FSDP's unsharded copies, no sharding credit), and each rank's
+activations bounded by the tokens of a microbatch times every weight's largest output per token,
+``ACTIVATION_FACTOR`` times over, plus each attention layer's full score matrices. When the bound, with the
+planner's margin, fits in half of what the host has (``BOUND_SAFETY``), the job fits and is not planned: the line
+says so and gives the bound. Otherwise (the bound does not fit, or cannot be made: pipeline parallelism, a model
+that is not torchtitan's Decoder) the job is planned as before. ``tests/e2e/test_host_memory_bound.py`` holds the
+bound above the plan for every text model's debug config at two shapes. A pipelined job, a model family the bound
+does not know and one whose bound comes near the host's memory pay the plan.
+
+Switch it off with ``TORCHTITAN_NPU_PATCHES=-host_memory_check``; ``npu-inject suite``, which plans each case
+itself, does, and the planner's own recordings run without it (``PLANNER_EXCLUDED``).
 """
 
 from __future__ import annotations
@@ -61,6 +70,14 @@ LAUNCHER_VARIABLES = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "G
 START_UP_SPARE_S = 60  # of the process group's start-up timeout, left to the waiting ranks beyond the plan
 UNCHECKED_TYPES = "--debug.no-spmd_typechecking"  # planned without the SPMD type checker (check(), why)
 SHORTEST_SEQ_LEN = 128  # the shortest sequence length the advice suggests
+# The upper bound (upper_bound): bytes per parameter every rank may hold (fp32 parameter, gradient, Adam's two
+# moments; FSDP's unsharded parameter and gradient of a layer, taken for the whole model); bytes of each weight's
+# largest output per token (fp32), times the tensors saved or made around it (its input, norms, activations,
+# residuals, the loss's softmax); the attention scores' fp32 copies per head (scores, probabilities, gradient).
+BYTES_PER_PARAMETER = 24
+ACTIVATION_FACTOR = 8
+SCORE_COPIES = 3
+BOUND_SAFETY = 2.0  # the bound, with the planner's margin, must fit this many times over to skip the plan
 
 
 def _gib(value: float) -> str:
@@ -89,19 +106,24 @@ def plan_document(argv: list[str], world_size: int, timeout_s: float) -> tuple[d
             return json.load(handle), ""
 
 
-def available_to_job(document: dict, ranks_here: int) -> int:
-    """Bytes this host could give the job's ranks: MemAvailable now (the planner has exited), plus what the
-    ranks already hold of their own, which the need counts: this rank's anonymous resident memory stands for
-    each (they all wait at the same point; the libraries' pages are shared and MemAvailable counts them).
-    Without /proc (not Linux), the planner's own figure."""
+def available_now(ranks_here: int) -> int | None:
+    """Bytes this host could give the job's ranks: MemAvailable now, plus what the ranks already hold of their
+    own, which the need counts: this rank's anonymous resident memory stands for each (they all wait at the same
+    point; the libraries' pages are shared and MemAvailable counts them). None without /proc (not Linux)."""
     try:
         with open("/proc/meminfo", encoding="ascii") as handle:
             available = next(int(line.split()[1]) * 1024 for line in handle if line.startswith("MemAvailable:"))
         with open("/proc/self/status", encoding="ascii") as handle:
             held = next(int(line.split()[1]) * 1024 for line in handle if line.startswith("RssAnon:"))
     except (OSError, StopIteration):
-        return document["host"]["available_bytes"]
+        return None
     return available + ranks_here * held
+
+
+def available_to_job(document: dict, ranks_here: int) -> int:
+    """:func:`available_now` once the planner has exited; without /proc, the planner's own figure."""
+    available = available_now(ranks_here)
+    return document["host"]["available_bytes"] if available is None else available
 
 
 def asked_bytes(document: dict, scale: float = 1.0) -> float:
@@ -173,16 +195,78 @@ def verdict(document: dict, available: int, ranks_here: int, local_batch_size: i
         f"cpu --ngpu {document['world_size']} <these flags>; to run anyway: TORCHTITAN_NPU_PATCHES=-host_memory_check")
 
 
-def check(argv: list[str], world_size: int, timeout_s: float, local_batch_size: int, seq_len: int
-          ) -> tuple[str, str]:
-    """Rank 0's verdict: (FITS, DOES_NOT_FIT or UNCHECKED, the line saying so)."""
+def upper_bound(config) -> tuple[int | None, str]:
+    """(bytes one rank of the job can need at most, besides its process's own; how it was bounded), or
+    (None, why no bound): see the module's docstring. Runs on the meta device: nothing is allocated."""
+    import copy
+
+    import torch
+
+    if config.parallelism.pipeline_parallel_degree > 1:
+        return None, "a pipeline schedule keeps several microbatches' activations"
+    model_config = copy.deepcopy(config.model_spec.model)  # torchtitan updates and builds its own later
+    layers = getattr(model_config, "layers", None)
+    if not isinstance(layers, (list, tuple)):
+        return None, f"{type(model_config).__qualname__} is not torchtitan's Decoder"
+    heads = [getattr(layer.attention, "n_heads", None) for layer in layers
+             if getattr(layer, "attention", None) is not None]
+    if None in heads:
+        return None, "an attention layer's config has no n_heads"
+    try:
+        model_config.update_from_config(config=config)
+        with torch.device("meta"):
+            model = model_config.build()
+    except Exception as exc:  # the job itself will say what is wrong, with its own traceback
+        return None, f"the model could not be built on the meta device ({type(exc).__name__}: {exc})"
+    parameters = sum(tensor.numel() for tensor in model.parameters())
+    per_token = sum(tensor.numel() // min(tensor.shape) for tensor in model.parameters() if tensor.dim() >= 2)
+    batch, seq_len = config.training.local_batch_size, config.training.seq_len
+    states = parameters * BYTES_PER_PARAMETER
+    activations = batch * seq_len * per_token * 4 * ACTIVATION_FACTOR
+    scores = batch * sum(heads) * seq_len**2 * 4 * SCORE_COPIES
+    return states + activations + scores, (
+        f"{parameters:,} parameters x {BYTES_PER_PARAMETER} B, {batch * seq_len:,} tokens x {per_token:,} outputs "
+        f"x 4 B x {ACTIVATION_FACTOR}, {sum(heads)} heads' {seq_len}^2 scores x {SCORE_COPIES}")
+
+
+def bound_verdict(bound: int, how: str, available: int, ranks_here: int) -> str | None:
+    """The FITS line when the bound, with the planner's margin, fits ``BOUND_SAFETY`` times over, else None."""
+    from npu_inject.planner.host_memory import HOST_MARGIN, PROCESS_BASELINE_BYTES
+
+    asked = ranks_here * (bound + PROCESS_BASELINE_BYTES) * HOST_MARGIN
+    if asked * BOUND_SAFETY > available:
+        return None
+    return (f"host memory checked by an upper bound, not planned: the rehearsal's {ranks_here} ranks need at most "
+            f"{_gib(asked)} GiB with the planner's {HOST_MARGIN - 1:.0%} margin (per rank {_gib(bound)} GiB: {how}; "
+            f"+ {_gib(PROCESS_BASELINE_BYTES)} GiB for torch and torchtitan), under half of the {_gib(available)} "
+            "GiB available; npu-inject plan --hardware cpu gives the planned figure")
+
+
+def check(argv: list[str], world_size: int, timeout_s: float, local_batch_size: int, seq_len: int,
+          config=None) -> tuple[str, str]:
+    """Rank 0's verdict: (FITS, DOES_NOT_FIT or UNCHECKED, the line saying so). With the job's ``config``, a job
+    whose upper bound fits twice over is not planned."""
     started = time.monotonic()
+    why_planned = ""
+    if config is not None:
+        bound, how = upper_bound(config)
+        available = available_now(world_size)
+        if bound is not None and available is not None:
+            line = bound_verdict(bound, how, available, world_size)
+            if line is not None:
+                return FITS, f"{line} (bounded in {time.monotonic() - started:.1f} s at start-up)"
+            how = f"its upper bound ({how}) comes near this host's memory"
+        elif bound is not None:
+            how = "no /proc/meminfo to hold an upper bound against"
+        why_planned = f"; planned because {how}"
+        logger.info("npu_inject: host memory check: planning the job (npu-inject plan --hardware cpu, 15 to 30 s): %s",
+                    how)
     # spmd_types' type checker allocates nothing the plan counts, and the planner's recording refuses some
     # layouts under it (deepseek_v3 with HSDP and EP: "No valid sharding strategy for register_hook").
     planned_argv = with_flags(argv, [UNCHECKED_TYPES])
     document, why_not = plan_document(planned_argv, world_size, timeout_s)
     if document is None:
-        return UNCHECKED, f"host memory not checked: the planner could not plan this job ({why_not})"
+        return UNCHECKED, f"host memory not checked: the planner could not plan this job ({why_not}{why_planned})"
 
     def plan_advice(flags: list[str]) -> dict | None:
         left_s = timeout_s - (time.monotonic() - started)
@@ -190,7 +274,7 @@ def check(argv: list[str], world_size: int, timeout_s: float, local_batch_size: 
 
     available = available_to_job(document, world_size)
     status, line = verdict(document, available, world_size, local_batch_size, seq_len, plan_advice)
-    return status, f"{line} (planned in {time.monotonic() - started:.1f} s at start-up)"
+    return status, f"{line} (planned in {time.monotonic() - started:.1f} s at start-up{why_planned})"
 
 
 def apply(ctx: PatchContext) -> None:
@@ -221,7 +305,7 @@ def apply(ctx: PatchContext) -> None:
             return original(trainer, config, *args, **kwargs)
         timeout_s = max(config.comm.init_timeout_seconds - START_UP_SPARE_S, 30)
         training = config.training
-        proposal = (check(sys.argv[1:], world_size, timeout_s, training.local_batch_size, training.seq_len)
+        proposal = (check(sys.argv[1:], world_size, timeout_s, training.local_batch_size, training.seq_len, config)
                     if int(os.environ.get("RANK", "0")) == 0 else None)
         used.clear()
         ctx.agree_with_rank0("verdict", proposal, use)

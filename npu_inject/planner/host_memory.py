@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import os
 
-from npu_inject.planner.job import GIB
+GIB = 2**30  # as npu_inject.planner.job's; here so that a rank's start-up check imports nothing of the planner
 
 # VmRSS of a process once torch 2.14.1 and torchtitan 0.3.0's trainer are imported (0.81 GiB measured on
 # this project's machine): what each rank holds besides its tensors.

@@ -80,9 +80,18 @@ def test_the_advice_is_planned_and_a_refuted_estimate_says_so():
     assert "What would fit: --training.local_batch_size 2 (planned: about 16.3 GiB with the margin)." in line
 
 
+class StandInModel:
+    """A model config the upper bound does not know (not torchtitan's Decoder): the job is planned."""
+
+
+NOT_BOUNDED = "; planned because StandInModel is not torchtitan's Decoder"
+
+
 def _config(mode: str = "default"):
     return types.SimpleNamespace(comm=types.SimpleNamespace(mode=mode, init_timeout_seconds=300),
-                                 training=types.SimpleNamespace(local_batch_size=8, seq_len=2048))
+                                 training=types.SimpleNamespace(local_batch_size=8, seq_len=2048),
+                                 parallelism=types.SimpleNamespace(pipeline_parallel_degree=1),
+                                 model_spec=types.SimpleNamespace(model=StandInModel()))
 
 
 def _apply(monkeypatch, stub_init):
@@ -196,7 +205,7 @@ def test_a_job_the_planner_cannot_plan_is_reported_and_goes_on(monkeypatch):
         ctx.restore()
     assert built and ctx.fallbacks == [
         "host memory not checked: the planner could not plan this job (npu-inject plan: torchtitan refused the "
-        "layout: decay_steps must not be zero to reach this branch)"]
+        f"layout: decay_steps must not be zero to reach this branch{NOT_BOUNDED})"]
 
 
 @pytest.mark.parametrize("mode, local_world_size, says", [
@@ -247,3 +256,57 @@ def test_the_planners_recordings_and_the_suites_runs_run_without_it(user_selecti
         assert not enabled["host_memory_check"]
         assert {k: v for k, v in enabled.items() if k not in config.PLANNER_EXCLUDED} == \
             {k: v for k, v in with_check.items() if k not in config.PLANNER_EXCLUDED}
+
+
+def _llama3_debug(*flags: str):
+    """torchtitan's own config of the quickstart's job, command line merged."""
+    from torchtitan.config.manager import ConfigManager
+
+    return ConfigManager().parse_args(["--module", "llama3", "--config", "llama3_debugmodel", "--training.seq_len",
+                                       "256", "--training.local_batch_size", "2", *flags])
+
+
+def _no_plan(argv, world_size, timeout_s):
+    raise AssertionError("a job that fits by its bound is not planned")
+
+
+def test_a_small_job_fits_by_its_upper_bound_without_a_plan(monkeypatch):
+    monkeypatch.setattr(host_memory_check, "plan_document", _no_plan)
+    monkeypatch.setattr(host_memory_check, "available_now", lambda ranks_here: 40 * GIB)
+    config = _llama3_debug()
+    status, line = host_memory_check.check(["--module", "llama3"], 2, 240, 2, 256, config)
+    assert status == host_memory_check.FITS
+    assert line.startswith("host memory checked by an upper bound, not planned: the rehearsal's 2 ranks need at "
+                           "most ")
+    # the bound counts the parameters torchtitan itself counts (its log line "size: N total parameters")
+    from torchtitan.models.llama3 import model_registry  # noqa: F401 (the config's model, as torchtitan builds it)
+    import copy
+
+    import torch
+
+    model_config = copy.deepcopy(config.model_spec.model)
+    model_config.update_from_config(config=config)
+    with torch.device("meta"):
+        model = model_config.build()
+    count, _ = model_config.get_nparams_and_flops(model, 256)
+    assert f"per rank 0.6 GiB: {count:,} parameters x 24 B" in line
+    assert line.endswith("s at start-up)") and "under half of the 40.0 GiB available" in line
+
+
+def test_a_job_whose_bound_comes_near_the_host_is_planned_and_says_why(monkeypatch):
+    planned = []
+    monkeypatch.setattr(host_memory_check, "plan_document",
+                        lambda argv, world_size, timeout_s: planned.append(argv) or (_document(total_gib=1), ""))
+    monkeypatch.setattr(host_memory_check, "available_now", lambda ranks_here: 6 * GIB)
+    monkeypatch.setattr(host_memory_check, "available_to_job", lambda document, ranks_here: 8 * GIB)
+    status, line = host_memory_check.check(["--module", "llama3"], 2, 240, 2, 256, _llama3_debug())
+    assert planned and status == host_memory_check.FITS
+    assert "planned because its upper bound (" in line and ") comes near this host's memory)" in line
+
+
+def test_a_pipelined_job_is_planned(monkeypatch):
+    monkeypatch.setattr(host_memory_check, "plan_document", lambda argv, world_size, timeout_s: (_document(), ""))
+    monkeypatch.setattr(host_memory_check, "available_to_job", lambda document, ranks_here: 40 * GIB)
+    config = _llama3_debug("--parallelism.pipeline_parallel_degree", "2", "--training.disable_cuda_graphs")
+    status, line = host_memory_check.check(["--module", "llama3"], 2, 240, 2, 256, config)
+    assert line.endswith("; planned because a pipeline schedule keeps several microbatches' activations)")
