@@ -25,18 +25,28 @@ TORCHTITAN_NPU=$TARGET "$VENV/bin/npu-inject" doctor || {
   echo "quickstart: npu-inject doctor found problems (above) for TORCHTITAN_NPU=$TARGET; not training" >&2; exit 2; }
 DUMP=${DUMP:-outputs/quickstart}
 mkdir -p "$DUMP"
+# --debug.seed: two quickstart runs train alike, so `npu-inject compare` of two of them holds (upstream seeds nothing).
 # As upstream's run_train.sh: every line prefixed [rankN]: (--tee, --role rank). The whole output goes to
 # $DUMP/train.log (npu-inject compare reads a dump folder's log, rank 0 by default); the console shows
 # rank 0's lines and torchrun's own. torchrun's per-rank copies (--tee needs a log dir) are temporary.
 TORCHRUN_LOGS=$(mktemp -d)
 trap 'rm -rf "$TORCHRUN_LOGS"' EXIT
 status=0
+STARTED=$(date +%s.%N)
 TORCHTITAN_NPU=$TARGET HF_HUB_OFFLINE=1 "$VENV/bin/torchrun" --nproc_per_node "$NPROC" \
   --role rank --tee 3 --log-dir "$TORCHRUN_LOGS" \
   -m torchtitan.train --module llama3 --config llama3_debugmodel \
-  --training.steps "${STEPS:-10}" --training.seq_len 256 --training.local_batch_size 2 \
+  --training.steps "${STEPS:-10}" --training.seq_len 256 --training.local_batch_size 2 --debug.seed 42 \
   --checkpoint.no-enable --validator.no-enable --dump_folder "$DUMP" "$@" 2>&1 \
   | tee "$DUMP/train.log" | { grep --line-buffered -v '^\[rank[1-9][0-9]*\]:' || true; } || status=$?
+# How long start-up took: torchrun's start to rank 0's "Training starts" line (torchtitan's own timestamp).
+"$PY" - "$DUMP/train.log" "$STARTED" <<'TIMING' || true
+import datetime, re, sys
+found = re.search(r"^\[rank0\]:\[titan\] (\S+ \S+) - root - INFO - Training starts", open(sys.argv[1]).read(), re.M)
+if found:
+    began = datetime.datetime.strptime(found.group(1), "%Y-%m-%d %H:%M:%S,%f").timestamp()
+    print(f"quickstart: training started {began - float(sys.argv[2]):.1f} s after torchrun did")
+TIMING
 echo "quickstart: above, rank 0's lines; every rank's in $DUMP/train.log (npu-inject compare $DUMP <another run>" \
   "reads it); per-rank patch reports in $DUMP/npu_inject/"
 exit "$status"
