@@ -30,9 +30,13 @@ Module ``torchtitan.components.checkpointer.dcp``:
   and all agree on the first problem (an all-gather). A file changed since it was written
   (same size or not) or gone stops every rank with one line naming it and the newest
   earlier checkpoint that verifies, instead of training on from garbage; a checkpoint with
-  checksums that lost bytes is damaged, not skipped as an unfinished save. Every async mode
-  writes them (the writers run in the training process). A checkpoint without checksums
-  (written without the runtime) is checked for presence and sizes only, said in the report.
+  checksums that lost bytes is damaged, not skipped as an unfinished save. A checkpoint in
+  which any data file has a checksum was written with them: a data file without its own
+  then stops the same way (deleting a sum must not switch checking off for that file), and
+  a checksum file that is not JSON or lacks its fields is named as the fault, not the data.
+  Every async mode writes them (the writers run in the training process). A checkpoint
+  without any checksum (written without the runtime) is checked for presence and sizes
+  only, said in the report.
   Cost: one CRC-32 pass over the bytes as they are written, and one read of the checkpoint,
   split over the ranks, at resume.
 
@@ -186,10 +190,40 @@ def checksum_files(path: str) -> list[str]:
                   if name.startswith(".") and name.endswith(DATA_SUFFIX + CHECKSUM_SUFFIX))
 
 
+def data_files(path: str) -> list[str]:
+    """The data files of checkpoint ``path`` to verify: those on disk and those a checksum names, sorted."""
+    return sorted(set(checksum_files(path)) | {name for name in os.listdir(path) if name.endswith(DATA_SUFFIX)})
+
+
+SUM_FAULT = "checksum file "  # how a problem with the sum itself (not with its data file) begins
+
+
+def read_sum(path: str, name: str) -> dict | str:
+    """The size and CRC-32 written for data file ``name`` of checkpoint ``path``, or what is wrong with its sum."""
+    sum_name = os.path.basename(checksum_path(name))
+    valid = 'valid is {"size": <bytes>, "crc32": <CRC-32>}, both integers, as the runtime writes it'
+    try:
+        with open(os.path.join(path, sum_name), encoding="utf-8") as handle:
+            written = json.load(handle)
+    except FileNotFoundError:
+        others = next(other for other in checksum_files(path) if other != name)
+        return (f"{SUM_FAULT}{sum_name} is missing (the checkpoint was written with checksums: {others} has "
+                f"its own), so {name} cannot be checked")
+    except ValueError as exc:  # JSONDecodeError and UnicodeDecodeError: an edited or overwritten sum
+        return f"{SUM_FAULT}{sum_name} is not valid JSON ({type(exc).__name__}: {exc}; {valid})"
+    missing = [key for key in ("size", "crc32") if not isinstance(written, dict) or type(written.get(key)) is not int]
+    if missing:
+        return (f"{SUM_FAULT}{sum_name} lacks an integer {' and '.join(map(repr, missing))} "
+                f"(it holds {json.dumps(written)[:80]}; {valid})")
+    return written
+
+
 def file_problem(path: str, name: str) -> str | None:
-    """None when data file ``name`` of checkpoint ``path`` holds exactly what was written, else what differs."""
-    with open(checksum_path(os.path.join(path, name)), encoding="utf-8") as handle:
-        written = json.load(handle)
+    """None when data file ``name`` of checkpoint ``path`` holds exactly what was written, else what differs
+    (beginning with SUM_FAULT when the sum itself is missing or unreadable)."""
+    written = read_sum(path, name)
+    if isinstance(written, str):
+        return written
     data_path = os.path.join(path, name)
     if not os.path.isfile(data_path):
         return f"{name} is missing"
@@ -208,7 +242,7 @@ def file_problem(path: str, name: str) -> str | None:
 def checksum_problem(path: str, rank: int = 0, world_size: int = 1) -> str | None:
     """This rank's share of checkpoint ``path``'s files (every ``world_size``-th from ``rank``), verified:
     the first problem, or None."""
-    for name in checksum_files(path)[rank::world_size]:
+    for name in data_files(path)[rank::world_size]:
         problem = file_problem(path, name)
         if problem is not None:
             return problem
@@ -228,8 +262,8 @@ def _agreed_checksum_problem(path: str) -> str | None:
 
 
 def damaged_message(folder: str, name: str, problem: str, intact: str | None, searched: bool = True) -> str:
-    """One line: checkpoint ``name`` changed after it was written, and where to resume instead: the newest
-    intact earlier one when ``searched``, else how to find it."""
+    """One line: checkpoint ``name`` changed after it was written (or a checksum file of it is missing or
+    unreadable), and where to resume instead: the newest intact earlier one when ``searched``, else how to find it."""
     if not searched:
         offer = "Load another step (--checkpoint.load_step), or leave load_step at -1 to find the newest intact one"
     elif intact:
@@ -237,6 +271,10 @@ def damaged_message(folder: str, name: str, problem: str, intact: str | None, se
                  f"{STEP_PATTERN.search(intact).group(1)}, or move {name} away")
     else:
         offer = "No earlier checkpoint verifies; move the folder away to start fresh"
+    if problem.startswith(SUM_FAULT):
+        return (f"npu_inject checkpoint_publish: checkpoint {os.path.join(folder, name)} cannot be verified: "
+                f"{problem}. The fault is in the checksum file (the data may be intact), but loading unverified "
+                f"data could train on from garbage. {offer}")
     return (f"npu_inject checkpoint_publish: checkpoint {os.path.join(folder, name)} is damaged: {problem}; "
             f"loading it would train on from garbage. {offer}")
 

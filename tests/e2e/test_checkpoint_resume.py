@@ -229,12 +229,16 @@ def test_a_resume_that_finds_no_complete_checkpoint_stops_before_training(tmp_pa
     assert os.listdir(folder / "step-2") == [".metadata"] and (folder / "step-2" / ".metadata").read_bytes() == b""
 
 
-def test_a_shard_overwritten_in_place_stops_every_rank_naming_it_and_the_newest_intact_one(tmp_path):
+@pytest.mark.parametrize("sum_deleted", [False, True], ids=["summed", "sum_deleted"])
+def test_a_shard_overwritten_in_place_stops_every_rank_naming_it_and_the_newest_intact_one(tmp_path, sum_deleted):
     """Same size, other bytes (a bad disk, a partial copy between storage tiers): upstream loads it without a
-    word and trains on from garbage. Rank 1 verifies that file (the ranks split the files), both stop."""
+    word and trains on from garbage. Rank 1 verifies that file (the ranks split the files), both stop. With
+    that shard's checksum file deleted too, the stop names the missing sum (the other shard has its own)."""
     ckpt_train(tmp_path, steps=4)
     folder = tmp_path / "checkpoint"
     shard = folder / "step-4" / "__1_0.distcp"
+    if sum_deleted:
+        (folder / "step-4" / ".__1_0.distcp.checksum.json").unlink()
     data = bytearray(shard.read_bytes())
     data[len(data) // 2:len(data) // 2 + 64] = bytes(64)
     shard.write_bytes(bytes(data))
@@ -242,8 +246,14 @@ def test_a_shard_overwritten_in_place_stops_every_rank_naming_it_and_the_newest_
     assert result.returncode != 0 and losses == {}, result.stdout[-3000:]
     stops = [line for line in result.stdout.splitlines() if line.startswith("npu_inject checkpoint_publish: checkpoint")]
     assert len(stops) == 2 and stops[0] == stops[1], result.stdout[-3000:]  # every rank, the same line
-    assert stops[0].startswith(f"npu_inject checkpoint_publish: checkpoint {folder / 'step-4'} is damaged: "
-                               "__1_0.distcp changed since it was written (CRC-32 "), stops[0]
+    if sum_deleted:
+        assert stops[0].startswith(
+            f"npu_inject checkpoint_publish: checkpoint {folder / 'step-4'} cannot be verified: checksum file "
+            ".__1_0.distcp.checksum.json is missing (the checkpoint was written with checksums: __0_0.distcp has "
+            "its own), so __1_0.distcp cannot be checked."), stops[0]
+    else:
+        assert stops[0].startswith(f"npu_inject checkpoint_publish: checkpoint {folder / 'step-4'} is damaged: "
+                                   "__1_0.distcp changed since it was written (CRC-32 "), stops[0]
     assert stops[0].endswith("The newest intact checkpoint is step-2: resume from it with --checkpoint.load_step 2, "
                              "or move step-4 away"), stops[0]
 

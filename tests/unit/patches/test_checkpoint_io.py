@@ -437,8 +437,19 @@ def test_on_simulated_npu_staging_is_pinned_by_the_device_allocator():
     assert any("pinned host buffers from the npu allocator" in n for n in result["notes"])
 
 
-def _saved_twice(tmp_path):
-    """A runtime-written folder with step-1 and step-2 (a training step between them)."""
+def _saved_twice(tmp_path, monkeypatch=None, files_per_rank=1):
+    """A runtime-written folder with step-1 and step-2 (a training step between them); with
+    ``files_per_rank`` > 1 DCP's writer splits each checkpoint over that many data files, as
+    several ranks would."""
+    if files_per_rank > 1:
+        from torch.distributed.checkpoint import FileSystemWriter
+
+        plain_init = FileSystemWriter.__init__
+
+        def init(self, path, *args, **kwargs):
+            plain_init(self, path, *args, **{**kwargs, "thread_count": files_per_rank})
+
+        monkeypatch.setattr(FileSystemWriter, "__init__", init)
     _activate()
     model = _model()
     manager, optimizers = _manager(tmp_path, model)
@@ -493,4 +504,67 @@ def test_a_resume_refuses_a_damaged_checkpoint_naming_the_file_and_the_newest_in
     with pytest.raises(SystemExit, match=f"checkpoint {step2} is damaged"):
         reader.load(step=2)
     assert reader.load(step=1)  # the intact one loads as ever
+    reader.close()
+
+
+def test_a_data_file_whose_checksum_was_deleted_is_refused_naming_the_missing_sum(tmp_path, monkeypatch):
+    """Deleting one shard's sum must not switch checking off for that shard: it is overwritten in place here,
+    and upstream (and the runtime before) loaded it without a word."""
+    step1, step2 = _saved_twice(tmp_path, monkeypatch, files_per_rank=2)
+    data_files = sorted(name for name in os.listdir(step2) if name.endswith(".distcp"))
+    assert len(data_files) == 2, data_files
+    os.remove(os.path.join(step2, f".{data_files[1]}.checksum.json"))
+    with open(os.path.join(step2, data_files[1]), "r+b") as handle:
+        handle.seek(os.path.getsize(handle.name) // 2)
+        handle.write(b"\xff" * 16)
+
+    reader, _ = _manager(tmp_path, _model(seed=3))
+    with pytest.raises(SystemExit) as stopped:
+        reader.load()
+    message = str(stopped.value)
+    assert "\n" not in message
+    assert message == (
+        f"npu_inject checkpoint_publish: checkpoint {step2} cannot be verified: checksum file "
+        f".{data_files[1]}.checksum.json is missing (the checkpoint was written with checksums: {data_files[0]} "
+        f"has its own), so {data_files[1]} cannot be checked. The fault is in the checksum file (the data may be "
+        "intact), but loading unverified data could train on from garbage. The newest intact checkpoint is step-1: "
+        "resume from it with --checkpoint.load_step 1, or move step-2 away"), message
+    with pytest.raises(SystemExit, match=f"checksum file .{data_files[1]}.checksum.json is missing"):
+        reader.load(step=2)
+    reader.close()
+
+    # With no sum left at all it reads as a checkpoint written without the runtime: it loads, said in the report.
+    os.remove(os.path.join(step2, f".{data_files[0]}.checksum.json"))
+    _activate()
+    reader, _ = _manager(tmp_path, _model(seed=3))
+    assert reader.load()
+    assert ("checkpoint step-2 carries no checksums (written without the runtime): only its files' presence and "
+            "sizes are checked") in runtime.current().report.patches["checkpoint_publish"].fallbacks
+    reader.close()
+
+
+@pytest.mark.parametrize("edit, fault", [
+    ("{\"size\": 12, \"crc", "is not valid JSON (JSONDecodeError: "),
+    ("{\"size\": 12}", "lacks an integer 'crc32' (it holds {\"size\": 12}; "),
+    ("[1, 2]", "lacks an integer 'size' and 'crc32' (it holds [1, 2]; "),
+])
+def test_an_unreadable_checksum_file_is_named_as_the_fault_not_the_data(tmp_path, edit, fault):
+    step1, step2 = _saved_twice(tmp_path)
+    data_file = sorted(name for name in os.listdir(step2) if name.endswith(".distcp"))[0]
+    sum_file = f".{data_file}.checksum.json"
+    with open(os.path.join(step2, sum_file), "w", encoding="utf-8") as handle:
+        handle.write(edit)
+
+    reader, _ = _manager(tmp_path, _model(seed=3))
+    with pytest.raises(SystemExit) as stopped:
+        reader.load()
+    message = str(stopped.value)
+    assert "\n" not in message
+    assert message.startswith(f"npu_inject checkpoint_publish: checkpoint {step2} cannot be verified: checksum "
+                              f"file {sum_file} {fault}"), message
+    assert ('valid is {"size": <bytes>, "crc32": <CRC-32>}, both integers, as the runtime writes it). The fault is '
+            "in the checksum file (the data may be intact)") in message
+    assert message.endswith("The newest intact checkpoint is step-1: resume from it with --checkpoint.load_step 1, "
+                            "or move step-2 away"), message
+    assert f"{data_file} changed" not in message and "is damaged" not in message
     reader.close()
