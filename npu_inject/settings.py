@@ -65,6 +65,11 @@ class Fault:
     step: int
     rank: int | None = None
 
+    @property
+    def item(self) -> str:
+        """The fault as TORCHTITAN_NPU_FAULTS spells it."""
+        return f"{self.kind}@{self.step}" + ("" if self.rank is None else f":rank={self.rank}")
+
 
 def parse_faults(raw: str | None) -> tuple[Fault, ...]:
     """TORCHTITAN_NPU_FAULTS (``nan_loss@3,nan_loss@7:rank=1``) as Faults; raises ConfigError naming the item."""

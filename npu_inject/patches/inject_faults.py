@@ -30,8 +30,16 @@ comma-separated; a bad item stops at start-up naming it.
 jumps to the peer's step), in the launcher's first attempt only (torchrun's TORCHELASTIC_RESTART_COUNT
 unset or 0): the ranks ``--max-restarts`` brings back train on, which is what a recovery check needs.
 
-Module ``torchtitan.trainer``: ``Trainer.train_step`` is wrapped; a forward hook lives for the chosen
-step only. Each fault caused is noted in the report.
+A fault that could never be caused stops every rank at start-up with one line naming it: one aimed at a
+rank the job does not have (``rank=R`` with R >= the job's rank count), or at a step after the last one
+(``--training.steps``). The check runs as ``Trainer.__init__`` (or an override of it) starts, the first
+point where both are known (the config is parsed after this patch applies): the rank count is torchrun's
+``WORLD_SIZE``, or ``NGPU`` in torchtitan's fake comm modes, as torchtitan's ``init_distributed`` takes
+it. A fault at a step a resumed run has already passed is not checked.
+
+Module ``torchtitan.trainer``: ``Trainer.__init__`` and ``Trainer.train_step`` are wrapped; a forward hook
+lives for the chosen step only. Each fault caused is said on stderr by the rank that causes it (``npu_inject
+inject_faults: step K: KIND on rank R``) and noted in its report (a killed or hung rank writes none).
 """
 
 from __future__ import annotations
@@ -43,10 +51,14 @@ import threading
 
 from npu_inject.errors import stop_run
 from npu_inject.patching import PatchContext
+from npu_inject.settings import ENV_FAULTS
 
 TARGETS = (
+    "torchtitan.trainer:Trainer.__init__",
     "torchtitan.trainer:Trainer.train_step",
 )
+
+FAKE_COMM_MODES = ("fake_backend", "local_tensor")  # torchtitan's one-process modes, sized by NGPU
 
 
 def _times_nan(module, args, output):
@@ -55,10 +67,39 @@ def _times_nan(module, args, output):
     return output * float("nan")
 
 
-def stop(kind: str, step: int) -> None:
-    """Kill or hang this rank now. Said on stderr, not in the report: a killed or hung rank writes no report."""
+def announce(kind: str, step: int) -> None:
+    """One line on stderr as this rank causes a fault (the report alone would miss a killed or hung rank)."""
     print(f"npu_inject inject_faults: step {step}: {kind} on rank {os.environ.get('RANK', '0')}",
           file=sys.stderr, flush=True)
+
+
+def never_caused(faults, world_size: int | None, steps: int, size_from: str = "WORLD_SIZE") -> str | None:
+    """The first fault of ``faults`` this job could never cause (a rank outside 0..``world_size``-1, a step
+    after ``steps``), as one line; None when each can be caused. ``world_size`` (read from variable
+    ``size_from``) None: not known, not checked."""
+    for fault in faults:
+        if world_size is not None and fault.rank is not None and fault.rank >= world_size:
+            return (f"npu_inject inject_faults: {ENV_FAULTS}: {fault.item!r}: the job has no rank {fault.rank} "
+                    f"(its ranks are 0..{world_size - 1}, {size_from}={world_size}), so the fault would never be "
+                    f"caused; aim it at a rank 0..{world_size - 1}, or drop :rank= to cause it on every rank")
+        if fault.step > steps:
+            return (f"npu_inject inject_faults: {ENV_FAULTS}: {fault.item!r}: step {fault.step} is after the "
+                    f"job's last step (--training.steps {steps}), so the fault would never be caused; use a "
+                    f"step 1..{steps}, or train longer")
+    return None
+
+
+def job_world_size(comm_mode: str) -> tuple[int | None, str]:
+    """The job's rank count as torchtitan's init_distributed will take it, and the variable it comes from; None
+    where that is not set (torchtitan then fails there with its own message)."""
+    name = "NGPU" if comm_mode in FAKE_COMM_MODES else "WORLD_SIZE"
+    value = os.environ.get(name, "")
+    return (int(value) if value.isdigit() else None), name
+
+
+def stop(kind: str, step: int) -> None:
+    """Kill or hang this rank now. Said on stderr, not in the report: a killed or hung rank writes no report."""
+    announce(kind, step)
     if kind.startswith("kill"):
         os.kill(os.getpid(), signal.SIGKILL)
     threading.Event().wait()
@@ -108,6 +149,13 @@ def apply(ctx: PatchContext) -> None:
     uce_steps = {fault.step for fault in mine if fault.kind == "uce_in_forward"}
     inject_uce = _mem_uce_injector() if uce_steps else None
 
+    def trainer_init(original, trainer, config, *args, **kwargs):
+        world_size, size_from = job_world_size(config.comm.mode)
+        problem = never_caused(faults, world_size, config.training.steps, size_from)
+        if problem is not None:
+            stop_run(problem)
+        return original(trainer, config, *args, **kwargs)
+
     active: list = []  # the hook of the step in progress (an override calling super() nests)
 
     def train_step(original, trainer, *args, **kwargs):
@@ -134,11 +182,15 @@ def apply(ctx: PatchContext) -> None:
         if trainer.step not in nan_steps or active:
             return original(trainer, *args, **kwargs)
         active.append(trainer.model_parts[0].register_forward_hook(_times_nan))
+        announce("nan_loss", trainer.step)
         ctx.note(f"step {trainer.step}: nan_loss injected on rank {rank}")
         try:
             return original(trainer, *args, **kwargs)
         finally:
             active.pop().remove()
 
+    # torchft's trainer overrides __init__ without calling the base one; the check runs again (the same
+    # verdict) where an override calls super().__init__
+    ctx.wrap_overrides("Trainer.__init__", trainer_init)
     # torchft's, flux's and the graph trainer's train_step override the base one
     ctx.wrap_overrides("Trainer.train_step", train_step)
