@@ -34,10 +34,11 @@ import sys
 import tempfile
 import time
 
+from npu_inject.commands.suite import LOSS_LINE  # torchtitan's training metric line, as the suite reads it
+
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 REFERENCE_PATH = "npu_inject/ops/reference/fusion_attention.py"
 HEADS, HEAD_DIM = 16, 16  # torchtitan llama3 debugmodel: dim 256, 16 heads
-LOSS_LINE = re.compile(r"step:\s*(\d+)\s+(?:\x1b\[[0-9;]*m)?loss:\s*([-+0-9.naif]+)")
 
 
 def _rss_kib() -> int:

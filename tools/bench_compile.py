@@ -24,7 +24,8 @@ import tempfile
 import time
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-STEP_LINE = re.compile(r"step:\s*(\d+)\s+(?:\x1b\[[0-9;]*m)?loss:\s*([-+0-9.naif]+).*?tps:\s*([0-9,]+)")
+# torchtitan's training metric line ("validate step: N  loss: L ... tps: T" is the validator's)
+STEP_LINE = re.compile(r"(?<!validate )step:\s*(\d+)\s+(?:\x1b\[[0-9;]*m)?loss:\s*([-+0-9.naif]+).*?tps:\s*([0-9,]+)")
 
 
 def train(config: str, module: str, steps: int, nproc: int, seq_len: int, batch: int, dump: str, extra: list[str]):

@@ -44,7 +44,8 @@ HOST_CHECK_OFF = "-host_memory_check"  # the host_memory_check patch, off in the
 UPSTREAM_STEPS = 10
 UPSTREAM_LOCAL_BATCH = 8  # torchtitan's training.local_batch_size default, which the cases keep
 UPSTREAM_MODULE, UPSTREAM_CONFIG = "llama3", "llama3_debugmodel"  # run_train.sh's MODULE and CONFIG defaults
-LOSS_LINE = re.compile(r"step:\s*(\d+)\s+(?:\x1b\[[0-9;]*m)?loss:\s*([-+0-9.naif]+)")
+# torchtitan's training metric line; its validator's "validate step: N  loss: L" is not a training step.
+LOSS_LINE = re.compile(r"(?<!validate )step:\s*(\d+)\s+(?:\x1b\[[0-9;]*m)?loss:\s*([-+0-9.naif]+)")
 ERROR_LINE = re.compile(r"^(?:\[rank\d+\]:\s*)*((?:[\w.]+\.)?(\w*(?:Error|Exception|Exit)\w*)): (.+)$")
 # A rank's error that only says a peer failed first (its collective then fails): the cause is elsewhere.
 PEER_FAILED = re.compile(r"The Inner error is reported as above.*operator name is hccl|"

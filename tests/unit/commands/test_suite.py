@@ -190,3 +190,53 @@ def test_a_case_planned_not_to_fit_the_host_is_memory_without_starting(tmp_path,
                               "--run-train", run_train, "--output", str(tmp_path / "shrunk"), "--shrink", "256,2",
                               "--assets", os.path.join(REPO, "tests", "assets")])
     assert suite.cmd_suite(args) == 0 and started.exists()
+
+
+def _torchtitan_metric_lines(caplog, color: bool) -> list[str]:
+    """Training steps 1 and 2 (losses 8.1, 7.5) and a validation at step 2 (loss 6.25), as torchtitan 0.3.0's
+    MetricsProcessor logs them (its own log and log_validation, on a stand-in for the processor's state)."""
+    import logging
+    import types
+
+    from torchtitan.components.metrics import MetricsProcessor
+    from torchtitan.tools import utils
+
+    memory = types.SimpleNamespace(max_active_gib=1.0, max_active_pct=5.0, max_reserved_gib=1.2, max_reserved_pct=6.0,
+                                   num_alloc_retries=0, num_ooms=0)
+    processor = types.SimpleNamespace(
+        num_flops_per_token=1000, time_last_log=0.0, ntokens_since_last_log=256, has_quantization=False,
+        gpu_peak_flops=1e12, config=types.SimpleNamespace(log_freq=1),
+        parallel_dims=types.SimpleNamespace(non_data_parallel_size=1),
+        color=utils.Color() if color else utils.NoColor(),
+        logger=types.SimpleNamespace(log=lambda metrics, step: None),
+        device_memory_monitor=types.SimpleNamespace(get_peak_stats=lambda: memory, reset_peak_stats=lambda: None))
+    with caplog.at_level(logging.INFO):
+        for step, loss in ((1, 8.1), (2, 7.5)):
+            processor.data_loading_times = [0.01]  # log() clears them
+            MetricsProcessor.log(processor, step=step, global_avg_loss=loss, global_max_loss=loss, grad_norm=1.5)
+        MetricsProcessor.log_validation(processor, loss=6.25, step=2)
+    lines = [record.getMessage() for record in caplog.records]
+    assert len(lines) == 3 and "validate step:  2" in lines[2] and "loss:  6.2500" in lines[2], lines
+    return lines
+
+
+@pytest.mark.parametrize("color", [True, False], ids=["color", "no_color"])
+def test_a_validation_loss_is_not_taken_for_a_training_loss(tmp_path, caplog, color):
+    lines = _torchtitan_metric_lines(caplog, color)
+    output = "\n".join(f"[titan] 2026-11-29 03:04:03,794 - root - INFO - {line}" for line in lines)
+    assert {int(step): float(loss) for step, loss in suite.LOSS_LINE.findall(output)} == {1: 8.1, 2: 7.5}
+    # the project's other readers of those lines: the tests' runs, npu-inject compare, bench_compile
+    from npu_inject.commands import compare
+    from tools import bench_compile
+    from tools.training_runs import parse_losses
+
+    assert parse_losses(output) == {1: 8.1, 2: 7.5}
+    (tmp_path / "train.log").write_text(output + "\n")
+    assert compare.read_run(str(tmp_path / "train.log")).values["loss"] == {1: 8.1, 2: 7.5}
+    assert [int(match.group(1)) for match in bench_compile.STEP_LINE.finditer(output)] == [1, 2]
+    # the suite's verdict on a run that logs them: the last loss is step 2's training loss
+    case = suite.Case("features", "demo", "demo", 1, [["--validator.enable"]], None)
+    (tmp_path / "lines.txt").write_text(output + "\n")
+    run_train = _fake_run_train(tmp_path, f"cat {tmp_path / 'lines.txt'}\n")
+    result = suite.run_case(case, _args(tmp_path, run_train), str(tmp_path / "v"), dict(os.environ))
+    assert (result.status, result.first_loss, result.last_loss) == ("green", 8.1, 7.5)
