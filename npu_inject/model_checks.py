@@ -298,8 +298,6 @@ def fault_tolerance_problem(config, target: str, environ=os.environ, hccl_group:
     elif group == "mccl":
         return ("--fault_tolerance.process_group mccl is torchcomms' CUDA backend; the rehearsal runs torchft on "
                 "gloo (a config naming nccl or hccl is run on gloo)")
-    return (hang_timeout_problem(config, environ) if leave_watchdog else None) or lighthouse_problem(
-        environ.get("TORCHFT_LIGHTHOUSE"))
     checkpoint = getattr(config, "checkpoint", None)
     if getattr(ft, "group_size", 1) > 1 and not getattr(checkpoint, "enable", True):
         # upstream's TorchFTCheckpointManager registers torchft's state functions only when checkpointing is on
@@ -308,3 +306,5 @@ def fault_tolerance_problem(config, target: str, environ=os.environ, hccl_group:
                 "checkpointing is on, and without it every group fails at its first quorum (torchft: \"user "
                 "state_dict is not initialized\"); add --checkpoint.enable (--checkpoint.interval N sets how often "
                 "it also writes to disk)")
+    return (hang_timeout_problem(config, environ) if leave_watchdog else None) or lighthouse_problem(
+        environ.get("TORCHFT_LIGHTHOUSE"))
