@@ -50,6 +50,10 @@ LOCAL_DATASETS = {
     "cc12m-test": ("tests/assets/cc12m_test", "python tools/make_mm_assets.py writes a small image-text set "
                                               "there (torchtitan's own is in its source repository, not its wheel)"),
 }
+# The files torchtitan's HuggingFaceTokenizer (and its subclasses) loads from --hf_assets_path, one of them
+# being enough; and the folder the debug configs name (./tests/assets/tokenizer), relative to the working directory.
+TOKENIZER_FILES = ("tokenizer.json", "vocab.json", "vocab.txt")
+LOCAL_TOKENIZER = ("tests/assets/tokenizer", "python tools/make_assets.py writes it")
 # Optimizers (a param group's optimizer_name) that torchtitan builds for CUDA parameters only.
 CUDA_ONLY_OPTIMIZERS = {
     "DistMuon": ("DistMuon (torchtitan.distributed.flex_shard), which refuses parameters off CUDA "
@@ -193,7 +197,40 @@ def _dataset_problem(loader, flag: str, config_name: str | None) -> str | None:
     return None
 
 
+def _tokenizer_problem(config, config_name: str | None) -> str | None:
+    """The tokenizer folder the trainer builds its tokenizer from (``--hf_assets_path``), if it is missing.
+
+    Only a HuggingFaceTokenizer reads it (``Trainer.__init__``: ``config.tokenizer.build(tokenizer_path=
+    config.hf_assets_path)``); flux's tokenizers take their own paths, and a config without a tokenizer
+    reads none."""
+    tokenizer, path = getattr(config, "tokenizer", None), getattr(config, "hf_assets_path", None)
+    if tokenizer is None or not isinstance(path, str):
+        return None
+    from torchtitan.components.tokenizer import HuggingFaceTokenizer
+
+    if not isinstance(tokenizer, HuggingFaceTokenizer.Config):
+        return None
+    if os.path.isdir(path):
+        if any(os.path.isfile(os.path.join(path, name)) for name in TOKENIZER_FILES):
+            return None
+        what = f"holds none of the files torchtitan's tokenizer loads ({', '.join(TOKENIZER_FILES)})"
+    else:
+        what = "is a file, not a folder" if os.path.exists(path) else "does not exist"
+    local, how = LOCAL_TOKENIZER
+    if os.path.normpath(path) == local:
+        get = f"{how} (run from this repository, or pass --hf_assets_path DIR)"
+    else:
+        get = ("put the model's Hugging Face tokenizer files there (torchtitan's scripts/download_hf_assets.py "
+               "--repo_id ORG/MODEL --assets tokenizer, in its source repository), or pass --hf_assets_path DIR")
+    return (f"--config {config_name} builds its tokenizer from --hf_assets_path {os.path.abspath(path)}, which "
+            f"{what}: {get}")
+
+
 def data_problem(config, config_name: str | None) -> str | None:
+    # The tokenizer first: torchtitan builds it before the data loader.
+    problem = _tokenizer_problem(config, config_name)
+    if problem is not None:
+        return problem
     dataloader = getattr(config, "dataloader", None)
     validator = getattr(config, "validator", None)
     loaders = [("--dataloader", dataloader)]

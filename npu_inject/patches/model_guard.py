@@ -21,7 +21,9 @@ both targets:
   package is not importable (torchtitan's ``overrides.helion_rope`` without helion, a CUDA
   kernel DSL; ``overrides.fused_swiglu``/``fused_mla``, which define Triton kernels at import,
   without triton), where torchtitan would fail when the trainer applies the overrides; and
-  local data the config reads must exist: the data set
+  local data the config reads must exist: the tokenizer folder a Hugging Face tokenizer is built
+  from (``--hf_assets_path``, default ``./tests/assets/tokenizer``; torchtitan built it after the
+  model and failed in a long traceback), the data set
   path torchtitan resolves (``--dataloader.dataset_path``, else the name's default such as
   ``tests/assets/c4_test``), SFT ``data_files``, Flux's autoencoder; a torchft job
   (``--fault_tolerance.enable``) needs torchft, a process group the target can carry,

@@ -9,9 +9,9 @@ torchtitan's memory line at every step), and checked as ``model_guard`` checks i
 The runtime runs the CPU rehearsal's patches (the NPU target's code paths, with the NPU kernels'
 fakes), less those whose work is a probe or a host-side choice: ``rehearsal_dtype`` (the NPU keeps
 bf16), ``optimizer`` (its probe steps a real optimizer; the NPU runs torchtitan's fused AdamW, as on
-the emulation), ``model_guard``, whose checks the planner runs itself except the data set's
-presence (no data is read), and ``host_memory_check``, which runs the planner (a recording would plan
-itself again). ``compile`` is planned as eager (noted in the result).
+the emulation), ``model_guard``, whose checks the planner runs itself except the presence of the
+data set and the tokenizer (neither is read), and ``host_memory_check``, which runs the planner (a
+recording would plan itself again). ``compile`` is planned as eager (noted in the result).
 """
 
 from __future__ import annotations
@@ -63,8 +63,8 @@ def _parse(argv: list[str]):
 
 
 def guard(argv: list[str], world_size: int):
-    """model_guard's start-up checks for the NPU target, but the data set's presence, and the layout
-    against the world size; the parsed configuration."""
+    """model_guard's start-up checks for the NPU target, but the data's presence (data set, tokenizer), and
+    the layout against the world size; the parsed configuration."""
     family, config_name = model_checks.selection(argv)
     problem = model_checks.family_problem(family, "npu")
     if problem:

@@ -72,7 +72,7 @@ from torchtitan.config import ConfigManager
 for path in sys.argv[1:]:
     try:
         config = ConfigManager().parse_args(["--module", "llama3", "--config", "llama3_debugmodel",
-                                             "--dataloader.dataset_path", path])
+                                             "--hf_assets_path", TOKENIZER, "--dataloader.dataset_path", path])
     except SystemExit as exc:
         print("STOP", exc)
     else:
@@ -88,6 +88,7 @@ def test_dataset_path_outside_the_repository_is_what_the_guard_checks(tmp_path):
     work = tmp_path / "cwd"  # no tests/assets here: torchtitan's default for c4_test does not exist
     work.mkdir()
     code = PARSE_WITH_GUARD.replace("sys.argv[1:]", repr([str(corpus), str(missing)]))
+    code = code.replace("TOKENIZER", repr(os.path.join(REPO, "tests/assets/tokenizer")))
     result = run_python(code, env=clean_env(TORCHTITAN_NPU="cpu", HF_HUB_OFFLINE="1"), cwd=str(work))
     lines = [line for line in result.stdout.splitlines() if line.startswith(("PASS", "STOP"))]
     assert result.returncode == 0 and len(lines) == 2, result.stdout[-3000:] + result.stderr[-3000:]
@@ -127,6 +128,63 @@ def test_dataset_path_resolves_as_torchtitan_and_datasets_do(tmp_path, monkeypat
     assert "pass --validator.dataloader.dataset_path DIR" in model_checks.data_problem(config, "c")
     validator.enable = False
     assert model_checks.data_problem(config, "c") is None
+
+
+def test_a_missing_tokenizer_folder_stops_at_parse_time_naming_the_flag(tmp_path):
+    """torchtitan built the tokenizer after the model and failed in a 211-line traceback a minute later."""
+    (tmp_path / "cwd").mkdir()  # no tests/assets here: the debug config's ./tests/assets/tokenizer does not exist
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    code = PARSE_WITH_GUARD.replace('"--hf_assets_path", TOKENIZER, ', '"--hf_assets_path", path, ')
+    code = code.replace('"--dataloader.dataset_path", path]', f'"--dataloader.dataset_path", {str(tmp_path)!r}]')
+    code = code.replace("sys.argv[1:]", repr(["/nonexistent", "tests/assets/tokenizer", str(empty),
+                                              os.path.join(REPO, "tests/assets/tokenizer")]))
+    result = run_python(code, env=clean_env(TORCHTITAN_NPU="cpu", HF_HUB_OFFLINE="1"), cwd=str(tmp_path / "cwd"))
+    lines = [line for line in result.stdout.splitlines() if line.startswith(("PASS", "STOP"))]
+    assert result.returncode == 0 and len(lines) == 4, result.stdout[-3000:] + result.stderr[-3000:]
+    stop = "STOP npu_inject model_guard: --config llama3_debugmodel builds its tokenizer from --hf_assets_path"
+    download = ("put the model's Hugging Face tokenizer files there (torchtitan's scripts/download_hf_assets.py "
+                "--repo_id ORG/MODEL --assets tokenizer, in its source repository), or pass --hf_assets_path DIR")
+    assert lines[0] == f"{stop} /nonexistent, which does not exist: {download}"
+    assert lines[1] == (f"{stop} {tmp_path}/cwd/tests/assets/tokenizer, which does not exist: python "
+                        "tools/make_assets.py writes it (run from this repository, or pass --hf_assets_path DIR)")
+    assert lines[2] == (f"{stop} {empty}, which holds none of the files torchtitan's tokenizer loads (tokenizer.json, "
+                        f"vocab.json, vocab.txt): {download}")
+    assert lines[3] == f"PASS c4_test {tmp_path}"
+
+
+def test_only_a_tokenizer_that_reads_hf_assets_path_is_checked(tmp_path, monkeypatch):
+    from dataclasses import dataclass
+
+    from torchtitan.components.tokenizer import BaseTokenizer, HuggingFaceTokenizer, MultiModalTokenizer
+
+    @dataclass(kw_only=True, slots=True)
+    class OwnPaths(BaseTokenizer.Config):  # as flux's FluxTokenizerContainer.Config (which needs transformers)
+        t5_tokenizer_path: str = "google/t5-v1_1-small"
+
+    monkeypatch.chdir(tmp_path)
+    os.makedirs("tests/assets/c4_test")
+
+    def config(tokenizer, path="tests/assets/tokenizer"):
+        return types.SimpleNamespace(tokenizer=tokenizer, hf_assets_path=path,
+                                     dataloader=types.SimpleNamespace(dataset="c4_test"))
+
+    tokens = {name: f"<|{name}|>" for name in ("image_token", "video_token", "vision_start_token",
+                                               "vision_end_token", "pad_token")}
+    for reads_it in (HuggingFaceTokenizer.Config(), MultiModalTokenizer.Config(**tokens)):
+        assert "which does not exist: python tools/make_assets.py writes it" in model_checks.data_problem(
+            config(reads_it), "c"), reads_it
+    # flux's tokenizers take their own paths; a config may build no tokenizer at all
+    assert model_checks.data_problem(config(OwnPaths()), "flux_debugmodel") is None
+    assert model_checks.data_problem(config(None), "c") is None
+    os.makedirs("assets")
+    open("assets/vocab.txt", "w").close()
+    assert model_checks.data_problem(config(HuggingFaceTokenizer.Config(), "assets"), "c") is None
+    problem = model_checks.data_problem(config(HuggingFaceTokenizer.Config(), "assets/vocab.txt"), "c")
+    assert problem.endswith(f"--hf_assets_path {tmp_path}/assets/vocab.txt, which is a file, not a folder: put the "
+                            "model's Hugging Face tokenizer files there (torchtitan's scripts/download_hf_assets.py "
+                            "--repo_id ORG/MODEL --assets tokenizer, in its source repository), or pass "
+                            "--hf_assets_path DIR"), problem
 
 
 def test_cuda_only_optimizer_is_named_with_the_target():
@@ -176,7 +234,7 @@ def test_seq_len_0_stops_at_parse_time_in_one_line():
     """As torchtitan.train parses (the patched ConfigManager, TORCHTITAN_NPU=cpu): the stop comes before any
     data loader or patch code sees an empty sample (it was an IndexError in the first batch)."""
     code = PARSE_WITH_GUARD.replace('"--dataloader.dataset_path", path]', '"--training.seq_len", path]')
-    code = code.replace("sys.argv[1:]", repr(["0", "16"]))
+    code = code.replace("sys.argv[1:]", repr(["0", "16"])).replace("TOKENIZER", repr("tests/assets/tokenizer"))
     result = run_python(code, env=clean_env(TORCHTITAN_NPU="cpu", HF_HUB_OFFLINE="1"), cwd=REPO)
     lines = [line for line in result.stdout.splitlines() if line.startswith(("PASS", "STOP"))]
     assert result.returncode == 0 and len(lines) == 2, result.stdout[-3000:] + result.stderr[-3000:]
