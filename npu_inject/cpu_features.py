@@ -23,6 +23,20 @@ def cpu_flags() -> frozenset[str]:
     return frozenset()
 
 
+@functools.lru_cache(maxsize=None)
+def cpu_model() -> str:
+    """The first processor's 'model name' in /proc/cpuinfo; the platform's name of it elsewhere."""
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as handle:
+            for line in handle:
+                key, _, value = line.partition(":")
+                if key.strip() == "model name":
+                    return value.strip()
+    except OSError:
+        pass  # no /proc (not Linux): the platform's name below
+    return platform.processor() or platform.machine()
+
+
 def native_bf16() -> bool:
     """Whether this CPU multiplies bf16 in hardware (the instruction set says so; nothing is timed)."""
     return bool(set(BF16_FLAGS) & cpu_flags())

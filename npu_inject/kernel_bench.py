@@ -21,6 +21,8 @@ from typing import Callable
 
 import torch
 
+from npu_inject.cpu_features import cpu_model
+
 GiB = 1 << 30
 
 
@@ -108,7 +110,7 @@ def open_device(kind: str | None) -> Device:
                                  torch.device("cuda", 0), torch.cuda.device_count()))
         if kind == "cuda":
             raise DeviceUnavailable("--device cuda: torch sees no CUDA GPU (torch.cuda.is_available() is False)")
-    return Device("cpu", f"cpu: {_cpu_model()}", versions, torch.device("cpu"), 1, torch.get_num_threads())
+    return Device("cpu", f"cpu: {cpu_model()}", versions, torch.device("cpu"), 1, torch.get_num_threads())
 
 
 def _ready(device: Device) -> Device:
@@ -120,19 +122,6 @@ def _ready(device: Device) -> Device:
         raise DeviceUnavailable(f"{device.kind}:0 ({device.name}) cannot run a first kernel: "
                                 f"{str(exc).splitlines()[0]}") from None
     return device
-
-
-def _cpu_model() -> str:
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8") as handle:
-            for line in handle:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    import platform
-
-    return platform.processor() or platform.machine()
 
 
 def significant(rate: float, digits: int = 4) -> float:

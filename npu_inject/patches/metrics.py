@@ -15,9 +15,10 @@ falls back to A100's 312 TFLOPS, so MFU on an NPU is off by the ratio of the pea
   1.29e11 FLOP/s seen; two ranks printed 27% and 46% MFU for the same step). Every rank divides by
   one peak, in this order: option ``peak_tflops`` (> 0); the ``cpu`` profile of a hardware file
   (``TORCHTITAN_NPU_HARDWARE``, as ``npu-inject calibrate`` on this host writes it: its best matmul
-  rate, the faster of bf16 and fp32); else rank 0's measurement (``npu_inject.host_peak``: the best
-  of five 512x512x512 matmuls, in bf16 too where the CPU computes it natively), taken when the patch
-  applies and handed to every rank when the process group starts (``PatchContext.agree_with_rank0``).
+  rate, the faster of bf16 and fp32); else rank 0's measurement (``npu_inject.host_peak``: the fastest
+  of a tenth of a second of 512x512x512 matmuls after a warm-up, in bf16 too where the CPU computes it
+  natively), taken by rank 0 alone when the patch applies and handed to every rank when the process
+  group starts (``PatchContext.agree_with_rank0``).
   The rehearsal's log shows an MFU against it, never ``nan%``; the report says which peak and where
   it came from. Called before the ranks agreed (outside a ``Trainer``), it divides by this process's
   own measurement and reports that as a fallback.
@@ -73,12 +74,17 @@ def apply(ctx: PatchContext) -> None:
         if calibrated is not None:
             host_peak["calibrated"] = calibrated
         else:
-            def use_rank0_peak(measured: tuple[float, str]) -> None:
+            def use_rank0_peak(measured: tuple[float, str] | None) -> None:
+                if measured is None:  # a rank other than 0 alone: a fake process group exchanges nothing
+                    measured = measured_host_peak_flops()
+                    ctx.note("the host peak was measured by this process: its process group exchanged none")
                 host_peak["agreed"] = measured
 
             # Measured now, while torchtitan is imported: the proposal must exist before the process group
-            # does (Trainer.init_distributed, where the runtime hands every rank rank 0's).
-            ctx.agree_with_rank0("host_peak", measured_host_peak_flops(), use_rank0_peak)
+            # does (Trainer.init_distributed, where the runtime hands every rank rank 0's). Only rank 0
+            # measures: the other ranks' probes would share its cores and slow it.
+            rank0 = int(os.environ.get("RANK", "0")) == 0
+            ctx.agree_with_rank0("host_peak", measured_host_peak_flops() if rank0 else None, use_rank0_peak)
 
     def rehearsal_peak() -> float:
         if "calibrated" in host_peak:

@@ -84,9 +84,11 @@ def test_option_overrides_the_table(applied):
 CPU_DEVICE = "CPU rehearsal (host memory: process RSS)"
 
 
-def test_rehearsal_mfu_is_against_the_hosts_measured_matmul_peak_without_an_agreement(applied):
+def test_rehearsal_mfu_is_against_the_hosts_measured_matmul_peak_without_an_agreement(applied, monkeypatch, tmp_path):
     """get_peak_flops called outside a Trainer (no rank agreement): this process's own measurement, said so."""
     from torchtitan.tools import utils
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))  # this host's figure from this test's probe alone
 
     upstream = utils.get_peak_flops(CPU_DEVICE)
     assert upstream == 312e12  # what torchtitan would divide by: A100's peak
@@ -130,6 +132,82 @@ def test_every_rank_divides_by_rank0s_measured_peak(applied, monkeypatch):
     assert ctx.notes == ["MFU in the CPU rehearsal is against the host matmul peak 27.0 GFLOP/s measured in "
                          "float32 (512x512x512, best of 5, 1 thread(s)): rank 0's measurement, the same on every rank"]
     assert not ctx.fallbacks
+
+
+def test_only_rank0_measures_the_host_peak(applied, monkeypatch):
+    """Every rank probed at once, sharing rank 0's cores: rank 0's figure then moved with the other ranks."""
+    from npu_inject.patches import metrics
+
+    def no_probe():
+        raise AssertionError("only rank 0's measurement is used: another rank must not probe")
+
+    monkeypatch.setattr(metrics, "measured_host_peak_flops", no_probe)
+    monkeypatch.delenv("TORCHTITAN_NPU_HARDWARE", raising=False)
+    monkeypatch.setenv("RANK", "1")
+    _, ctx = applied("metrics", "cpu")
+    ((name, proposal, use),) = ctx.agreements
+    assert (name, proposal) == ("host_peak", None)
+    use((2.7e10, "host matmul peak 27.0 GFLOP/s measured in float32 (rank 0's)"))
+    from torchtitan.tools import utils
+
+    assert utils.get_peak_flops(CPU_DEVICE) == 2.7e10
+
+
+def test_the_host_probe_measures_past_a_slow_start_and_interrupted_matmuls(monkeypatch, tmp_path):
+    """A stand-in matmul with the host's habits: 2 ms each for the first 20 ms of a dtype (its vector units
+    powering up), then 0.2 ms, every fifth one interrupted (2 ms). The probe's figure is the full-speed one:
+    2 x 512^3 FLOP in 0.2 ms is 1342 GFLOP/s. (The old probe, one untimed matmul and the best of five,
+    measured 134.)"""
+    from npu_inject import host_peak
+
+    calls: dict[torch.dtype, list[float]] = {}  # when each call of a dtype began
+
+    def matmul(a, b):
+        now = time.perf_counter()
+        began = calls.setdefault(a.dtype, [])
+        began.append(now)
+        cold = now - began[0] < 0.02 or len(began) % 5 == 0
+        until = now + (0.002 if cold else 0.0002)
+        while time.perf_counter() < until:  # busy: a sleep may overshoot by more than the matmul lasts
+            pass
+
+    monkeypatch.setattr(torch, "mm", matmul)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))  # no figure kept from a real probe
+    host_peak.measured_host_peak_flops.cache_clear()
+    try:
+        rate, how = host_peak.measured_host_peak_flops()
+    finally:
+        host_peak.measured_host_peak_flops.cache_clear()
+    # never faster than the stand-in's 0.2 ms; within 10% of it (the timer's and a busy host's own overhead)
+    assert 0.9 * 1342e9 <= rate <= 1342e9 * 1.0001, (rate, how)
+    assert "after 0.05 s of warm-up" in how, how
+
+
+def test_the_best_figure_measured_on_a_host_is_kept_and_a_slower_one_never_lowers_it(monkeypatch, tmp_path):
+    """A loaded host ran every matmul at 0.4x for longer than the probe (446-450 GFLOP/s against 1060-1130 on
+    the same host): such a run divides by the best figure kept for the host, and says what it measured."""
+    from npu_inject import host_peak
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    path = tmp_path / "npu_inject" / "host_peak.json"
+    one_thread, two_threads = "Xeon (flags 0), torch 2.14.1, 1 thread(s)", "Xeon (flags 0), torch 2.14.1, 2 thread(s)"
+    assert host_peak.remembered(one_thread, 1.06e12, "A") == (1.06e12, f"1060.0 GFLOP/s measured in A; kept in {path}")
+    assert host_peak.remembered(one_thread, 4.5e11, "B") == (
+        1.06e12, f"1060.0 GFLOP/s, the best measured for this host (A; kept in {path}); this process measured "
+                 "450.0 GFLOP/s")
+    assert host_peak.remembered(two_threads, 2.0e12, "C")[0] == 2.0e12  # another key: its own figure
+    assert host_peak.remembered(one_thread, 1.13e12, "D")[0] == 1.13e12  # a faster one replaces it
+    assert json.loads(path.read_text()) == {one_thread: {"flops": 1.13e12, "how": "D"},
+                                            two_threads: {"flops": 2.0e12, "how": "C"}}
+    path.write_text("{")
+    rate, how = host_peak.remembered(one_thread, 4.5e11, "E")
+    assert (rate, how.split("; ")[0]) == (4.5e11, "450.0 GFLOP/s measured in E"), how
+    assert f"; {path} could not be read (JSONDecodeError: " in how and how.endswith(f"; kept in {path}"), how
+    assert json.loads(path.read_text()) == {one_thread: {"flops": 4.5e11, "how": "E"}}
+    monkeypatch.setenv("XDG_CACHE_HOME", str(path))  # a file where the folder would go
+    rate, how = host_peak.remembered(one_thread, 4.6e11, "F")
+    assert rate == 4.6e11 and how.startswith("460.0 GFLOP/s measured in F; "), how
+    assert how.endswith(f"; not kept: {path}/npu_inject/host_peak.json: Not a directory"), how
 
 
 def test_a_calibrated_cpu_profile_gives_the_rehearsals_peak(applied, monkeypatch, tmp_path):
