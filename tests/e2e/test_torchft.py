@@ -6,13 +6,13 @@ training. Through the runtime: the group runs on gloo and every commit point com
 commit (min_replica_size above the replicas there are) stops on every rank with one line.
 
 Failover (tools/bench_failover.py): two replica groups of 2 ranks committing every step; rank 1 of group 1 is
-SIGKILLed at step 6. Group 0 never restarts and trains on; torchrun restarts group 1, which heals from group
+SIGKILLed at step 6; the same under DiLoCo as upstream configures it (CI) and under LocalSGD (``-m e2e_long``),
+killed at step 8. Group 0 never restarts and trains on; torchrun restarts group 1, which heals from group
 0's live state (it has no checkpoint on disk) and rejoins; at the end both groups hold the same parameters,
 optimizer state, schedule and step, tensor for tensor, and every step was applied once. The same failover on
 the simulated NPU runs torchft's cross-group all-reduce on the runtime's HCCL group (patch torchft_npu;
-``-m e2e_long``, outside CI), as does the same kill under DiLoCo (the healed group takes the live group's fragment
-state too; 152 s of CI's 60 min on 2026-11-28: CI keeps the failover and DiLoCo over HCCL,
-tests/cann_emu/test_torchft_semi_sync.py, apart);
+``-m e2e_long``, outside CI); under DiLoCo and LocalSGD the healed group takes the live group's fragment
+state too;
 tests/cann_emu/test_torchft_failover.py runs both on the real torch_npu over the CANN emulation.
 
 A hung rank (rank 1 of group 1 hangs at step 8): group 0 goes on after the train timeout (torchft_leave's
@@ -82,11 +82,17 @@ def test_the_same_failover_on_the_simulated_npu_over_torchfts_hccl_group(tmp_pat
     check_failover(tmp_path, "sim", steps=30, kill_at=4)
 
 
+def test_a_replica_group_killed_during_diloco_as_upstream_configures_it_heals_and_synchronises_again(tmp_path):
+    # upstream's llama3_torchft_debugmodel: DiLoCo, 2 fragments, a synchronisation every 10 steps (a fragment
+    # every 5): the restarted group trains alone until its first synchronisation, heals there (torchtitan's step
+    # counter need not move: restart_progress reads torchft's own signal) and must take the live group's fragment
+    # state as well, or the fragment synchronised at the last step would differ
+    check_failover(tmp_path, "cpu", steps=60, kill_at=8, semi_sync="diloco", sync_steps=10)
+
+
 @pytest.mark.e2e_long
-def test_a_replica_group_killed_during_diloco_heals_and_synchronises_again(tmp_path):
-    # upstream's setting (DiLoCo, 2 fragments), a synchronisation every 2 steps: the healed group must take the
-    # live group's fragment state as well, or the fragment synchronised at the last step would differ
-    check_failover(tmp_path, "cpu", steps=50, kill_at=6, semi_sync="diloco")
+def test_a_replica_group_killed_during_local_sgd_heals_and_synchronises_again(tmp_path):
+    check_failover(tmp_path, "cpu", steps=60, kill_at=8, semi_sync="local_sgd", sync_steps=10)
 
 
 @pytest.mark.e2e_long
@@ -146,12 +152,18 @@ def check_synchronised(group0: dict, group1: dict, method: str) -> int:
     return len(equal)
 
 
-def check_failover(tmp_path, target: str, steps: int, kill_at: int, semi_sync: str | None = None) -> None:
+def check_failover(tmp_path, target: str, steps: int, kill_at: int, semi_sync: str | None = None,
+                   sync_steps: int = 2) -> None:
     """Two replica groups of 2 ranks on ``target``; rank 1 of group 1 killed as step ``kill_at`` starts.
 
-    ``semi_sync``: LocalSGD or DiLoCo (``--fault_tolerance.semi_sync_method``), a synchronisation every 2 steps;
-    else a commit every step."""
-    run = run_failover(tmp_path, steps, f"kill@{kill_at}:rank=1", target=target, extra_args=semi_sync_args(semi_sync))
+    ``semi_sync``: LocalSGD or DiLoCo (``--fault_tolerance.semi_sync_method``), a synchronisation every
+    ``sync_steps`` (DiLoCo's 2 fragments: one every half of that); else a commit every step. A semi-synchronous
+    group meets its peers only at its synchronisations, so the lighthouse waits for the groups that heartbeat
+    (torchft's default does, for 60 s): with the benchmark's 1 s, a restarted group formed its quorums alone and
+    never healed."""
+    run = run_failover(tmp_path, steps, f"kill@{kill_at}:rank=1", target=target,
+                       extra_args=semi_sync_args(semi_sync, sync_steps),
+                       join_timeout_ms=20000 if semi_sync else 1000)
     assert run.returncodes == [0, 0], run.logs[0][-3000:] + run.logs[1][-3000:]
     survivor, restarted = run.logs
     # at the step, or the first step after it group 1 trained (a group that starts late heals to group 0's step)
@@ -179,8 +191,9 @@ def check_failover(tmp_path, target: str, steps: int, kill_at: int, semi_sync: s
         for report in reports:
             assert report["torchft_npu"]["state"] == "applied", report["torchft_npu"]
             assert any("runs on torchft's HCCL group" in note for note in report["torchft_npu"]["notes"])
-    # both ranks commit every step (DiLoCo: a fragment every step), LocalSGD every second step
-    synchronised = [step for step in survived if semi_sync != "local_sgd" or step % 2 == 0]
+    # both ranks commit every step, at every DiLoCo fragment's synchronisation, or at every LocalSGD one
+    every = {None: 1, "diloco": sync_steps // 2, "local_sgd": sync_steps}[semi_sync]
+    synchronised = [step for step in survived if step % every == 0]
     assert survivor.count("should_commit=True enough_replicas=True") >= 2 * len(synchronised)
 
     assert [sorted(p.name for p in (dump / "checkpoint").iterdir()) for dump in run.dumps] == [[f"step-{steps}"]] * 2
