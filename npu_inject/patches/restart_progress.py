@@ -13,8 +13,11 @@ Here rank 0 records each finished step in the launcher's store, which outlives t
 outside :mod:`npu_inject.patches.restart_store`'s per-attempt prefix). A restarted attempt that begins at step
 1 while an earlier attempt reached step N > 1 is watched: without torchft every rank stops after that step
 with one line naming both; a torchft group may train a few steps alone before a quorum with a live peer heals
-it, so it stops only once it has trained to step N again without healing. Each further attempt torchrun makes
-stops the same way. ``TORCHTITAN_NPU_PATCHES=-restart_progress`` lets such a restart train from scratch. Its
+it, and heals only at a quorum, so it stops at the first commit point (torchft's ``Manager.should_commit``,
+after the quorum and its heal) at or after step N that did not heal it: every step in a synchronous job, a
+synchronisation under DiLoCo or LocalSGD (a group killed at step 8 that synchronises every 10 steps first meets
+its peers at step 10), or ``--fault_tolerance.sync_steps`` past step N without one. Each further attempt
+torchrun makes stops the same way. ``TORCHTITAN_NPU_PATCHES=-restart_progress`` lets such a restart train from scratch. Its
 cost: rank 0 sets one key of the launcher's store per step (one round trip).
 
 A heal is recognised by torchft's own signal: its manager loads a peer's torchft state
@@ -38,6 +41,7 @@ from npu_inject.patching import PatchContext
 TARGETS = (
     "torchtitan.trainer:Trainer.train_step",
     ("torchft.manager:Manager.load_state_dict", "in a torchft job restarted by torchrun"),
+    ("torchft.manager:Manager.should_commit", "in a torchft job restarted by torchrun"),
 )
 
 STEP_KEY = "npu_inject/restart_progress/step"  # in the launcher's store, under no attempt's prefix
@@ -60,7 +64,8 @@ def apply(ctx: PatchContext) -> None:
     if attempt is None:
         ctx.note("not under torchrun: no restart to watch")
     rank = int(os.environ.get("RANK", "0"))
-    state = {"first_step": True, "watching": False, "earlier": 0, "store": None, "healed": False}
+    state = {"first_step": True, "watching": False, "earlier": 0, "store": None, "healed": False,
+             "commit_points": 0}
 
     def stop(attempt_began: str, earlier: int, hint: str = "") -> None:
         stop_run(f"npu_inject restart_progress: restart attempt {attempt} of this worker group {attempt_began}, from "
@@ -72,6 +77,12 @@ def apply(ctx: PatchContext) -> None:
     def load_state_dict(original, manager, *args, **kwargs):
         state["healed"] = True  # torchft heals: it loads the peer's torchft state (its quorum thread)
         return original(manager, *args, **kwargs)
+
+    def should_commit(original, manager, *args, **kwargs):
+        try:
+            return original(manager, *args, **kwargs)
+        finally:
+            state["commit_points"] += 1  # a quorum, and its heal if any, came before it
 
     def train_step(original, trainer, *args, **kwargs):
         if state["first_step"]:
@@ -87,8 +98,9 @@ def apply(ctx: PatchContext) -> None:
                              f"(an earlier attempt reached step {state['earlier']})")
                 elif torchft_job(trainer):
                     ctx.wrap("torchft.manager:Manager.load_state_dict", load_state_dict)
+                    ctx.wrap("torchft.manager:Manager.should_commit", should_commit)
         store = state["store"]
-        began = trainer.step
+        began, commit_points = trainer.step, state["commit_points"]
         result = original(trainer, *args, **kwargs)
         if state["watching"]:
             earlier = state["earlier"]
@@ -99,8 +111,9 @@ def apply(ctx: PatchContext) -> None:
                          f"reached step {earlier})")
             elif not torchft_job(trainer):
                 stop("began again at step 1", earlier)
-            elif trainer.step >= earlier:
-                # torchft: a restarted group may train a few steps alone before a quorum with a live peer heals it
+            elif trainer.step >= earlier and (state["commit_points"] > commit_points
+                                              or trainer.step >= earlier + sync_steps(trainer)):
+                # torchft: a restarted group heals at a quorum with a live peer, which comes at a commit point
                 semi_sync = getattr(getattr(trainer.config, "fault_tolerance", None), "semi_sync_method", None)
                 hint = (f" (under {semi_sync} a group meets its peers only at its synchronisations: a lighthouse "
                         "whose --join_timeout_ms is shorter than the time between two of them forms a restarted "
@@ -112,6 +125,12 @@ def apply(ctx: PatchContext) -> None:
         return result
 
     ctx.wrap_overrides("Trainer.train_step", train_step)
+
+
+def sync_steps(trainer) -> int:
+    """The steps between two synchronisations of a LocalSGD or DiLoCo job; 0 when every step commits."""
+    fault_tolerance = getattr(trainer.config, "fault_tolerance", None)
+    return getattr(fault_tolerance, "sync_steps", 0) if getattr(fault_tolerance, "semi_sync_method", None) else 0
 
 
 def torchft_job(trainer) -> bool:

@@ -40,10 +40,13 @@ def restarted(monkeypatch):
     from torchtitan.experiments.torchft import trainer as ft_trainer
 
     def train_step(trainer, data_iterator):
-        if trainer.heal_in_step == trainer.step:
-            trainer.ft_manager.manager.load_state_dict({"step": 2, "batches_committed": 4})  # torchft's heal
+        if trainer.step % trainer.commit_every == 0:  # a quorum, its heal if any, then the commit point
+            if trainer.heal_in_step == trainer.step:
+                trainer.ft_manager.manager.load_state_dict({"step": 2, "batches_committed": 4})  # torchft's heal
+            trainer.ft_manager.manager.should_commit()
 
     monkeypatch.setattr(ft_trainer.FaultTolerantTrainer, "train_step", train_step)
+    monkeypatch.setattr(Manager, "should_commit", lambda manager, timeout=None: True)  # the vote, without peers
     store = Store(**{restart_progress.STEP_KEY: "7"})
     monkeypatch.setattr(restart_progress, "launcher_store", lambda: store)
     monkeypatch.setenv("TORCHELASTIC_RESTART_COUNT", "1")
@@ -55,12 +58,14 @@ def restarted(monkeypatch):
     ctx.restore()
 
 
-def _trainer(cls, manager_cls, heal_in_step: int, semi_sync: str | None = "diloco"):
+def _trainer(cls, manager_cls, heal_in_step: int, semi_sync: str | None = "diloco", commit_every: int = 5):
+    """DiLoCo as upstream configures it by default: 10 steps between synchronisations, 2 fragments (a commit
+    point every 5 steps)."""
     trainer = object.__new__(cls)
     manager = object.__new__(manager_cls)
-    trainer.step, trainer.heal_in_step = 0, heal_in_step
+    trainer.step, trainer.heal_in_step, trainer.commit_every = 0, heal_in_step, commit_every
     trainer.ft_manager = SimpleNamespace(enabled=True, manager=manager)
-    trainer.config = SimpleNamespace(fault_tolerance=SimpleNamespace(semi_sync_method=semi_sync))
+    trainer.config = SimpleNamespace(fault_tolerance=SimpleNamespace(semi_sync_method=semi_sync, sync_steps=10))
     return trainer
 
 
@@ -80,16 +85,30 @@ def test_a_heal_that_leaves_torchtitans_step_alone_is_still_a_heal(restarted):
                          "after training from the initial weights (an earlier attempt reached step 7)"]
 
 
-def test_a_group_that_never_heals_stops_at_the_earlier_attempts_step(restarted):
+def test_a_group_whose_first_synchronisation_comes_after_the_earlier_step_heals_there(restarted):
+    """Killed at step 8 (the earlier attempt reached 7); the group's first quorum with a peer is at step 10."""
+    cls, manager_cls, _, ctx = restarted
+    trainer = _trainer(cls, manager_cls, heal_in_step=10, commit_every=10)
+    _train(trainer, 14)
+    assert ctx.notes[0].startswith("restart attempt 1 healed from a torchft peer in its step 10")
+
+
+@pytest.mark.parametrize("semi_sync, commit_every, stops_at", [
+    ("diloco", 5, 10),   # the first commit point at or after step 7
+    (None, 1, 7),        # a synchronous job commits every step
+    ("local_sgd", 100, 17),  # no commit point within sync_steps past step 7
+])
+def test_a_group_that_never_heals_stops_at_its_first_commit_point_past_the_earlier_step(
+        restarted, semi_sync, commit_every, stops_at):
     cls, manager_cls, _, _ = restarted
-    trainer = _trainer(cls, manager_cls, heal_in_step=0)
+    trainer = _trainer(cls, manager_cls, heal_in_step=0, semi_sync=semi_sync, commit_every=commit_every)
     with pytest.raises(RunStopped) as stopped:
-        _train(trainer, 12)
-    assert trainer.step == 7
+        _train(trainer, 30)
+    assert trainer.step == stops_at
     line = str(stopped.value)
     assert line.startswith("npu_inject restart_progress: restart attempt 1 of this worker group trained from step "
-                           "1 to step 7 again without healing from a torchft peer")
-    assert "under diloco a group meets its peers only at its synchronisations" in line
+                           f"1 to step {stops_at} again without healing from a torchft peer")
+    assert (f"under {semi_sync} a group meets its peers only at its synchronisations" in line) == bool(semi_sync)
 
 
 def test_the_manager_is_restored_when_the_patch_is(restarted):
