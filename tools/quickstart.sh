@@ -8,9 +8,13 @@ cd "$(dirname "$0")/.."
 VENV=${VENV:-.venv}
 [ -x "$VENV/bin/python" ] || python3 -m venv "$VENV"
 PY="$VENV/bin/python"
+# Each step says what it waits for: the installs take minutes the first time (torch's wheel is about 5 GB).
+echo "quickstart: installing into $VENV: pip, then torch (NPU machines keep theirs), torchtitan and npu-inject"
 "$PY" -m pip install -q --upgrade pip
 # NPU users bring the torch their torch_npu pairs with; elsewhere take the pinned torch (tools/pins.txt).
-"$PY" -c "import torch" 2>/dev/null || "$PY" -m pip install -q "$(grep '^torch==' tools/pins.txt)"
+"$PY" -c "import torch" 2>/dev/null || {
+  echo "quickstart: installing $(grep '^torch==' tools/pins.txt) (a few minutes the first time)"
+  "$PY" -m pip install -q "$(grep '^torch==' tools/pins.txt)"; }
 "$PY" -m pip install -q "$(grep '^torchtitan==' tools/pins.txt)" -e .
 
 if "$PY" -c "import torch_npu" 2>/dev/null; then

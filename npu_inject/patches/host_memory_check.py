@@ -29,8 +29,9 @@ upstream's 4-rank MoE cases took 13 to 15 s), a third of a debug job's run. So r
 from above, in this process and without planning (:func:`upper_bound`, well under a second): the model built on
 the meta device as torchtitan builds it, every rank taken to hold all of it (``BYTES_PER_PARAMETER``: fp32
 parameters, gradients, Adam's two moments and FSDP's unsharded copies, no sharding credit), and each rank's
-activations bounded by the tokens of a microbatch times every weight's largest output per token,
-``ACTIVATION_FACTOR`` times over, plus each attention layer's full score matrices. When the bound, with the
+activations bounded by the tokens of a microbatch times every weight's largest output per token (an MoE layer's
+experts: the router's top_k of them, however it spreads the tokens), ``ACTIVATION_FACTOR`` times over, plus each
+attention layer's full score matrices. When the bound, with the
 planner's margin, fits in half of what the host has (``BOUND_SAFETY``), the job fits and is not planned: the line
 says so and gives the bound. Otherwise (the bound does not fit, or cannot be made: pipeline parallelism, a model
 that is not torchtitan's Decoder) the job is planned as before. ``tests/e2e/test_host_memory_bound.py`` holds the
@@ -219,7 +220,14 @@ def upper_bound(config) -> tuple[int | None, str]:
     except Exception as exc:  # the job itself will say what is wrong, with its own traceback
         return None, f"the model could not be built on the meta device ({type(exc).__name__}: {exc})"
     parameters = sum(tensor.numel() for tensor in model.parameters())
-    per_token = sum(tensor.numel() // min(tensor.shape) for tensor in model.parameters() if tensor.dim() >= 2)
+    # a token visits top_k of an MoE layer's experts, however the router spreads the tokens
+    # (the experts' weights, E x out x in, are an MoE module's 3-D parameters beside its router)
+    top_k = {id(tensor): module.router.top_k for module in model.modules()
+             if isinstance(getattr(getattr(module, "router", None), "top_k", None), int)
+             for tensor in module.parameters() if tensor.dim() == 3}
+    per_token = sum(top_k[id(tensor)] * max(tensor.shape[1:]) if id(tensor) in top_k
+                    else tensor.numel() // min(tensor.shape)
+                    for tensor in model.parameters() if tensor.dim() >= 2)
     batch, seq_len = config.training.local_batch_size, config.training.seq_len
     states = parameters * BYTES_PER_PARAMETER
     activations = batch * seq_len * per_token * 4 * ACTIVATION_FACTOR
