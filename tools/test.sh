@@ -7,6 +7,7 @@
 #   bash tools/test.sh -m parallel     # a long matrix by its marker (pyproject.toml lists them)
 #   bash tools/test.sh -m "cann_emu or cann_emu_long"   # everything on the CANN emulation
 #   bash tools/test.sh -m e2e_long     # the longer end-to-end runs CI leaves out
+#   bash tools/test.sh -m docs         # every command block of README.md and docs/*.md, run as written
 # The tests of torchtitan's own integration suite read a torchtitan checkout (release/0.3) from
 # TORCHTITAN_SRC and skip, saying so, without it (.ci/run passes CI's copy).
 set -euo pipefail
@@ -28,10 +29,11 @@ for arg in "$@"; do
   if [ "$arg" = --unit ]; then unit=1; else args+=("$arg"); fi
 done
 set -- ${args[@]+"${args[@]}"}
-# CI's selection: everything but the long matrices (their one-case-per-dimension members carry e2e too).
+# CI's selection: everything but the long matrices (their one-case-per-dimension members carry e2e too) and the
+# docs' command blocks (one of them carries e2e).
 case "$unit $* " in
   1*|*" -m "*) ;;
-  *) set -- -m "not (models or fused_matrix or compile_long or upstream_suite or cann_emu_long or e2e_long) and (e2e or not parallel)" "$@" ;;
+  *) set -- -m "not (models or fused_matrix or compile_long or upstream_suite or cann_emu_long or e2e_long) and (e2e or not (parallel or docs))" "$@" ;;
 esac
 # Two workers by default (tests/conftest.py groups the tests that share runs); -n 0 runs in one process.
 # One OpenMP thread per process, as torchrun sets for multi-rank runs: a 1-rank run's two spinning
