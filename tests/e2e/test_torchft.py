@@ -6,8 +6,8 @@ training. Through the runtime: the group runs on gloo and every commit point com
 commit (min_replica_size above the replicas there are) stops on every rank with one line.
 
 Failover (tools/bench_failover.py): two replica groups of 2 ranks committing every step; rank 1 of group 1 is
-SIGKILLed at step 6; the same under DiLoCo as upstream configures it (CI) and under LocalSGD (``-m e2e_long``),
-killed at step 8. Group 0 never restarts and trains on; torchrun restarts group 1, which heals from group
+SIGKILLed at step 6 (``-m e2e_long``); the same under DiLoCo as upstream configures it (CI) and under LocalSGD
+(``-m e2e_long``), killed at step 8. Group 0 never restarts and trains on; torchrun restarts group 1, which heals from group
 0's live state (it has no checkpoint on disk) and rejoins; at the end both groups hold the same parameters,
 optimizer state, schedule and step, tensor for tensor, and every step was applied once. The same failover on
 the simulated NPU runs torchft's cross-group all-reduce on the runtime's HCCL group (patch torchft_npu;
@@ -71,6 +71,7 @@ def test_a_replica_group_that_never_commits_stops_with_one_line(lighthouse, tmp_
     assert max(parse_losses(result.stdout)) < 20
 
 
+@pytest.mark.e2e_long  # about 3 min; CI runs the same kill under upstream's own mode, DiLoCo, below
 def test_a_killed_replica_group_restarts_heals_from_the_live_group_and_ends_bitwise_equal(tmp_path):
     # enough steps that group 0 still trains when group 1 comes back on a loaded host: a group that returns after
     # its peers finished has no live state to heal from, and restart_progress rightly stops it
