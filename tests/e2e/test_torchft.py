@@ -17,7 +17,7 @@ tests/cann_emu/test_torchft_failover.py runs both on the real torch_npu over the
 
 A hung rank (rank 1 of group 1 hangs at step 8): group 0 goes on after the train timeout (torchft_leave's
 watchdog ends group 1's ranks) and the lighthouse's heartbeat timeout, and trains every step (``-m e2e_long``:
-127 s of a CI worker's time on 2026-11-28; CI keeps the kill above, and the hang's parts in
+127 s of a CI worker's time on 2026-11-28; CI keeps the kill under DiLoCo above, and the hang's parts in
 tests/cann_emu/test_hccl.py and the unit tests of torchft_leave; tests/cann_emu/test_torchft_failover.py runs
 both hangs on the real torch_npu over the CANN emulation).
 """
