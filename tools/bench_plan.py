@@ -20,7 +20,8 @@ beyond the kernels at their measured or published rates: the device's operators 
 fraction, reported as its own term) so that its prediction equals the published figure, and prints the
 fitted value for ``npu_inject/hardware.json``.
 
-``depth``: shallow plans (1 and 2 repeats of the layer block, extrapolated) against full-depth plans.
+``depth``: shallow plans (the search's and the advice's: :data:`npu_inject.planner.depth.SHALLOW_UNITS` and one
+more repeats of the layer block, extrapolated) against full-depth plans.
 
 ``search``: ``npu-inject plan --search`` for llama3_8b on 8 Atlas A2 and deepseek_v3_671b on 1024
 Atlas A3 dies: its wall time and the largest resident memory of the planner's processes together.
@@ -290,7 +291,7 @@ DEPTH_CASES = {
 
 def cmd_depth(args) -> int:
     from npu_inject import hardware
-    from npu_inject.planner import job
+    from npu_inject.planner import depth as depth_mod, job
 
     catalog = hardware.load()
     print(f"{'case':48} {'':>8} {'planned in s':>12} {'step s':>8} {'allocated GiB':>13} {'reserved GiB':>12}")
@@ -300,7 +301,7 @@ def cmd_depth(args) -> int:
         try:
             plans = {depth: job.plan_job(argv, profile=profile, efficiency=catalog.efficiency[profile.family],
                                          world_size=ranks, units=units, pool=pool)
-                     for depth, units in (("full", None), ("shallow", 1))}
+                     for depth, units in (("full", None), ("shallow", depth_mod.SHALLOW_UNITS))}
         finally:
             pool.shutdown()
         full = plans["full"]

@@ -25,7 +25,6 @@ from npu_inject.torchtitan_argv import with_flags
 
 EXIT_OK, EXIT_DOES_NOT_FIT, EXIT_ERROR = 0, 1, 2
 ALLOC_CONF_ENV = ("PYTORCH_NPU_ALLOC_CONF", "PYTORCH_ALLOC_CONF", "PYTORCH_CUDA_ALLOC_CONF")
-SEARCH_UNITS = 1  # the search plans each layout with 1 and 2 repeats of the layer block per stage
 
 
 def add_parser(subparsers) -> argparse.ArgumentParser:
@@ -126,11 +125,14 @@ def resolve_hardware(args, catalog: hardware_mod.Catalog) -> hardware_mod.Profil
 
 # -- advice ----------------------------------------------------------------------
 
-def advice(argv: list[str], plan, run_variant, fewer_microbatches=None) -> list[str]:
-    """For a plan that does not fit: what would, each variant planned (shallow) to say so. A pipeline's
-    smaller local batch with the same activation checkpointing is only fewer microbatches:
-    ``fewer_microbatches(count)`` plans it from the job's own recordings where they can say (else None)."""
+def advice(argv: list[str], plan, run_variant, fewer_microbatches=None, progress=lambda line: None) -> list[str]:
+    """For a plan that does not fit: the variants of its activation checkpointing and local batch that would, each
+    planned (shallow) to say so; when none does, those tried and what might fit instead. A pipeline's smaller
+    local batch with the same activation checkpointing is only fewer microbatches: ``fewer_microbatches(count)``
+    plans it from the job's own recordings where they can say (else None). ``progress`` hears of each variant
+    planned."""
     from npu_inject.planner import search
+    from npu_inject.planner.config import PlanError
     from npu_inject.planner.render import gib
 
     info = plan.info
@@ -145,39 +147,72 @@ def advice(argv: list[str], plan, run_variant, fewer_microbatches=None) -> list[
     if info["local_batch_size"] > 1:
         variants.append(search.Candidate(layout, info["local_batch_size"] // 2,
                                          current_ac if current_ac in ("selective", "full") else "selective", global_batch))
-    lines = []
+    # The most frugal variant, one sequence per microbatch with full recomputation (the search's first pass plans
+    # every layout so): when the others do not fit, it says whether any recomputation or batch change can.
+    frugal = search.Candidate(layout, 1, "full", global_batch) if layout.pp == 1 else None
     microbatch_size = info["local_batch_size"] // max(info.get("pp_microbatches") or 1, 1)
-    shallow_pipeline = False
-    for candidate in variants:
+    tried: list[tuple[str, bool, bool]] = []  # (its line, fits, its speed not given: a pipeline planned shallow)
+
+    def plan_variant(candidate) -> None:
         same_recordings = (layout.pp > 1 and fewer_microbatches is not None and candidate.ac == current_ac)
         variant = fewer_microbatches(candidate.local_batch // microbatch_size) if same_recordings else None
         if variant is not None:
             # Its gradient accumulation doubles both the tokens and the pipeline passes of a step: the rate stays.
-            lines.append(f"  {candidate.describe()}: {'fits' if variant.fits else 'does not fit'}, "
-                         f"{gib(variant.worst.total)} GiB, {variant.tokens_per_s_per_npu:,.0f} tokens/s/NPU "
-                         "(from the job's own recordings, at full depth)")
-            continue
-        shallow_pipeline = shallow_pipeline or layout.pp > 1
+            tried.append((f"  {candidate.describe()}: {'fits' if variant.fits else 'does not fit'}, "
+                          f"{gib(variant.worst.total)} GiB, {variant.tokens_per_s_per_npu:,.0f} tokens/s/NPU "
+                          "(from the job's own recordings, at full depth)", variant.fits, False))
+            return
+        progress(f"planning the variant {candidate.describe()} (shallow)")
         try:
             variant = run_variant(candidate.argv(argv))
-        except Exception as exc:  # noqa: BLE001 -- a variant torchtitan refuses is reported, not fatal
-            lines.append(f"  {search.flags_text(candidate)}: cannot be planned ({str(exc).splitlines()[0]})")
-            continue
+        except PlanError as exc:  # a variant torchtitan refuses is reported, not fatal
+            tried.append((f"  {search.flags_text(candidate)}: cannot be planned ({str(exc).splitlines()[0]})", False,
+                          False))
+            return
         state = "fits" if variant.fits else "does not fit"
         # A shallow plan's speed is only given without pipelining: with stages it was 17.5% slow (llama3_8b PP 4)
         # and llama3_70b PP 4 with 512 microbatches said 90 tokens/s/NPU where the full plan says 267.
         speed = f", {variant.tokens_per_s_per_npu:,.0f} tokens/s/NPU" if layout.pp == 1 else ""
-        lines.append(f"  {candidate.describe()}: {state}, {gib(variant.worst.total)} GiB{speed}")
-    if shallow_pipeline:
+        # Every variant recomputes at least as much as the job, on no larger a batch: more memory than the job's
+        # is the shallow plan's extrapolation, not the variant.
+        above = (f" (above the job's own {gib(plan.worst.total)} GiB at full depth, which it cannot need: the "
+                 "shallow plan's extrapolation is off here; plan the variant alone for its full-depth figure)"
+                 if variant.worst.total > plan.worst.total else "")
+        tried.append((f"  {candidate.describe()}: {state}, {gib(variant.worst.total)} GiB{speed}{above}", variant.fits,
+                      layout.pp > 1))
+
+    for candidate in variants:
+        plan_variant(candidate)
+    if (frugal is not None and not any(fits for _, fits, _ in tried)
+            and all((c.local_batch, c.ac) != (frugal.local_batch, frugal.ac) for c in variants)):
+        plan_variant(frugal)
+    fitting = [entry for entry in tried if entry[1]]
+    if fitting:
+        lines = ["what would fit (each planned shallow unless said):", *(line for line, _, _ in fitting)]
+    else:
+        lines = [f"none of the {len(tried)} variants tried fits (each planned shallow unless said):",
+                 *(line for line, _, _ in tried)] if tried else []
+    if any(memory_only for _, _, memory_only in (fitting or tried)):
         lines.append("  (memory only: a pipeline's speed planned shallow is not reliable; plan a variant "
                      "with its flags for its speed)")
     worst = plan.worst
     states = sum(worst.at_peak.get(name, 0) for name in ("parameters", "gradients", "optimizer states"))
-    if states > 0.5 * plan.capacity:
-        lines.append(f"  parameters, gradients and optimizer states alone take {gib(states)} GiB per rank: "
-                     "shard them over more ranks (dp_shard, tp, pp, or ep for experts); --search plans the layouts")
-    elif not lines:
-        lines.append("  --search plans every layout of these ranks and lists those that fit")
+    shard_states = (f"  parameters, gradients and optimizer states alone take {gib(states)} GiB per rank: shard them "
+                    "over more ranks (dp_shard, tp, pp, or ep for experts)" if states > 0.5 * plan.capacity else None)
+    if fitting:
+        return lines + ([f"{shard_states}; --search plans the layouts"] if shard_states else [])
+    lines += ["what might fit instead:", *([shard_states] if shard_states else [])]
+    experts, borrowed = info.get("experts"), layout.dp_shard * layout.cp * layout.tp
+    if experts and search.largest_ep(experts, borrowed) > layout.ep:
+        lines.append(f"  a larger expert-parallel degree: --parallelism.expert_parallel_degree up to "
+                     f"{search.largest_ep(experts, borrowed)} (it divides the {experts} experts and dp_shard x cp x tp "
+                     f"= {borrowed}; this job has {layout.ep}): each rank holds, gathers and reduces fewer experts")
+    if layout.pp < search.MAX_PP:
+        lines.append(f"  {'pipeline stages' if layout.pp == 1 else 'more pipeline stages'} "
+                     "(--parallelism.pipeline_parallel_degree): each holds its share of the layers, their states "
+                     "and activations")
+    lines.append(f"  --search plans every layout of these {plan.world_size} ranks (degrees, recomputation, local "
+                 "batch) and lists those that fit")
     return lines
 
 
@@ -200,7 +235,7 @@ def rehearsal_job(argv: list[str]) -> tuple[list[str], str]:
 # -- the command -----------------------------------------------------------------
 
 def cmd_plan(args) -> int:
-    from npu_inject.planner import host_memory, job, render, workers
+    from npu_inject.planner import depth, host_memory, job, render, workers
     from npu_inject.planner.config import PlanError
 
     argv = args.torchtitan
@@ -223,22 +258,21 @@ def cmd_plan(args) -> int:
     expandable = expandable_segments(args)
     efficiency = catalog.efficiency[profile.family]
     selection = os.environ.get("TORCHTITAN_NPU_PATCHES", "")
-    pool = workers.executor(selection=selection, modules=job.model_packages(argv))
+    progress = workers.Progress(started)
+    print(f"{'searching' if args.search else 'planning'} on {profile.name}, {ranks} ranks ...", file=sys.stderr,
+          flush=True)
+    pool = workers.executor(selection=selection, modules=job.model_packages(argv), progress=progress)
     plan_kwargs = dict(profile=profile, efficiency=efficiency, world_size=ranks, expandable=expandable, pool=pool)
     try:
         if args.search:
-            return _search(args, argv, profile, ranks, pool, plan_kwargs)
+            return _search(args, argv, profile, ranks, pool, plan_kwargs, progress)
         rehearsal = profile.family == hardware_mod.CPU
         if rehearsal:
             argv, why = rehearsal_job(argv)
-        print(f"planning on {profile.name}, {ranks} ranks ...", file=sys.stderr, flush=True)
-
-        def progress(line: str) -> None:
-            print(f"  [{time.monotonic() - started:5.0f} s] {line}", file=sys.stderr, flush=True)
-
         evaluate_kwargs = dict(profile=profile, efficiency=efficiency, expandable=expandable)
         recording = job.record(argv, world_size=ranks, pool=pool, progress=progress)
-        plan = job.evaluate(recording, **evaluate_kwargs)
+        progress("recorded: replaying its memory through the allocator model and playing out its step")
+        plan = job.evaluate(recording, progress=progress, **evaluate_kwargs)
         print(render.header(plan, profile, argv))
         print(*render.memory_lines(plan), sep="\n")
         print(*render.time_lines(plan), sep="\n")
@@ -253,12 +287,12 @@ def cmd_plan(args) -> int:
             print(*render.host_lines(plan, available, source), sep="\n")
         else:
             fits = plan.fits
-            print(render.verdict(plan))
+            print(render.verdict(plan), flush=True)
             if not fits:
-                print("what would fit (each planned shallow unless said):")
                 print(*advice(argv, plan, lambda variant: job.plan_job(
-                    variant, units=SEARCH_UNITS, pp=plan.parallel["pp"], **plan_kwargs),
-                    lambda count: job.evaluate_microbatches(recording, count, **evaluate_kwargs)), sep="\n")
+                    variant, units=depth.SHALLOW_UNITS, pp=plan.parallel["pp"], progress=progress, **plan_kwargs),
+                    lambda count: job.evaluate_microbatches(recording, count, progress=progress, **evaluate_kwargs),
+                    progress), sep="\n")
         # The command's wall time: the pool's start, the recordings and the advice's plans, not only the recording.
         print(f"planned in {time.monotonic() - started:.1f} s; what the plan cannot know: "
               "docs/planner.md#what-it-cannot-know")
@@ -274,27 +308,38 @@ def cmd_plan(args) -> int:
         pool.shutdown(cancel_futures=True)
 
 
-def _search(args, argv, profile, ranks, pool, plan_kwargs) -> int:
-    from npu_inject.planner import job, render, search, workers
+def _search(args, argv, profile, ranks, pool, plan_kwargs, progress) -> int:
+    from npu_inject.planner import depth, job, render, search, workers
 
-    facts = pool.submit(workers.describe, argv, ranks).result()
+    described = pool.submit(workers.describe, argv, ranks)
+    for _ in workers.wait_for([described], progress, lambda _, seconds: (
+            f"reading the job's configuration in the planner's workers ({seconds:.0f} s)")):
+        facts = described.result()
     print(f"searching the layouts of {facts['model']} on {ranks} x {profile.name} (global batch "
           f"{facts['global_batch_size']} x seq {facts['seq_len']}) ...", file=sys.stderr, flush=True)
 
     class Shallow:
         def __init__(self, variant, candidate):
-            self.pending = job.submit(variant, world_size=ranks, pool=pool, units=SEARCH_UNITS, pp=candidate.layout.pp)
+            layout = candidate.layout
+            # The search knows the layout's facts: a pipeline's recordings start at once, not behind a describe
+            # queued after every recording started before it.
+            layout_facts = {**facts, "pp": layout.pp, "dp": layout.dp, "local_batch_size": candidate.local_batch,
+                            "global_batch_size": candidate.global_batch}
+            self.pending = job.submit(variant, world_size=ranks, pool=pool, units=depth.SHALLOW_UNITS, pp=layout.pp,
+                                      facts=layout_facts)
+
+        def wait(self, timeout):
+            return self.pending is None or self.pending.wait(timeout)  # None: recorded and evaluated
 
         def result(self):
             recording, self.pending = self.pending.result(), None  # the recording's traces go once evaluated
             return job.evaluate(recording, profile=profile, efficiency=plan_kwargs["efficiency"],
-                                expandable=plan_kwargs["expandable"])
+                                expandable=plan_kwargs["expandable"], progress=progress)
 
     def full(variant, candidate):
-        return job.plan_job(variant, pp=candidate.layout.pp, **plan_kwargs)
+        return job.plan_job(variant, pp=candidate.layout.pp, progress=progress, **plan_kwargs)
 
-    result = search.search(argv, facts, ranks, profile.scale_up_devices, Shallow,
-                           progress=lambda line: print(f"  {line}", file=sys.stderr, flush=True), full=full)
+    result = search.search(argv, facts, ranks, profile.scale_up_devices, Shallow, progress=progress, full=full)
     print(*render.search_lines(result, facts, ranks, profile), sep="\n")
     if args.json:
         _write_json(args.json, render.search_dict(result))

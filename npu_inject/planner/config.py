@@ -24,6 +24,8 @@ from npu_inject.torchtitan_argv import with_flags
 PLANNER_EXCLUDED = ("rehearsal_dtype", "optimizer", "model_guard", "host_memory_check")
 FORCED_FLAGS = ("--comm.mode", "fake_backend", "--checkpoint.no-enable", "--validator.no-enable",
                 "--metrics.log_freq", "1")
+# While it waits, npu-inject plan prints a line at least this often (seconds): a large model's recording takes minutes.
+HEARTBEAT_S = 10.0
 
 
 class PlanError(Exception):
@@ -107,7 +109,6 @@ def describe(argv: list[str], world_size: int) -> dict[str, Any]:
     layers = getattr(model, "layers", None) or []
     last = layers[-1] if layers else None
     attention = getattr(last, "attention", None)
-    moe = getattr(last, "moe", None)
     parallelism, training = config.parallelism, config.training
     dp = world_size // (parallelism.context_parallel_degree * parallelism.tensor_parallel_degree
                         * parallelism.pipeline_parallel_degree)
@@ -116,7 +117,7 @@ def describe(argv: list[str], world_size: int) -> dict[str, Any]:
         "layers": len(layers),
         "heads": getattr(attention, "n_heads", None),
         "kv_heads": getattr(attention, "n_kv_heads", None) or getattr(attention, "n_heads", None),
-        "experts": getattr(moe, "num_experts", None) if moe is not None else None,
+        "experts": experts(config),
         "seq_len": training.seq_len,
         "local_batch_size": training.local_batch_size,
         "global_batch_size": training.global_batch_size if training.global_batch_size > 0
@@ -127,6 +128,12 @@ def describe(argv: list[str], world_size: int) -> dict[str, Any]:
         "pp_schedule": parallelism.pipeline_parallel_schedule,
         "activation_checkpoint": activation_checkpoint_mode(config),
     }
+
+
+def experts(config) -> int | None:
+    """The routed experts of the model's last layer (an MoE model's), or None."""
+    layers = getattr(config.model_spec.model, "layers", None) or []
+    return getattr(getattr(layers[-1], "moe", None), "num_experts", None) if layers else None
 
 
 def activation_checkpoint_mode(config) -> str:

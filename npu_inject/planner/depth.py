@@ -9,9 +9,20 @@ layers its real counterpart holds (pipeline splits are set explicitly, as torcht
 ``module_fqns_per_model_part`` allows), so only alike layers are dropped.
 
 What this assumes: a stage's cost is linear in its repeats (true of parameters, gradients, optimizer
-states and per-layer activations; the caching allocator's rounding makes reserved memory nearly so);
-the pipeline's step time is set by the stage with the most repeats. ``npu-inject plan --search``
-plans every layout this way and the best one again at full depth, printing how far apart they are.
+states and per-layer activations, not of the caching allocator's cache beyond them, which is taken as the
+shallow copies leave it); the pipeline's step time is set by the stage with the most repeats.
+``npu-inject plan --search`` plans every layout this way and the best one again at full depth, printing how
+far apart they are.
+
+Peak memory is not one such line: the peak sits in the backward of some repeat, and which one changes with depth.
+So each place's peak (a prefix layer, the two repeats at either end of a stage, the other modules) gets its own
+line, and the highest at full depth is the plan's (``job.peak_at_depth``). With FSDP a repeat's peak also holds
+its neighbours, the next repeat's gradients waiting for their reduce-scatter and the previous one's parameters
+gathered ahead, so the copies keep at least three repeats (:data:`SHALLOW_UNITS`): then the second repeat from
+either end has a repeat on each side in both copies. With one and two, as the planner recorded before, the first
+increment carried a neighbour's bytes which the line multiplied: deepseek_v3_671b on 1024 ranks with EP 2 (10.5
+GiB of experts per layer unsharded) grew 22.1 GiB from one repeat to two, 13.6 from two to three, 7.6 from three
+to four and 7.6 a repeat on average from there to its 58; it was planned at 1.2 TiB, 0.5 at full depth.
 """
 
 from __future__ import annotations
@@ -21,6 +32,10 @@ import math
 import types
 from dataclasses import dataclass
 from typing import Any
+
+# The fewer repeats of the block per stage a shallow plan records (and one more): the fewest for which the repeats
+# next to a stage's ends have their FSDP neighbours in both copies (module docstring).
+SHALLOW_UNITS = 3
 
 
 @dataclass(frozen=True)
@@ -120,6 +135,22 @@ def reduce(config, layout: Shape, units: int) -> None:
     if len(layout.stages) > 1:
         config.parallelism.module_fqns_per_model_part = new_stages
         config.parallelism.pipeline_parallel_layers_per_stage = None
+
+
+def shallow_places(layout: Shape, units: int) -> dict[int, tuple]:
+    """Where each layer of the copy :func:`reduce` makes with ``units`` repeats per stage stands, by its index there:
+    ``("prefix", its index in the full model)`` or ``("repeat", stage, repeat, place in the block)``."""
+    places: dict[int, tuple] = {}
+    for stage, names in enumerate(layout.stages):
+        held = [int(name.split(".")[1]) for name in names if name.startswith("layers.")]
+        for index in held:
+            if index < layout.prefix:
+                places[len(places)] = ("prefix", index)
+        if held or len(layout.stages) == 1:  # as reduce() gives every stage that holds layers the block
+            for repeat in range(units):
+                for offset in range(layout.period):
+                    places[len(places)] = ("repeat", stage, repeat, offset)
+    return places
 
 
 def extrapolate(shallow: float, deeper: float, units: tuple[int, int], target: float) -> float:

@@ -12,7 +12,6 @@ depths and extrapolated (:mod:`npu_inject.planner.depth`).
 
 from __future__ import annotations
 
-import math
 import time
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -35,6 +34,7 @@ class RolePlan:
     communicators: int
     retries: int = 0  # the allocator released its cache to make room (slow, not fatal)
     failed: int = 0  # allocations that did not fit: out of memory
+    peak_by_module: dict[str, int] = field(default_factory=dict)  # memory.StepMemory.by_module, the counted steps'
 
     @property
     def total(self) -> int:
@@ -135,17 +135,21 @@ def _with_microbatches(argv: list[str], facts: dict[str, Any], count: int | None
 
 class Pending:
     """A recording under way: its roles' futures at each depth (and microbatch count, see
-    :func:`reduced_microbatches`)."""
+    :func:`reduced_microbatches`). ``facts`` (:func:`workers.describe`'s, with this job's degrees and batch) spare
+    a pipeline job the wait for its own: the search knows them for every layout it starts."""
 
-    def __init__(self, argv, world_size, depths, pool, pp: int | None, progress=None) -> None:
+    def __init__(self, argv, world_size, depths, pool, pp: int | None, progress=None, facts=None) -> None:
         self.argv, self.world_size, self.depths, self.pool = list(argv), world_size, depths, pool
         self.progress = progress or (lambda line: None)
         self.started = time.monotonic()
         self.microbatches = None
-        facts = None
         if pp is None or pp > 1:
             # The parsed job says how many pipeline ranks to record and how many microbatches they run.
-            facts = pool.submit(workers.describe, argv, world_size).result()
+            if facts is None:
+                described = pool.submit(workers.describe, argv, world_size)
+                for _ in workers.wait_for([described], self.progress, lambda _, seconds: (
+                        f"reading the job's configuration in the planner's workers ({seconds:.0f} s)")):
+                    facts = described.result()
             pp = facts["pp"]
             self.microbatches = reduced_microbatches(facts)
         # With fewer microbatches recorded, each recording runs its steps with the fewer and one more with the
@@ -154,20 +158,30 @@ class Pending:
         self.futures = {(index, stage): pool.submit(workers.record, _with_microbatches(argv, facts, fewer), world_size,
                                                     stage * (world_size // pp), units, more)
                         for index, units in enumerate(depths) for stage in range(pp)}
+        depth_text = ("at full depth" if depths == (None,) else
+                      f"with {depths[0]} and {depths[1]} repeats of the layer block per stage (extrapolated)")
+        roles = f"{pp} pipeline ranks" if pp > 1 else "one rank (it stands for all)"
         if self.microbatches:
-            self.progress(f"recording {pp} pipeline ranks with {fewer} and then {more} of the step's "
-                          f"{self.microbatches[2]} microbatches (extrapolated), {len(self.futures)} recordings")
-        elif len(self.futures) > 1:
-            self.progress(f"recording {len(self.futures)} roles")
+            self.progress(f"recording {roles} {depth_text}, with {fewer} and then {more} of the step's "
+                          f"{self.microbatches[2]} microbatches (extrapolated): {len(self.futures)} recordings")
+        else:
+            self.progress(f"recording {roles} {depth_text}: {len(self.futures)} recording"
+                          + ("s" if len(self.futures) > 1 else ""))
 
-    def result(self) -> "Recording":
+    def wait(self, timeout: float | None) -> bool:
+        """Whether every recording has finished, waiting at most ``timeout`` seconds for them."""
         import concurrent.futures
 
+        return not concurrent.futures.wait(self.futures.values(), timeout=timeout).not_done
+
+    def result(self) -> "Recording":
         roles: list[dict[int, Any]] = [{} for _ in range(len(self.depths) * (2 if self.microbatches else 1))]
 
         keys = {future: key for key, future in self.futures.items()}
         try:
-            for done, future in enumerate(concurrent.futures.as_completed(keys), start=1):
+            for done, future in enumerate(workers.wait_for(keys, self.progress, lambda finished, _: (
+                    f"recording: {finished} of {len(keys)} done "
+                    f"({time.monotonic() - self.started:.0f} s)")), start=1):
                 index, stage = keys[future]
                 if self.microbatches:  # (depth, fewer), (depth, more): the order evaluate() pairs them in
                     roles[2 * index][stage], roles[2 * index + 1][stage] = session.split_grown(future.result())
@@ -197,10 +211,15 @@ def _evaluate(recorded: dict[int, Any], *, profile, efficiency, world_size, expa
                                  device_memory=capacity, limit=max(capacity - buffers - runtime, 0))
         steady = replayed.steps[f"step {result.info['steps_recorded']}"]
         counted = [replayed.steps[name] for name in result.info.get("peak_steps", replayed.steps)]
+        by_module: dict[str, int] = {}
+        for step in counted:
+            for key, peak in step.by_module.items():
+                by_module[key] = max(by_module.get(key, 0), peak)
         roles.append(RolePlan(stage, result.rank,
                               max(s.peak_allocated for s in counted),
                               max(s.peak_reserved for s in counted), buffers, runtime,
-                              steady.at_peak, replayed.timeline, collectives + peers, replayed.retries, replayed.failed))
+                              steady.at_peak, replayed.timeline, collectives + peers, replayed.retries, replayed.failed,
+                              by_module))
     layout = costmodel.Layout(world_size, pp, profile.scale_up_devices)
     traces = {stage: recorded[stage].trace for stage in range(pp)}
     step = info["steps_recorded"]
@@ -260,19 +279,20 @@ class Recording:
     """A job's recorded roles: one dict (pipeline rank -> RoleResult) per depth recorded."""
     argv: list[str]
     world_size: int
-    depths: tuple[int | None, ...]  # (None,): the full model; (k, 2k): shallow, to extrapolate
+    depths: tuple[int | None, ...]  # (None,): the full model; (k, k + 1): shallow, to extrapolate
     roles: list[dict[int, Any]]  # per depth, then (with ``microbatches``) per microbatch count recorded
     seconds: float
     microbatches: tuple[int, int, int] | None = None  # (fewer, more) recorded of the step's (last) microbatches
 
 
 def submit(argv: list[str], *, world_size: int, pool, units: int | None = None, pp: int | None = None,
-           progress=None) -> Pending:
+           progress=None, facts: dict[str, Any] | None = None) -> Pending:
     """Start recording ``argv``'s roles for ``world_size`` ranks in ``pool`` (a :func:`workers.executor`): at
-    full depth, or with ``units`` and twice as many repeats of the layer block per stage. With ``pp`` 1,
-    every role starts at once; otherwise the parsed job says how many pipeline ranks and microbatches.
-    ``progress`` is called with a line as recordings finish."""
-    return Pending(argv, world_size, (None,) if units is None else (units, 2 * units), pool, pp, progress)
+    full depth, or with ``units`` and one more repeats of the layer block per stage (:mod:`depth` says how many
+    it takes). With ``pp`` 1, every role starts at once; otherwise the parsed job (``facts``, else read in the
+    pool) says how many pipeline ranks and microbatches. ``progress`` is called with a line as recordings start
+    and finish, and while nothing finishes for :data:`~config.HEARTBEAT_S` (:func:`workers.wait_for`)."""
+    return Pending(argv, world_size, (None,) if units is None else (units, units + 1), pool, pp, progress, facts)
 
 
 def record(argv: list[str], *, world_size: int, units: int | None = None, pool=None, pp: int | None = None,
@@ -287,11 +307,15 @@ def record(argv: list[str], *, world_size: int, units: int | None = None, pool=N
             pool.shutdown()
 
 
-def evaluate(recording: Recording, *, profile, efficiency: dict[str, float], expandable: bool = False) -> JobPlan:
-    """Memory and time of a recording on ``profile`` (cheap: recordings can be evaluated again and again)."""
+def evaluate(recording: Recording, *, profile, efficiency: dict[str, float], expandable: bool = False,
+             progress=None) -> JobPlan:
+    """Memory and time of a recording on ``profile`` (recordings can be evaluated again and again; a pipeline's
+    take tens of seconds, said to ``progress`` every :data:`~config.HEARTBEAT_S`)."""
     started = time.monotonic() - recording.seconds
-    plans = [_evaluate(roles, profile=profile, efficiency=efficiency, world_size=recording.world_size,
-                       expandable=expandable, argv=recording.argv, started=started) for roles in recording.roles]
+    with workers.saying(progress, lambda seconds: (
+            f"replaying the recorded memory through the allocator model, playing out the step ({seconds:.0f} s)")):
+        plans = [_evaluate(roles, profile=profile, efficiency=efficiency, world_size=recording.world_size,
+                           expandable=expandable, argv=recording.argv, started=started) for roles in recording.roles]
     if recording.microbatches:
         plans = [_more_microbatches(fewer, more, recording.microbatches) for fewer, more in zip(plans[::2], plans[1::2])]
     if recording.depths == (None,):
@@ -314,7 +338,7 @@ def plan_job(argv: list[str], *, profile, efficiency: dict[str, float], world_si
     """:func:`record` then :func:`evaluate`."""
     recording = record(argv, world_size=world_size, units=units, pool=pool, pp=pp, selection=selection,
                        progress=progress)
-    return evaluate(recording, profile=profile, efficiency=efficiency, expandable=expandable)
+    return evaluate(recording, profile=profile, efficiency=efficiency, expandable=expandable, progress=progress)
 
 
 def _line_dict(a: dict, b: dict, line) -> dict:
@@ -336,7 +360,9 @@ def _more_microbatches(fewer: JobPlan, more: JobPlan, counts: tuple[int, int, in
         # fall below zero).
         cached = max(b.peak_reserved - b.peak_allocated, 0)
         roles.append(replace(b, peak_allocated=allocated, peak_reserved=allocated + cached,
-                             at_peak={name: int(line(a.at_peak.get(name, 0), value)) for name, value in b.at_peak.items()}))
+                             at_peak={name: int(line(a.at_peak.get(name, 0), value)) for name, value in b.at_peak.items()},
+                             peak_by_module={name: int(line(a.peak_by_module.get(name, 0), value))
+                                             for name, value in b.peak_by_module.items()}))
     ta, tb = fewer.timing, more.timing
     timing = costmodel.Timing(
         step_s=line(ta.step_s, tb.step_s), compute_s=line(ta.compute_s, tb.compute_s),
@@ -379,6 +405,46 @@ def _full_depth_modules(recorded: dict[str, float], shape: depth.Shape, pp: int,
     return {**others, **full, **({"optimizer": optimizer_s} if "optimizer" in others else {})}
 
 
+# The repeats at each end of a stage whose peaks are extrapolated each on their own line (the others lie between):
+# with three repeats recorded, the second from either end has a repeat on each side at both depths.
+EDGE_REPEATS = 2
+
+
+def _peak_places(role: RolePlan, shape: depth.Shape, units: int) -> dict[tuple, float]:
+    """A shallow role's peak allocated bytes by where in the step it was reached, keyed so that a key is the same
+    place at every depth: a prefix layer or another module by its name, a repeat of the block by its stage, its
+    place in the block and how far it is from the stage's first or last repeat (:data:`EDGE_REPEATS` at each end).
+    The peak moves with depth: deepseek_v3_671b's on 1024 ranks (EP 256, full AC) sat in the first MoE layer's
+    backward with three repeats (its all-to-all buffers 0.6 GiB larger), in the second-to-last's with six and 58,
+    0.34 GiB higher for each repeat: one line through the copies' peaks planned 32.7 GiB where 58 repeats hold 42.0."""
+    places: dict[tuple, float] = {}
+    where = depth.shallow_places(shape, units)
+    for name, peak in role.peak_by_module.items():
+        if not name.startswith("layers."):
+            keys = [(name,)]
+        else:
+            place = where[int(name.split(".")[1])]
+            if place[0] == "prefix":
+                keys = [place]
+            else:
+                _, stage, repeat, offset = place
+                keys = [key for key, distance in ((("first", stage, repeat, offset), repeat),
+                                                  (("last", stage, units - 1 - repeat, offset), units - 1 - repeat))
+                        if distance < EDGE_REPEATS]
+        for key in keys:
+            places[key] = max(places.get(key, 0), peak)
+    return places
+
+
+def peak_at_depth(shallow: RolePlan, deeper: RolePlan, shape: depth.Shape, units: tuple[int, int],
+                  target: float) -> float:
+    """A role's peak allocated bytes with ``target`` repeats per stage, from its recordings with ``units``: where
+    the peak is at full depth, not where it was in the copies, so each place's peak on its own line, the highest."""
+    places = [_peak_places(role, shape, count) for role, count in ((shallow, units[0]), (deeper, units[1]))]
+    return max(depth.extrapolate(places[0][key], places[1][key], units, target)
+               for key in places[0].keys() & places[1].keys())
+
+
 def _extrapolate(shallow: JobPlan, deeper: JobPlan, units: tuple[int, int], seconds: float) -> JobPlan:
     shape: depth.Shape = deeper.info["shape"]
     pp = deeper.parallel["pp"]
@@ -386,18 +452,17 @@ def _extrapolate(shallow: JobPlan, deeper: JobPlan, units: tuple[int, int], seco
     def line(a: float, b: float, target: float) -> float:
         return depth.extrapolate(a, b, units, target)
 
-    def doubling(a: float, b: float, target: float) -> float:
-        # What the caching allocator holds beyond the allocated bytes grows by about the same amount
-        # each time the layers double (llama3_8b: 5.0, 6.5, 7.8, 9.4 GiB at 4, 8, 16, 32 layers).
-        return b + (b - a) * math.log2(max(target, 1e-9) / units[1]) / math.log2(units[1] / units[0])
-
     roles = []
     for a, b in zip(shallow.roles, deeper.roles):
         target = shape.rank_units(b.role, pp)
-        allocated = line(a.peak_allocated, b.peak_allocated, target)
-        cached = doubling(a.peak_reserved - a.peak_allocated, b.peak_reserved - b.peak_allocated, target)
+        allocated = peak_at_depth(a, b, shape, units, target)
+        # What the caching allocator holds beyond the allocated bytes: the larger of the two recordings', not grown.
+        # Between three repeats and four it jumps by whole large blocks (deepseek_v3_671b EP 2, full AC: 2.7, then
+        # 12.0 GiB), which a line on a log scale, as this was, took 9 times over to 58 repeats (+87 GiB); it
+        # misses llama3_8b's slow growth (5.0, 6.5, 7.8, 9.4 GiB at 4, 8, 16, 32 layers).
+        cached = max(a.peak_reserved - a.peak_allocated, b.peak_reserved - b.peak_allocated, 0)
         roles.append(replace(
-            b, peak_allocated=int(allocated), peak_reserved=int(allocated + max(cached, 0.0)),
+            b, peak_allocated=int(allocated), peak_reserved=int(allocated + cached),
             at_peak={name: int(line(a.at_peak.get(name, 0), value, target)) for name, value in b.at_peak.items()}))
     # The step lasts as long as the stage with the most repeats makes it.
     target = max(shape.rank_units(stage, pp) for stage in range(pp))

@@ -13,6 +13,7 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 
 from npu_inject.planner.allocator import CachingAllocator
+from npu_inject.planner.costmodel import module_key
 
 CATEGORIES = ("parameters", "gradients", "optimizer states", "activations", "temporaries", "communication")
 
@@ -23,6 +24,9 @@ class StepMemory:
     peak_reserved: int = 0
     # Live bytes per category at the moment allocated memory peaked.
     at_peak: dict[str, int] = field(default_factory=dict)
+    # The most allocated while each top-level module's operators ran (costmodel.module_key): where in the step
+    # the peak can be, for extrapolating a shallow recording (job._extrapolate).
+    by_module: dict[str, int] = field(default_factory=dict)
 
 
 @dataclass
@@ -79,6 +83,9 @@ def replay(trace, *, pad: int, expandable: bool, device_memory: int, limit: int 
                 current.peak_allocated = stats.allocated
                 current.at_peak = {name: live[name] for name in CATEGORIES}
             current.peak_reserved = max(current.peak_reserved, stats.reserved)
+            if 0 <= index < len(trace.ops):
+                key = module_key(trace.ops[index])
+                current.by_module[key] = max(current.by_module.get(key, 0), stats.allocated)
         if index % every == 0:
             timeline.append((index, stats.allocated, stats.reserved, {name: live[name] for name in CATEGORIES}))
     return MemoryResult(steps, peak_allocated, peak_reserved, timeline, stats.segments, stats.retries, stats.failed)

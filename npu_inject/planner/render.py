@@ -132,11 +132,13 @@ def header(plan, profile, argv: list[str]) -> str:
 
 def verdict(plan) -> str:
     worst = plan.worst
+    # --search's figures are shallow plans: say which this one is, where the two are compared.
+    depth = "planned shallow" if plan.extrapolated else "planned at full depth"
     if plan.fits:
-        return f"FITS: the fullest rank needs {gib(worst.total)} of {gib(plan.capacity)} GiB"
+        return f"FITS: the fullest rank needs {gib(worst.total)} of {gib(plan.capacity)} GiB ({depth})"
     over = worst.total - plan.capacity
     return (f"DOES NOT FIT: {'pp rank ' + str(worst.role) if plan.parallel['pp'] > 1 else 'each rank'} needs "
-            f"{gib(worst.total)} GiB, {gib(over)} more than the {gib(plan.capacity)} the device holds")
+            f"{gib(worst.total)} GiB, {gib(over)} more than the {gib(plan.capacity)} the device holds ({depth})")
 
 
 def notes(plan) -> list[str]:
@@ -196,6 +198,8 @@ def plan_dict(plan, candidate=None) -> dict[str, Any]:
     if candidate is not None:
         data["flags"] = search.flags_text(candidate).split()
         data["description"] = candidate.describe()
+    if plan.extrapolated:  # a shallow plan (the search's): its verdict may differ at full depth this near the limit
+        data["near_the_limit"] = search.near_the_limit(plan)
     return data
 
 
@@ -267,8 +271,9 @@ def host_dict(plan, available: int, argv: list[str]) -> dict[str, Any]:
 
 
 def best_candidate(result):
-    """The search's fastest fitting layout (its candidate), whose full-depth plan is ``result.best``."""
-    return next(o.candidate for o in result.fitting() if o.plan is result.best_shallow)
+    """The search's fastest fitting layout (its candidate), whose full-depth plan is ``result.best`` (its shallow
+    plan may have been just over the device's memory: :func:`search.near_the_limit`)."""
+    return next(o.candidate for o in result.outcomes if o.plan is result.best_shallow)
 
 
 def search_lines(result, facts: dict[str, Any], ranks: int, profile) -> list[str]:
@@ -282,7 +287,16 @@ def search_lines(result, facts: dict[str, Any], ranks: int, profile) -> list[str
     for outcome in fitting:
         plan = outcome.plan
         lines.append(f"{plan.tokens_per_s_per_npu:12,.0f} {plan.mfu:6.1%} {plan.step_s:8.3f} "
-                     f"{plan.worst.total / GIB:6.1f}  {outcome.candidate.describe()}")
+                     f"{plan.worst.total / GIB:6.1f}{'*' if search.near_the_limit(plan) else ' '} "
+                     f"{outcome.candidate.describe()}")
+    if planned:
+        # The table's figures are not a single plan's: say which they are, and when a single plan may differ.
+        e = planned[0].plan.extrapolated
+        depth = (f"{e['units_recorded'][0]} and {e['units_recorded'][1]} repeats of the layer block per stage, "
+                 "extrapolated" if e else "recorded at full depth")
+        lines.append(f"  (each layout planned shallow: {depth}; * within {search.SHALLOW_MEMORY_ERROR:.0%} of the "
+                     f"device's {planned[0].plan.capacity / GIB:.1f} GiB, where a full-depth plan, its flags without "
+                     "--search, may give the other verdict)")
     if result.best is not None:
         best, shallow_best = result.best, result.best_shallow
         lines.append(f"the fastest, planned at full depth: {best.tokens_per_s_per_npu:,.0f} tokens/s/NPU, "
@@ -290,7 +304,8 @@ def search_lines(result, facts: dict[str, Any], ranks: int, profile) -> list[str
                      f"plan said {shallow_best.tokens_per_s_per_npu:,.0f} tokens/s/NPU "
                      f"({(shallow_best.step_s / best.step_s - 1):+.1%} step time), "
                      f"{shallow_best.worst.total / GIB:.1f} GiB "
-                     f"({(shallow_best.worst.total / best.worst.total - 1):+.1%})")
+                     f"({(shallow_best.worst.total / best.worst.total - 1):+.1%})"
+                     + ("" if shallow_best.fits else ", just over the device: planned at full depth for that"))
         lines.append("  its flags: " + search.flags_text(best_candidate(result)))
     elif fitting:
         lines.append("none of the three fastest fits when planned at full depth: see docs/planner.md#how-it-works (4.)")

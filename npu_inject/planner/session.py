@@ -17,7 +17,8 @@ import tempfile
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from npu_inject.planner.config import FORCED_FLAGS, PlanError, activation_checkpoint_mode, environment, guard
+from npu_inject.planner.config import (FORCED_FLAGS, PlanError, activation_checkpoint_mode, environment, experts,
+                                       guard)
 from npu_inject.torchtitan_argv import with_flags
 
 
@@ -275,4 +276,5 @@ def _role_info(trainer) -> dict[str, Any]:
         "dtype": config.training.mixed_precision_param,
         "compile": bool(config.compile.enable),
         "activation_checkpoint": activation_checkpoint_mode(config),
+        "experts": experts(config),
     }

@@ -11,11 +11,17 @@ log lines) goes to a file, whose end is quoted when it fails.
 
 from __future__ import annotations
 
+import concurrent.futures
+import contextlib
 import multiprocessing
 import os
 import sys
 import tempfile
+import threading
+import time
 from concurrent.futures import ProcessPoolExecutor
+
+from npu_inject.planner.config import HEARTBEAT_S
 
 PRELOAD_ENV = "NPU_INJECT_PLAN_PRELOAD"  # comma-separated modules the fork server imports
 
@@ -35,10 +41,11 @@ def preload() -> None:
         importlib.import_module(name)
 
 
-def executor(*, selection: str, modules: list[str], processes: int | None = None) -> ProcessPoolExecutor:
+def executor(*, selection: str, modules: list[str], processes: int | None = None, progress=None) -> ProcessPoolExecutor:
     """A pool whose every task runs in a fresh fork of the preloaded server. The server is started here, once
     per process, with the recordings' environment (its patches are fixed then); this process's own environment
-    is left as it was, so a caller (a rehearsal's rank, a test) does not become a runtime-enabled process."""
+    is left as it was, so a caller (a rehearsal's rank, a test) does not become a runtime-enabled process.
+    With ``progress``, the pool's first worker is started here, saying what it waits for (:func:`_warm`)."""
     from multiprocessing import forkserver
 
     from npu_inject.planner import config
@@ -58,7 +65,79 @@ def executor(*, selection: str, modules: list[str], processes: int | None = None
                 os.environ.pop(name, None)
             else:
                 os.environ[name] = value
-    return ProcessPoolExecutor(processes or max(1, os.cpu_count() or 1), mp_context=context, max_tasks_per_child=1)
+    pool = ProcessPoolExecutor(processes or max(1, os.cpu_count() or 1), mp_context=context, max_tasks_per_child=1)
+    if progress is not None:
+        _warm(pool, progress)
+    return pool
+
+
+def _warm(pool: ProcessPoolExecutor, progress) -> None:
+    """Start the pool's first worker. The first submission blocks until the fork server has imported torch,
+    torchtitan and the model (30 s on a busy 2-core host), so it is made from a thread, and the wait is said."""
+    progress("starting the planner's workers: their fork server imports torch, torchtitan and the model once")
+    with concurrent.futures.ThreadPoolExecutor(1) as thread:
+        submitted = thread.submit(pool.submit, os.getpid)
+        for _ in wait_for([submitted], progress, lambda _, seconds: (
+                f"starting the planner's workers ({seconds:.0f} s)")):
+            submitted.result().result()
+
+
+class Progress:
+    """``npu-inject plan``'s progress: each line on stderr (stdout holds the plan alone) with the seconds since
+    ``started``. The heartbeats (:func:`wait_for`, :func:`saying`, the search's) speak when nothing has been said
+    for :data:`~config.HEARTBEAT_S`, whoever said the last line: two waits back to back stay under it too."""
+
+    def __init__(self, started: float) -> None:
+        self.started = self.last = started
+
+    def __call__(self, line: str) -> None:
+        print(f"  [{time.monotonic() - self.started:5.0f} s] {line}", file=sys.stderr, flush=True)
+        self.last = time.monotonic()
+
+
+def next_beat(progress) -> float:
+    """Seconds until ``progress`` is due a heartbeat: a :class:`Progress` when it has been silent for
+    :data:`~config.HEARTBEAT_S`, any other callable every :data:`~config.HEARTBEAT_S` of the wait."""
+    if isinstance(progress, Progress):
+        return max(HEARTBEAT_S - (time.monotonic() - progress.last), 0.0)
+    return HEARTBEAT_S
+
+
+@contextlib.contextmanager
+def saying(progress, what):
+    """While the block runs, ``progress`` gets ``what(elapsed seconds)`` when due (:func:`next_beat`), from a thread
+    of its own: the planner's own work (a pipeline's memory replayed, its step played out) can take longer than
+    that. Nothing is said without ``progress``."""
+    if progress is None:
+        yield
+        return
+    started, finished = time.monotonic(), threading.Event()
+
+    def beat() -> None:
+        while not finished.wait(next_beat(progress)):
+            progress(what(time.monotonic() - started))
+
+    thread = threading.Thread(target=beat, name="npu-inject plan progress", daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        finished.set()
+        thread.join()
+
+
+def wait_for(futures, progress, what):
+    """Yield ``futures`` as they finish; while none has and ``progress`` is due (:func:`next_beat`), it gets
+    ``what(finished, elapsed seconds)``, so that a long wait is never silent."""
+    started, left, finished = time.monotonic(), set(futures), 0
+    while left:
+        done, left = concurrent.futures.wait(left, timeout=next_beat(progress),
+                                             return_when=concurrent.futures.FIRST_COMPLETED)
+        if not done:
+            progress(what(finished, time.monotonic() - started))
+        for future in done:
+            finished += 1
+            yield future
 
 
 def _logged(rank: int, world_size: int, work):

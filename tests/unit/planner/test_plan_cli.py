@@ -209,15 +209,24 @@ def test_the_rehearsals_ranks_share_the_host_one_verdict_for_all():
     assert short[-1].startswith("DOES NOT FIT THIS HOST") and f"{(asked - need) / gib:.1f} more than" in short[-1]
 
 
-# What advice() reads of a plan: a variant that fits in 1 GiB, and the job's own plan.
-FITTING_VARIANT = types.SimpleNamespace(fits=True, worst=types.SimpleNamespace(total=2**30), tokens_per_s_per_npu=90.0)
+# What advice() reads of a plan: a variant that fits in 1 GiB, and the job's own plan (70 GiB).
+GIB = 2**30
+FITTING_VARIANT = types.SimpleNamespace(fits=True, worst=types.SimpleNamespace(total=GIB), tokens_per_s_per_npu=90.0)
 
 
-def _unfit_plan(degrees: dict[str, int], *, seq_len: int, local_batch: int, global_batch: int, ac: str):
+def _variant(gib: float, fits: bool | None = None):
+    return types.SimpleNamespace(fits=gib <= 64 if fits is None else fits, worst=types.SimpleNamespace(total=gib * GIB),
+                                 tokens_per_s_per_npu=90.0)
+
+
+def _unfit_plan(degrees: dict[str, int], *, seq_len: int, local_batch: int, global_batch: int, ac: str,
+                experts: int | None = None, world_size: int = 8):
     parallel = {"dp_replicate": 1, "dp_shard": 1, "cp": 1, "tp": 1, "pp": 1, "ep": 1, **degrees}
     return types.SimpleNamespace(
-        parallel=parallel, info={"seq_len": seq_len, "local_batch_size": local_batch, "activation_checkpoint": ac},
-        tokens_per_step=global_batch * seq_len, capacity=64 * 2**30, worst=types.SimpleNamespace(at_peak={}))
+        parallel=parallel, info={"seq_len": seq_len, "local_batch_size": local_batch, "activation_checkpoint": ac,
+                                 "experts": experts},
+        tokens_per_step=global_batch * seq_len, capacity=64 * GIB, world_size=world_size,
+        worst=types.SimpleNamespace(at_peak={}, total=70 * GIB))
 
 
 @pytest.mark.parametrize("config_ac, on_command_line, planned", [
@@ -236,16 +245,58 @@ def test_the_advice_plans_only_variants_that_differ_from_the_job(config_ac, on_c
         return FITTING_VARIANT
 
     lines = plan_cmd.advice(argv, job_plan, run_variant)
-    assert asked == planned and len(lines) == len(planned), lines
-    assert all("tokens/s/NPU" in line for line in lines), lines
+    assert asked == planned and lines[0] == "what would fit (each planned shallow unless said):", lines
+    assert len(lines) == 1 + len(planned) and all("tokens/s/NPU" in line for line in lines[1:]), lines
+
+
+def test_the_advice_lists_only_the_variants_that_fit():
+    job_plan = _unfit_plan({"dp_shard": 8}, seq_len=1024, local_batch=4, global_batch=32, ac="none")
+    figures = {"full": _variant(66.0), "selective": _variant(50.0)}  # AC full at batch 4 is still too much
+    lines = plan_cmd.advice(["--module", "llama3"], job_plan, lambda argv: figures[argv[-1].split(":", 1)[1]])
+    assert lines == ["what would fit (each planned shallow unless said):",
+                     "  dp_shard 8, local batch 2 x 2 accumulated, AC selective: fits, 50.0 GiB, 90 tokens/s/NPU"], lines
+
+
+def test_when_no_variant_fits_the_advice_says_so_and_points_to_expert_and_pipeline_degrees_and_the_search():
+    """deepseek_v3_671b on 1024 A3 dies (EP 2, local batch 4, selective): neither full recomputation nor half the
+    batch fits, so the most frugal variant (one sequence per microbatch, full) is planned too; none fits."""
+    job_plan = _unfit_plan({"dp_shard": 1024, "ep": 2}, seq_len=4096, local_batch=4, global_batch=4096,
+                           ac="selective", experts=256, world_size=1024)
+    job_plan.worst.total = 507.6 * GIB
+    asked = []
+
+    def run_variant(argv):
+        batch = argv[argv.index("--training.local_batch_size") + 1]
+        asked.append((batch, argv[-1]))
+        return _variant(90.0)
+
+    lines = plan_cmd.advice(["--module", "deepseek_v3", "--config", "deepseek_v3_671b"], job_plan, run_variant)
+    assert asked == [("4", "activation-checkpoint:full"), ("2", "activation-checkpoint:selective"),
+                     ("1", "activation-checkpoint:full")], asked
+    assert lines[0] == "none of the 3 variants tried fits (each planned shallow unless said):", lines
+    assert lines[3] == "  dp_shard 1024 x ep 2, local batch 1 x 4 accumulated, AC full: does not fit, 90.0 GiB, " \
+                       "90 tokens/s/NPU", lines
+    assert lines[4] == "what might fit instead:", lines
+    assert "--parallelism.expert_parallel_degree up to 256" in lines[5] and "this job has 2" in lines[5], lines
+    assert "--parallelism.pipeline_parallel_degree" in lines[6], lines
+    assert lines[7].startswith("  --search plans every layout of these 1024 ranks"), lines
+
+
+def test_a_variant_planned_above_the_job_itself_is_flagged_not_taken_at_its_word():
+    """A variant recomputes at least as much on no larger a batch: a shallow plan above the job's full-depth one
+    is the extrapolation's error (AC full was planned at 1220.2 GiB beside the job's 507.6)."""
+    job_plan = _unfit_plan({"dp_shard": 8}, seq_len=1024, local_batch=1, global_batch=8, ac="selective")
+    lines = plan_cmd.advice(["--module", "llama3"], job_plan, lambda argv: _variant(80.0))
+    assert lines[1].startswith("  dp_shard 8, local batch 1, AC full: does not fit, 80.0 GiB, 90 tokens/s/NPU "
+                               "(above the job's own 70.0 GiB at full depth"), lines
 
 
 def test_the_advice_gives_a_pipelines_memory_only():
     """A shallow plan of a pipeline with many microbatches was 3x slow (llama3_70b PP 4, 512 microbatches)."""
     job_plan = _unfit_plan({"tp": 8, "pp": 4}, seq_len=8192, local_batch=512, global_batch=512, ac="full")
     lines = plan_cmd.advice(["--module", "llama3", "--config", "llama3_70b"], job_plan, lambda argv: FITTING_VARIANT)
-    assert lines[0] == "  tp 8 x pp 4, local batch 256 x 2 accumulated, AC full: fits, 1.0 GiB", lines
-    assert "memory only" in lines[1] and len(lines) == 2, lines
+    assert lines[1] == "  tp 8 x pp 4, local batch 256 x 2 accumulated, AC full: fits, 1.0 GiB", lines
+    assert "memory only" in lines[2] and len(lines) == 3, lines
 
 
 def test_a_pipelines_smaller_batch_is_planned_from_the_jobs_own_recordings():
@@ -264,5 +315,5 @@ def test_a_pipelines_smaller_batch_is_planned_from_the_jobs_own_recordings():
 
     lines = plan_cmd.advice(["--module", "llama3", "--config", "llama3_70b"], job_plan, run_variant, fewer_microbatches)
     assert asked == [256], asked
-    assert lines == ["  tp 8 x pp 4, local batch 256 x 2 accumulated, AC full: fits, 1.0 GiB, 90 tokens/s/NPU "
-                     "(from the job's own recordings, at full depth)"], lines
+    assert lines[1:] == ["  tp 8 x pp 4, local batch 256 x 2 accumulated, AC full: fits, 1.0 GiB, 90 tokens/s/NPU "
+                         "(from the job's own recordings, at full depth)"], lines
