@@ -21,6 +21,8 @@ ENV_FAULTS = "TORCHTITAN_NPU_FAULTS"
 # Faults the inject_faults patch can cause, and what each does at its step.
 FAULT_KINDS = {
     "nan_loss": "the model's output times NaN on the chosen ranks, so the loss and every gradient are NaN",
+    "loss_spike": "the model's output times 50 on the chosen ranks: a finite batch that throws the loss and the "
+                  "gradient norm far up (what patch spikes catches)",
     "kill": "the rank's process SIGKILLs itself as the step starts (a dead process: node loss, the OOM killer), "
             "in the launcher's first attempt only, so a restarted rank trains on",
     "hang": "the rank stops inside the step and never returns (a hung device or collective): its peers' next "

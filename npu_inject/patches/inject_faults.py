@@ -9,6 +9,8 @@ comma-separated; a bad item stops at start-up naming it.
   NaN, so that rank's loss and, through the gradient reduction, every rank's gradients are NaN (what a
   bad batch or an overflow does). With :mod:`npu_inject.patches.finite_steps` the step is then not
   applied; without it, torchtitan writes NaN into the weights.
+* ``loss_spike@K``: the same with a finite factor (50): the loss and the gradient norm of step K rise
+  many-fold, as a bad batch throws them up. :mod:`npu_inject.patches.spikes` keeps the update out.
 * ``kill@K``: as step K starts, the rank's process sends itself SIGKILL: no exception, no cleanup, what
   a lost node or the OOM killer leaves. Its peers' next collective fails or times out.
 * ``hang@K``: as step K starts, the rank sleeps and never returns, as a hung device or a collective
@@ -37,8 +39,8 @@ point where both are known (the config is parsed after this patch applies): the 
 ``WORLD_SIZE``, or ``NGPU`` in torchtitan's fake comm modes, as torchtitan's ``init_distributed`` takes
 it. A fault at a step a resumed run has already passed is not checked.
 
-Module ``torchtitan.trainer``: ``Trainer.__init__`` and ``Trainer.train_step`` are wrapped; a forward hook
-lives for the chosen step only. Each fault caused is said on stderr by the rank that causes it (``npu_inject
+Module ``torchtitan.trainer``: ``Trainer.__init__`` is wrapped, and the patch takes part in the step before it
+runs (:mod:`npu_inject.training_step`); a forward hook lives for the chosen step only. Each fault caused is said on stderr by the rank that causes it (``npu_inject
 inject_faults: step K: KIND on rank R``) and noted in its report (a killed or hung rank writes none).
 """
 
@@ -52,6 +54,7 @@ import threading
 from npu_inject.errors import stop_run
 from npu_inject.patching import PatchContext
 from npu_inject.settings import ENV_FAULTS
+from npu_inject.training_step import Step, take_part
 
 TARGETS = (
     "torchtitan.trainer:Trainer.__init__",
@@ -61,10 +64,16 @@ TARGETS = (
 FAKE_COMM_MODES = ("fake_backend", "local_tensor")  # torchtitan's one-process modes, sized by NGPU
 
 
-def _times_nan(module, args, output):
-    if isinstance(output, tuple):
-        return (output[0] * float("nan"), *output[1:])
-    return output * float("nan")
+SPIKE_SCALE = 50.0  # loss_spike: the first model part's output times this (logits: the loss rises many-fold)
+
+
+def _scaled(factor: float):
+    def scale(module, args, output):
+        if isinstance(output, tuple):
+            return (output[0] * factor, *output[1:])
+        return output * factor
+
+    return scale
 
 
 def announce(kind: str, step: int) -> None:
@@ -141,7 +150,7 @@ def apply(ctx: PatchContext) -> None:
     faults = selection.current().settings.faults
     rank = int(os.environ.get("RANK", "0"))
     mine = [fault for fault in faults if fault.rank in (None, rank)]
-    nan_steps = {fault.step for fault in mine if fault.kind == "nan_loss"}
+    scaled_steps = {kind: {fault.step for fault in mine if fault.kind == kind} for kind in ("nan_loss", "loss_spike")}
     first_attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") == "0"
     stops = {fault.step: fault.kind for fault in mine
              if fault.kind in ("kill", "hang", "kill_in_forward", "hang_in_forward") and first_attempt}
@@ -156,41 +165,34 @@ def apply(ctx: PatchContext) -> None:
             stop_run(problem)
         return original(trainer, config, *args, **kwargs)
 
-    active: list = []  # the hook of the step in progress (an override calling super() nests)
-
-    def train_step(original, trainer, *args, **kwargs):
+    def before_step(step: Step) -> None:
+        trainer = step.trainer
         if trainer.step in uce_steps:  # once: the step retried after the repair runs clean
             uce_steps.discard(trainer.step)
-            step = trainer.step
+            number = trainer.step
 
             def cause_uce(module, args):
                 handle.remove()
-                _cause_mem_uce(inject_uce, trainer.device, step, rank)
-                ctx.note(f"step {step}: device memory error (UCE) injected on rank {rank}")
+                _cause_mem_uce(inject_uce, trainer.device, number, rank)
+                ctx.note(f"step {number}: device memory error (UCE) injected on rank {rank}")
 
             handle = trainer.model_parts[0].register_forward_pre_hook(cause_uce)
+            step.on_exit(handle.remove)
         # the first step at or after K: a rank that healed from a torchft peer may jump past K
-        due = [step for step in stops if step <= trainer.step]
-        kind = stops[min(due)] if due else None
-        if kind and not active:
-            if kind in ("kill", "hang"):
-                stop(kind, trainer.step)
-            # the model's forward: the step's quorum and its first collectives have begun
-            step = trainer.step
-            trainer.model_parts[0].register_forward_pre_hook(lambda module, args: stop(kind, step))
-            del stops[min(due)]
-        if trainer.step not in nan_steps or active:
-            return original(trainer, *args, **kwargs)
-        active.append(trainer.model_parts[0].register_forward_hook(_times_nan))
-        announce("nan_loss", trainer.step)
-        ctx.note(f"step {trainer.step}: nan_loss injected on rank {rank}")
-        try:
-            return original(trainer, *args, **kwargs)
-        finally:
-            active.pop().remove()
+        due = [number for number in stops if number <= trainer.step]
+        kind = stops.pop(min(due)) if due else None
+        if kind in ("kill", "hang"):
+            stop(kind, trainer.step)
+        elif kind:  # the model's forward: the step's quorum and its first collectives have begun
+            number = trainer.step
+            trainer.model_parts[0].register_forward_pre_hook(lambda module, args: stop(kind, number))
+        for kind, factor in (("nan_loss", float("nan")), ("loss_spike", SPIKE_SCALE)):
+            if trainer.step in scaled_steps[kind]:
+                step.on_exit(trainer.model_parts[0].register_forward_hook(_scaled(factor)).remove)
+                announce(kind, trainer.step)
+                ctx.note(f"step {trainer.step}: {kind} injected on rank {rank}")
 
     # torchft's trainer overrides __init__ without calling the base one; the check runs again (the same
     # verdict) where an override calls super().__init__
     ctx.wrap_overrides("Trainer.__init__", trainer_init)
-    # torchft's, flux's and the graph trainer's train_step override the base one
-    ctx.wrap_overrides("Trainer.train_step", train_step)
+    take_part(ctx, before_step=before_step)

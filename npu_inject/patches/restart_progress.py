@@ -1,7 +1,7 @@
 """A worker group that torchrun restarts does not silently train again from the initial weights.
 
-Module ``torchtitan.trainer``: ``Trainer.train_step`` (and the overrides of torchft's, flux's and the graph
-trainer's), under torchrun (``TORCHELASTIC_RESTART_COUNT`` set); outside torchrun it changes nothing.
+Module ``torchtitan.trainer``: the patch takes part in ``Trainer.train_step`` (:mod:`npu_inject.training_step`,
+before and after each step), under torchrun (``TORCHELASTIC_RESTART_COUNT`` set); outside torchrun it changes nothing.
 
 torchrun's ``--max-restarts`` brings a failed worker group back, and what the new attempt starts from is the
 trainer's business: the newest checkpoint, or with torchft the live state of a healthy replica group. With
@@ -37,6 +37,7 @@ import os
 
 from npu_inject.errors import stop_run
 from npu_inject.patching import PatchContext
+from npu_inject.training_step import Step, take_part
 
 TARGETS = (
     "torchtitan.trainer:Trainer.train_step",
@@ -65,7 +66,7 @@ def apply(ctx: PatchContext) -> None:
         ctx.note("not under torchrun: no restart to watch")
     rank = int(os.environ.get("RANK", "0"))
     state = {"first_step": True, "watching": False, "earlier": 0, "store": None, "healed": False,
-             "commit_points": 0}
+             "commit_points": 0, "commit_points_before": 0}
 
     def stop(attempt_began: str, earlier: int, hint: str = "") -> None:
         stop_run(f"npu_inject restart_progress: restart attempt {attempt} of this worker group {attempt_began}, from "
@@ -84,7 +85,8 @@ def apply(ctx: PatchContext) -> None:
         finally:
             state["commit_points"] += 1  # a quorum, and its heal if any, came before it
 
-    def train_step(original, trainer, *args, **kwargs):
+    def before_step(step: Step) -> None:
+        trainer = step.trainer
         if state["first_step"]:
             state["first_step"] = False
             # the default process group's store stays the same for the run: unwrapped once
@@ -99,19 +101,20 @@ def apply(ctx: PatchContext) -> None:
                 elif torchft_job(trainer):
                     ctx.wrap("torchft.manager:Manager.load_state_dict", load_state_dict)
                     ctx.wrap("torchft.manager:Manager.should_commit", should_commit)
-        store = state["store"]
-        began, commit_points = trainer.step, state["commit_points"]
-        result = original(trainer, *args, **kwargs)
+        state["commit_points_before"] = state["commit_points"]
+
+    def after_step(step: Step) -> None:
+        trainer, store = step.trainer, state["store"]
         if state["watching"]:
             earlier = state["earlier"]
             if state["healed"]:  # torchft loaded a peer's state inside the step
                 state["watching"] = False
-                ctx.note(f"restart attempt {attempt} healed from a torchft peer in its step {began} (torchtitan's "
+                ctx.note(f"restart attempt {attempt} healed from a torchft peer in its step {step.number} (torchtitan's "
                          f"step now {trainer.step}) after training from the initial weights (an earlier attempt "
                          f"reached step {earlier})")
             elif not torchft_job(trainer):
                 stop("began again at step 1", earlier)
-            elif trainer.step >= earlier and (state["commit_points"] > commit_points
+            elif trainer.step >= earlier and (state["commit_points"] > state["commit_points_before"]
                                               or trainer.step >= earlier + sync_steps(trainer)):
                 # torchft: a restarted group heals at a quorum with a live peer, which comes at a commit point
                 semi_sync = getattr(getattr(trainer.config, "fault_tolerance", None), "semi_sync_method", None)
@@ -122,9 +125,8 @@ def apply(ctx: PatchContext) -> None:
                      hint)
         if rank == 0 and store is not None:
             store.set(STEP_KEY, str(trainer.step))
-        return result
 
-    ctx.wrap_overrides("Trainer.train_step", train_step)
+    take_part(ctx, before_step=before_step, after_step=after_step)
 
 
 def sync_steps(trainer) -> int:

@@ -1,6 +1,8 @@
 """A replica group that fails or hangs leaves torchft's quorum within the configured timeouts, not holding the others'.
 
-Module ``torchtitan.experiments.torchft.trainer`` (``--module torchft.*`` with ``--fault_tolerance.enable``).
+Module ``torchtitan.experiments.torchft.trainer`` (``--module torchft.*`` with ``--fault_tolerance.enable``):
+``FaultTolerantTrainer.train`` and torchft's waits are wrapped; its steps are watched through the step's owner
+(:mod:`npu_inject.training_step`, before and after each step).
 
 torchft's lighthouse forms no quorum while a replica group heartbeats without joining it (its rule against a
 split brain: the joining groups must be more than half of those heartbeating). A group's heartbeats come from
@@ -40,6 +42,7 @@ import logging
 import sys
 
 from npu_inject.patching import PatchContext
+from npu_inject.training_step import Step, take_part
 
 TARGETS = (
     "torchtitan.experiments.torchft.trainer:FaultTolerantTrainer.train",
@@ -55,6 +58,7 @@ def apply(ctx: PatchContext) -> None:
     from datetime import timedelta
 
     from torchtitan.distributed import utils as dist_utils
+    from torchtitan.experiments.torchft.trainer import FaultTolerantTrainer
 
     stepped: set[int] = set()  # trainers (by id) whose first step in this process has ended
     watchdog = {"seconds": 0, "in_step": False}  # seconds: 0 until the first step ended (torchft jobs only)
@@ -80,30 +84,34 @@ def apply(ctx: PatchContext) -> None:
                 ft_manager.manager.shutdown(wait=False)
             raise
 
-    def train_step(original, trainer, *args, **kwargs):
-        watchdog["in_step"] = True
-        arm()
-        try:
-            result = original(trainer, *args, **kwargs)
-        finally:
-            watchdog["in_step"] = False
-            disarm()
-        if id(trainer) not in stepped:
-            stepped.add(id(trainer))
-            seconds = trainer.config.comm.train_timeout_seconds
-            if trainer.step != 1:  # upstream lowers it after step 1 only
-                dist_utils.set_pg_timeouts(timeout=timedelta(seconds=seconds), parallel_dims=trainer.parallel_dims)
-                ctx.note(f"collective timeout lowered to --comm.train_timeout_seconds ({seconds} s) after this "
-                         f"process's first step, step {trainer.step} (upstream: after step 1 only)")
-            ft_manager = getattr(trainer, "ft_manager", None)
-            if ft_manager is not None and ft_manager.enabled and seconds > 0:
-                watchdog["seconds"] = seconds
-                line = (f"from step {trainer.step + 1} a step lasting over --comm.train_timeout_seconds ({seconds} s) "
-                        "outside torchft's quorum and commit waits ends this process with every thread's stack "
-                        "(faulthandler's \"Timeout\" dump), so its replica group leaves the quorum")
-                logger.info("npu_inject torchft_leave: %s", line)
-                ctx.note(line)
-        return result
+    def before_step(step: Step) -> None:
+        if isinstance(step.trainer, FaultTolerantTrainer):
+            watchdog["in_step"] = True
+            arm()
+            step.on_exit(end_of_step)
+
+    def end_of_step() -> None:
+        watchdog["in_step"] = False
+        disarm()
+
+    def after_step(step: Step) -> None:
+        trainer = step.trainer
+        if not isinstance(trainer, FaultTolerantTrainer) or id(trainer) in stepped:
+            return
+        stepped.add(id(trainer))
+        seconds = trainer.config.comm.train_timeout_seconds
+        if trainer.step != 1:  # upstream lowers it after step 1 only
+            dist_utils.set_pg_timeouts(timeout=timedelta(seconds=seconds), parallel_dims=trainer.parallel_dims)
+            ctx.note(f"collective timeout lowered to --comm.train_timeout_seconds ({seconds} s) after this "
+                     f"process's first step, step {trainer.step} (upstream: after step 1 only)")
+        ft_manager = getattr(trainer, "ft_manager", None)
+        if ft_manager is not None and ft_manager.enabled and seconds > 0:
+            watchdog["seconds"] = seconds
+            line = (f"from step {trainer.step + 1} a step lasting over --comm.train_timeout_seconds ({seconds} s) "
+                    "outside torchft's quorum and commit waits ends this process with every thread's stack "
+                    "(faulthandler's \"Timeout\" dump), so its replica group leaves the quorum")
+            logger.info("npu_inject torchft_leave: %s", line)
+            ctx.note(line)
 
     def torchft_wait(original, manager, *args, **kwargs):
         disarm()  # torchft's own timeouts bound its waits
@@ -113,6 +121,6 @@ def apply(ctx: PatchContext) -> None:
             arm()
 
     ctx.wrap("FaultTolerantTrainer.train", train)
-    ctx.wrap("FaultTolerantTrainer.train_step", train_step)
+    take_part(ctx, before_step=before_step, after_step=after_step)
     ctx.wrap("Manager.wait_quorum", torchft_wait)
     ctx.wrap("Manager.should_commit", torchft_wait)

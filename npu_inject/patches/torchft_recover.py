@@ -11,7 +11,8 @@ torch_npu's "FORCE STOP". Or the collective fails by itself first (the peer's pr
 destroyed its communicator), and the next synchronisation reports the failed HCCL task. Without this patch the
 process ends there and torchrun restarts the whole group.
 
-Here ``FaultTolerantTrainer.train_step`` catches either error: a "FORCE STOP" when torchft's group stopped the
+Here a failed step of ``FaultTolerantTrainer.train_step`` (seen through the step's owner,
+:mod:`npu_inject.training_step`, which discards the step once recovered) is recovered from either error: a "FORCE STOP" when torchft's group stopped the
 device, or an error naming an HCCL call in a step that used torchft's group (then the group is aborted here,
 which stops the device: the work queued behind the failed collective is dropped). It is not recovered when
 torch_npu's task queue itself has ended ("The Inner error is reported as above": the process ends, as torch_npu
@@ -44,6 +45,7 @@ import logging
 from npu_inject.errors import stop_run
 from npu_inject.patching import PatchContext
 from npu_inject.step_recovery import UCE_MARK, reset_fsdp
+from npu_inject.training_step import DISCARD, Step, take_part
 
 TARGETS = (
     "torchtitan.experiments.torchft.trainer:FaultTolerantTrainer.train_step",
@@ -76,14 +78,9 @@ def failure_of(group, text: str, issued_before: int) -> str | None:
 
 def apply(ctx: PatchContext) -> None:
     import torch_npu
-    from torch.optim.optimizer import register_optimizer_step_pre_hook
     from torch_npu.distributed import reinit_process_group
 
-    update = {"began": False}
-    hook = register_optimizer_step_pre_hook(lambda optimizer, args, kwargs: update.update(began=True))
-    ctx.add_cleanup(hook.remove)
-
-    def recover(trainer, group, step: int, kind: str, why: str) -> None:
+    def recover(trainer, group, step: int, kind: str, why: str):
         device = group.stopped_device
         if device is None:
             stop_run(f"npu_inject torchft_recover: step {step}: torchft's HCCL collective failed and its group "
@@ -103,27 +100,28 @@ def apply(ctx: PatchContext) -> None:
                 f"restarted and the communicators resumed; the replica group trains on ({why})")
         logger.warning("npu_inject torchft_recover: %s", line)
         ctx.note(line)
+        return DISCARD
 
-    def train_step(original, trainer, *args, **kwargs):
-        update["began"] = False
-        group = torchft_group(trainer)
-        issued_before = group.issued if group is not None else 0
-        try:
-            return original(trainer, *args, **kwargs)
-        except RuntimeError as exc:
-            kind = failure_of(group, str(exc), issued_before)
-            if kind is None:
-                raise
-            why = " ".join(str(exc).split())[:160]
-        step = trainer.step
-        if update["began"]:
-            stop_run(f"npu_inject torchft_recover: step {step}: torchft's HCCL collective failed or was stopped "
+    issued_before: dict[int, int] = {}  # the step's trainer (by id): its torchft group's collectives issued before
+
+    def before_step(step: Step) -> None:
+        group = torchft_group(step.trainer)
+        issued_before[id(step.trainer)] = group.issued if group is not None else 0
+
+    def on_failure(step: Step, error: Exception):
+        group = torchft_group(step.trainer)
+        if not isinstance(error, RuntimeError):
+            return None
+        kind = failure_of(group, str(error), issued_before.get(id(step.trainer), 0))
+        if kind is None:
+            return None
+        why = " ".join(str(error).split())[:160]
+        if step.update_began:
+            stop_run(f"npu_inject torchft_recover: step {step.number}: torchft's HCCL collective failed or was stopped "
                      f"after the step's optimizer update began: the weights or optimizer states may hold part of it; "
                      f"resume from the last checkpoint ({why})")
         if kind == "failed":
             group.abort()  # stops the device: what was queued behind the failed collective is dropped
-        # out of the handler: the failed attempt's frames, and with them its tensors, are gone
-        recover(trainer, group, step, kind, why)
-        return None
+        return lambda: recover(step.trainer, group, step.number, kind, why)
 
-    ctx.wrap("FaultTolerantTrainer.train_step", train_step)
+    take_part(ctx, before_step=before_step, on_failure=on_failure)

@@ -1,7 +1,8 @@
 """A device memory error (UCE) in temporary memory is repaired and the step trained again; elsewhere it stops in one line.
 
-Module ``torchtitan.trainer``: ``Trainer.train_step`` (and the overrides of torchft's, flux's and the graph
-trainer's) is wrapped. NPU target only; torch_npu 2.14's recovery calls.
+Module ``torchtitan.trainer``: the patch takes part in ``Trainer.train_step`` (:mod:`npu_inject.training_step`:
+before the step, and on its failure, where a repaired step is retried on the batches the owner kept). NPU
+target only; torch_npu 2.14's recovery calls.
 
 An HBM uncorrectable error met by a kernel makes torch_npu stop its task queue: the next operator raises
 ``RuntimeError("UCE ERROR, ...")`` and torchtitan's job ends. torch_npu records which memory was hit
@@ -10,7 +11,7 @@ only held the step's temporaries (activations, workspaces: free once the step's 
 the allocator's cache); 3, memory that holds the job's state (weights, gradients, optimizer states); 1,
 memory outside torch_npu's pool; 0, no error recorded. For 2 this patch does what MindSpeed's step-level
 repair does: ``torch_npu.npu.restart_device(device)`` (repairs the memory where CANN can, resumes the task
-queue) and the step runs again from its start on the same batches, which the wrapper kept as the data
+queue) and the step runs again from its start on the same batches, which the step's owner kept as the data
 iterator gave them. The step's optimizer update had not run (the error stopped the step before it), so the
 job's state is that of the last step and the retried step trains exactly as the failed one would have.
 Each repair is noted in the report; a second UCE in the same step, or 0, 1 or 3, stops the job with one
@@ -18,7 +19,7 @@ line saying which (3: resume from the last checkpoint, or heal from a torchft re
 
 Three things would make a retried step wrong; the patch handles each. torch_npu drops every task queued
 after the failed one, so a UCE met before the previous step's update had run would drop part of that update
-and be reported in this step: the wrapper waits for the device before each step (one synchronisation per
+and be reported in this step: the patch waits for the device before each step (one synchronisation per
 step; with synchronous launches it has nothing left to wait for), and a UCE reported there stops the job. A
 UCE reported after this step's optimizer began (``torch.optim``'s step pre-hook) may follow part of the
 update: it stops too. And the failed forward or backward leaves FSDP mid-step: parameter groups unsharded
@@ -39,7 +40,6 @@ the job has one rank; with more, the rank stops with the line and its peers fail
 
 from __future__ import annotations
 
-import copy
 import gc
 import logging
 import os
@@ -47,6 +47,7 @@ import os
 from npu_inject.errors import stop_run
 from npu_inject.patching import PatchContext
 from npu_inject.step_recovery import UCE_MARK, reset_fsdp
+from npu_inject.training_step import RETRY, Step, take_part
 
 TARGETS = (
     "torchtitan.trainer:Trainer.train_step",
@@ -58,90 +59,55 @@ WHERE = {0: "no memory error recorded by torch_npu", 1: "memory outside torch_np
          3: "memory holding the job's state (weights, gradients or optimizer states)"}
 
 
-class StepBatches:
-    """The data iterator of one step, which can give the step's batches again from the first.
-
-    torchtitan moves each batch's tensors to the device in the dict it was given, so each pass gets a new
-    dict (of the loader's own class: batch_host_copies' remembers the host tensors) of the batch's tensors."""
-
-    def __init__(self, source) -> None:
-        self.source, self.taken, self.position = source, [], 0
-
-    def __iter__(self):
-        return self
-
-    def __next__(self):
-        if self.position == len(self.taken):
-            self.taken.append(next(self.source))
-        item = self.taken[self.position]
-        self.position += 1
-        if isinstance(item, tuple) and len(item) == 2 and isinstance(item[0], dict):
-            return copy.copy(item[0]), item[1]
-        return item
-
-    def rewind(self) -> None:
-        self.position = 0
-
-
 def apply(ctx: PatchContext) -> None:
     import torch
     import torch_npu
-    from torch.optim.optimizer import register_optimizer_step_pre_hook
 
     world_size = int(os.environ.get("WORLD_SIZE", "1"))
-    state = {"optimizer_began": False}
-    if world_size == 1:  # a retry is possible: know whether the step's update began
-        hook = register_optimizer_step_pre_hook(lambda optimizer, args, kwargs: state.update(optimizer_began=True))
-        ctx.add_cleanup(hook.remove)
 
     def stop_in_update(step: int, when: str, error) -> None:
         stop_run(f"npu_inject uce_repair: step {step}: a device memory error (UCE) reported {when}: the weights or "
                  "optimizer states may hold part of its update; resume from the last checkpoint "
                  f"({str(error).splitlines()[0]})")
 
-    def train_step(original, trainer, data_iterator, *args, **kwargs):
+    def before_step(step: Step) -> None:
         try:
             if world_size == 1:  # the previous step's work has run: a UCE from here on is this step's
                 torch.accelerator.synchronize()
         except RuntimeError as exc:
             if UCE_MARK not in str(exc):
                 raise
-            stop_in_update(trainer.step - 1, "after the step's optimizer update was issued", exc)
-        state["optimizer_began"] = False
-        batches = StepBatches(data_iterator)
-        try:
-            return original(trainer, batches, *args, **kwargs)
-        except RuntimeError as exc:
-            if UCE_MARK not in str(exc):
-                raise
-            first_line = str(exc).splitlines()[0]
-        if state["optimizer_began"]:
-            stop_in_update(trainer.step, "after the step's optimizer began", first_line)
-        # Out of the handler: the failed attempt's frames, and with them its tensors, are gone.
+            stop_in_update(step.number - 1, "after the step's optimizer update was issued", exc)
+
+    def on_failure(step: Step, error: Exception):
+        if not isinstance(error, RuntimeError) or UCE_MARK not in str(error):
+            return None
+        first_line = str(error).splitlines()[0]
+        if step.attempt > 0:
+            stop_run(f"npu_inject uce_repair: step {step.number}: a second device memory error (UCE) in the same step "
+                     f"after a repair: the device is failing; resume from the last checkpoint on another ({first_line})")
+        if step.update_began:
+            stop_in_update(step.number, "after the step's optimizer began", first_line)
+        return lambda: repair(step, first_line)
+
+    def repair(step: Step, first_line: str):
         gc.collect()
-        step, device = trainer.step, trainer.device.index or 0
+        number, device = step.number, step.trainer.device.index or 0
         where = torch_npu.npu.check_uce_in_memory(device)
         if where != TEMPORARY:
-            stop_run(f"npu_inject uce_repair: step {step}: a device memory error (UCE) in "
+            stop_run(f"npu_inject uce_repair: step {number}: a device memory error (UCE) in "
                      f"{WHERE.get(where, f'memory of kind {where}')}: not repairable in the job; resume from the last "
                      f"checkpoint, or heal from a torchft replica group ({first_line})")
         if world_size > 1:
-            stop_run(f"npu_inject uce_repair: step {step}: a device memory error (UCE) in temporary memory on rank "
+            stop_run(f"npu_inject uce_repair: step {number}: a device memory error (UCE) in temporary memory on rank "
                      f"{os.environ.get('RANK', '0')} of {world_size}: retrying the step needs every rank to stop and "
                      "retry together, which is not built; resume from the last checkpoint")
         torch_npu.npu.restart_device(device)
-        reset_fsdp(trainer.model_parts)  # FSDP as it was before the step: sharded, no trackers of the failed one
-        ctx.note(f"step {step}: device memory error (UCE) in temporary memory repaired "
+        reset_fsdp(step.trainer.model_parts)  # FSDP as it was before the step: sharded, no trackers of the failed one
+        ctx.note(f"step {number}: device memory error (UCE) in temporary memory repaired "
                  "(torch_npu restart_device), step trained again on the same batches")
         logger.warning("npu_inject uce_repair: step %d: device memory error in temporary memory: repaired, "
-                       "training the step again", step)
-        batches.rewind()
-        try:
-            return original(trainer, batches, *args, **kwargs)
-        except RuntimeError as exc:
-            if UCE_MARK not in str(exc):
-                raise
-            stop_run(f"npu_inject uce_repair: step {step}: a second device memory error (UCE) in the same step after "
-                     f"a repair: the device is failing; resume from the last checkpoint on another ({str(exc).splitlines()[0]})")
+                       "training the step again", number)
+        return RETRY
 
-    ctx.wrap_overrides("Trainer.train_step", train_step)
+    take_part(ctx, before_step=before_step, on_failure=on_failure)

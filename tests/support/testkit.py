@@ -108,3 +108,24 @@ def train_moe(module: str, config: str, dump: str, env: dict, steps: int = MOE_S
     assert sorted(losses) == list(range(1, steps + 1)), result.stdout[-3000:]
     assert all(math.isfinite(loss) for loss in losses.values()), losses
     return losses
+
+
+def apply_with_step_owner(patch_module, device_kind: str = "cpu", options=None):
+    """Apply patch ``step_owner``, then ``patch_module`` (a step patch, which takes part in it), as the runtime
+    does (tests that stand in for torchtitan's methods set them first). Returns (the patch's context, restore)."""
+    from npu_inject import module_facts
+    from npu_inject.patches import step_owner
+    from npu_inject.patching import PatchContext
+
+    contexts = []
+    for module, patch_options in ((step_owner, {}), (patch_module, options or {})):
+        ctx = PatchContext(patch_id=module.__name__.rsplit(".", 1)[1], device_kind=device_kind,
+                           options=patch_options, declared_targets=module_facts.declared_names(module))
+        module.apply(ctx)
+        contexts.append(ctx)
+
+    def restore() -> None:
+        for ctx in reversed(contexts):
+            ctx.restore()
+
+    return contexts[1], restore

@@ -36,17 +36,22 @@ def _back_on_device_zero():
 
 @pytest.fixture
 def npu_patch():
-    """``npu_patch(patch_id)``: the runtime activated for the NPU target with that patch alone, its triggers
-    imported and the patch applied; the runtime is deactivated after the test."""
+    """``npu_patch(patch_id)``: the runtime activated for the NPU target with that patch and the patches it
+    requires alone, their triggers imported and the patches applied (required ones first); the runtime is
+    deactivated after the test."""
     import importlib
 
     from npu_inject import registry, runtime
 
     def activate(patch_id: str):
-        rt = runtime.activate({"TORCHTITAN_NPU": "1", "TORCHTITAN_NPU_PATCHES": patch_id}, install_hooks=False)
-        for trigger in registry.load(None, entry_points=False).patches[patch_id].triggers:
-            importlib.import_module(trigger)
-        assert rt.apply(patch_id), rt.report.patches[patch_id].reason
+        patches = registry.load(None, entry_points=False).patches
+        selected = [*patches[patch_id].requires, patch_id]
+        rt = runtime.activate({"TORCHTITAN_NPU": "1", "TORCHTITAN_NPU_PATCHES": ",".join(selected)},
+                              install_hooks=False)
+        for each in selected:
+            for trigger in patches[each].triggers:
+                importlib.import_module(trigger)
+            assert rt.apply(each), rt.report.patches[each].reason
         return rt
 
     yield activate

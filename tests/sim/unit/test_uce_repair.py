@@ -127,6 +127,11 @@ def test_other_errors_pass_through(applied, recovery):
 def test_revert_restores_train_step(applied):
     from torchtitan.trainer import Trainer
 
-    wrapped = Trainer.train_step
-    applied.revert("uce_repair")
-    assert Trainer.train_step is not wrapped
+    from npu_inject.training_step import OWNER
+
+    original = Trainer.train_step
+    assert OWNER.phase_order()["on_failure"] == ["uce_repair"]
+    applied.revert("uce_repair")  # its handlers leave the step's owner, which stays
+    assert OWNER.participants == [] and Trainer.train_step is original
+    applied.revert("step_owner")
+    assert Trainer.train_step is not original

@@ -21,8 +21,8 @@ def _activate(monkeypatch, faults, world_size=2, rank=0):
     for name, value in {"WORLD_SIZE": str(world_size), "RANK": str(rank)}.items():
         monkeypatch.setenv(name, value)
     monkeypatch.delenv("TORCHELASTIC_RESTART_COUNT", raising=False)
-    # inject_faults alone: the other patches' Trainer.__init__ wrappers would read more of the stub config
-    runtime.activate(clean_env(TORCHTITAN_NPU="cpu", TORCHTITAN_NPU_PATCHES="inject_faults",
+    # inject_faults and the step's owner alone: the other patches' Trainer.__init__ wrappers would read more of the stub config
+    runtime.activate(clean_env(TORCHTITAN_NPU="cpu", TORCHTITAN_NPU_PATCHES="step_owner,inject_faults",
                                TORCHTITAN_NPU_FAULTS=faults))
     assert runtime.current().states["inject_faults"].state == "applied"
 
@@ -86,11 +86,11 @@ def test_faults_the_job_can_cause_pass_and_the_rank_injecting_a_nan_says_so(monk
             self.step = 2
             self.model_parts = [torch.nn.Linear(2, 1)]
 
-        def train_step(self):
+        def train_step(self, data_iterator):
             return self.model_parts[0](torch.ones(1, 2))
 
     trainer = OneLayer(_config(steps=10))
-    assert torch.isnan(trainer.train_step()).all()
+    assert torch.isnan(trainer.train_step(iter(()))).all()
     err = capsys.readouterr().err
     assert err.splitlines() == ["npu_inject inject_faults: step 2: nan_loss on rank 1"], err
     assert runtime.current().report.patches["inject_faults"].notes == ["step 2: nan_loss injected on rank 1"]

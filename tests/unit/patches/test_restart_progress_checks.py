@@ -11,10 +11,9 @@ from types import SimpleNamespace
 
 import pytest
 
-from npu_inject import module_facts
 from npu_inject.errors import RunStopped
-from npu_inject.patching import PatchContext
 from npu_inject.patches import restart_progress
+from testkit import apply_with_step_owner
 
 
 class Store:
@@ -51,11 +50,9 @@ def restarted(monkeypatch):
     monkeypatch.setattr(restart_progress, "launcher_store", lambda: store)
     monkeypatch.setenv("TORCHELASTIC_RESTART_COUNT", "1")
     monkeypatch.setenv("RANK", "0")
-    ctx = PatchContext(patch_id="restart_progress", device_kind="cpu", options={},
-                       declared_targets=module_facts.declared_names(restart_progress))
-    restart_progress.apply(ctx)
+    ctx, restore = apply_with_step_owner(restart_progress, device_kind="cpu")
     yield ft_trainer.FaultTolerantTrainer, Manager, store, ctx
-    ctx.restore()
+    restore()
 
 
 def _trainer(cls, manager_cls, heal_in_step: int, semi_sync: str | None = "diloco", commit_every: int = 5):

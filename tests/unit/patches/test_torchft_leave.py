@@ -14,9 +14,8 @@ import types
 
 import pytest
 
-from npu_inject import module_facts
-from npu_inject.patching import PatchContext
 from npu_inject.patches import torchft_leave
+from testkit import apply_with_step_owner
 
 
 class Manager:
@@ -48,11 +47,9 @@ def trainer_class(monkeypatch):
     monkeypatch.setattr(ft_trainer.FaultTolerantTrainer, "train_step", train_step)
     monkeypatch.setattr(ft_trainer.FaultTolerantTrainer, "train", train)
     monkeypatch.setattr(dist_utils, "set_pg_timeouts", lambda timeout, parallel_dims: timeouts.append(timeout))
-    ctx = PatchContext(patch_id="torchft_leave", device_kind="cpu", options={},
-                       declared_targets=module_facts.declared_names(torchft_leave))
-    torchft_leave.apply(ctx)
+    ctx, restore = apply_with_step_owner(torchft_leave, device_kind="cpu")
     yield ft_trainer.FaultTolerantTrainer, ctx, timeouts
-    ctx.restore()
+    restore()
 
 
 def _trainer(cls, step: int = 0, healed_to: int = 0, enabled: bool = True):
@@ -104,7 +101,7 @@ WATCHDOG = textwrap.dedent("""
     import sys, time, types
     from npu_inject import module_facts
     from npu_inject.patching import PatchContext
-    from npu_inject.patches import torchft_leave
+    from npu_inject.patches import step_owner, torchft_leave
     from torchft.manager import Manager
     from torchtitan.experiments.torchft.trainer import FaultTolerantTrainer
 
@@ -115,9 +112,9 @@ WATCHDOG = textwrap.dedent("""
 
     FaultTolerantTrainer.train_step = train_step
     Manager.wait_quorum = lambda manager: time.sleep(3)
-    ctx = PatchContext(patch_id="torchft_leave", device_kind="cpu", options={},
-                       declared_targets=module_facts.declared_names(torchft_leave))
-    torchft_leave.apply(ctx)
+    for module in (step_owner, torchft_leave):
+        module.apply(PatchContext(patch_id=module.__name__.rsplit(".", 1)[1], device_kind="cpu", options={},
+                                  declared_targets=module_facts.declared_names(module)))
     trainer = object.__new__(FaultTolerantTrainer)
     trainer.config = types.SimpleNamespace(comm=types.SimpleNamespace(train_timeout_seconds=1))
     trainer.ft_manager = types.SimpleNamespace(enabled=True, manager=None)

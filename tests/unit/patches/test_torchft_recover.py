@@ -13,10 +13,9 @@ import types
 import pytest
 import torch
 
-from npu_inject import module_facts
 from npu_inject.errors import RunStopped
-from npu_inject.patching import PatchContext
 from npu_inject.patches import torchft_recover
+from testkit import apply_with_step_owner
 
 FORCE_STOP = "npuSynchronizeDevice: NPU function error: FORCE STOP, error code is 107022"
 
@@ -65,11 +64,9 @@ def recover(monkeypatch):
             raise RuntimeError(trainer.fails_with)
 
     monkeypatch.setattr(ft_trainer.FaultTolerantTrainer, "train_step", train_step)
-    ctx = PatchContext(patch_id="torchft_recover", device_kind="npu", options={},
-                       declared_targets=module_facts.declared_names(torchft_recover))
-    torchft_recover.apply(ctx)
+    ctx, restore = apply_with_step_owner(torchft_recover, device_kind="npu")
     yield ft_trainer.FaultTolerantTrainer, ctx, calls
-    ctx.restore()
+    restore()
 
 
 def _trainer(cls, calls, fails_with=FORCE_STOP, stopped=0, votes=False, optimizer=None, collectives=3):

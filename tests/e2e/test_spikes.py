@@ -1,0 +1,43 @@
+"""A loss spike caused on purpose (inject_faults' loss_spike) is caught by patch spikes and its batch skipped.
+
+CPU rehearsal, 2 ranks, FSDP, upstream torchtitan, fixed seed. Rank 1's output times 50 at step 8 throws the
+loss and the job's gradient norm up; spikes keeps the update out. The reference is independent of spikes: the
+same step made non-finite (nan_loss) and kept out by finite_steps, a run that skipped that batch. Every other
+step's loss must be the reference's, to the printed digit.
+"""
+
+from __future__ import annotations
+
+import json
+
+from testkit import clean_env, parse_losses, torchrun
+
+ARGS = ["--module", "llama3", "--config", "llama3_debugmodel", "--training.seq_len", "128",
+        "--training.local_batch_size", "1", "--validator.no-enable", "--debug.seed", "42", "--metrics.log_freq", "1",
+        "--training.steps", "10"]
+SPIKE_STEP = 8
+
+
+def test_a_spike_is_skipped_and_the_run_trains_on_as_one_that_skipped_that_batch(tmp_path):
+    registry = tmp_path / "spikes.json"  # a short window, so a 10-step run is judged from step 6
+    registry.write_text(json.dumps({"patches": {"spikes": {"options": {"window": 5, "warmup": 5}}}}))
+    dump = tmp_path / "spike"
+    spiked = torchrun([*ARGS, "--dump_folder", str(dump)], clean_env(
+        TORCHTITAN_NPU="cpu", TORCHTITAN_NPU_PATCHES="+inject_faults,+spikes", TORCHTITAN_NPU_REGISTRY=str(registry),
+        TORCHTITAN_NPU_FAULTS=f"loss_spike@{SPIKE_STEP}:rank=1"))
+    assert spiked.returncode == 0, spiked.stdout[-4000:]
+    skipped = torchrun([*ARGS, "--dump_folder", str(tmp_path / "skipped")], clean_env(
+        TORCHTITAN_NPU="cpu", TORCHTITAN_NPU_PATCHES="+inject_faults", TORCHTITAN_NPU_FAULTS=f"nan_loss@{SPIKE_STEP}:rank=1"))
+    assert skipped.returncode == 0, skipped.stdout[-4000:]
+
+    spike_losses, reference = parse_losses(spiked.stdout), parse_losses(skipped.stdout)
+    print(f"spike run {spike_losses}\nreference (step {SPIKE_STEP} not applied) {reference}")
+    assert f"npu_inject spikes: step {SPIKE_STEP}: gradient norm spike" in spiked.stdout
+    assert spike_losses[SPIKE_STEP] > 3 * spike_losses[SPIKE_STEP - 1]  # the spike, logged as it happened
+    assert {step: loss for step, loss in spike_losses.items() if step != SPIKE_STEP} == reference
+
+    for rank in (0, 1):
+        report = json.loads((dump / "npu_inject" / f"report_rank{rank}.json").read_text())["patches"]
+        notes = report["spikes"]["notes"]
+        assert len(notes) == 1 and notes[0].startswith(f"step {SPIKE_STEP}: gradient norm spike"), notes
+        assert not any("not finite" in note for note in report["finite_steps"]["notes"])
