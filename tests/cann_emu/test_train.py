@@ -102,11 +102,11 @@ def test_trains_with_the_rehearsals_losses_and_counts_every_step(name, tmp_path)
         for step in ("2", "3", "4"):
             sites = rank["steps"][step]["sync_sites"]
             ours = {key: n for key, n in sites.items() if key.split(" | ")[1] == "npu_inject"}
-            # The runtime's host reads: finite_steps' read of the gradient norm (a copy and its sync), and with
+            # The runtime's host reads: the step owner's read of the gradient norm for finite_steps (a copy and its sync), and with
             # varlen torchtitan's cu_seq_q, whose host offsets the kernel takes (torchtitan reads them itself when
             # asked for include_host_offsets): a copy and its sync. The positions' host reads (document lengths,
             # RoPE's bounds check) take the loader's own host tensor.
-            allowed = ("patches/finite_steps.py",) + (
+            allowed = ("training_step.py",) + (
                 ("patches/attention.py",) if name in ("llama3_varlen", "gpt_oss") else ())
             assert sum(ours.values()) <= 2 * len(allowed), sites
             assert all(any(where in key for where in allowed) for key in ours), sites

@@ -25,7 +25,7 @@ MEASURED_STEP_SYNCS = [
     {"kind": ".item() / bool() / tolist()", "op": "aten::_local_scalar_dense",
      "site": "torchtitan/trainer.py:959", "count": 1},
     {"kind": ".item() / bool() / tolist()", "op": "aten::_local_scalar_dense",
-     "site": "npu_inject/patches/finite_steps.py:62", "count": 1},
+     "site": "npu_inject/training_step.py:107", "count": 1},
     {"kind": "blocking host-to-device copy", "op": "aten::_to_copy", "site": "torchtitan/trainer.py:900", "count": 1},
     {"kind": "blocking host-to-device copy", "op": "aten::_to_copy", "site": "torchtitan/trainer.py:913", "count": 2},
     {"kind": "blocking host-to-device copy", "op": "aten::_to_copy", "site": "torchtitan/trainer.py:915", "count": 1},

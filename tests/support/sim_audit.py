@@ -31,8 +31,9 @@ STEP_SYNCS = {
         "int(global_valid_tokens) for the trace log and grad_norm.item() for the metrics line (torchtitan)",
     (".item() / bool() / tolist()", "torchtitan/distributed/utils.py"):
         "loss metrics: dist_mean/dist_max read with .item() for the metrics line (torchtitan)",
-    (".item() / bool() / tolist()", "npu_inject/patches/finite_steps.py"):
-        "the gradient norm's finiteness, read before the optimizer runs: a non-finite step is not applied",
+    (".item() / bool() / tolist()", "npu_inject/training_step.py"):
+        "the gradient norm, read once before the optimizer runs (the step's owner, for finite_steps): a "
+        "non-finite step is not applied",
     ("data-dependent shape", "npu_inject/ops/attention.py"):
         "document boundaries (nonzero) for npu_fusion_attention_v3's TND lengths, which torch_npu reads "
         "from a CPU tensor; once per forward, shared by every layer",
@@ -61,7 +62,7 @@ TRAINER_STEP_SYNCS = {
     (H2D, "torchtitan/trainer.py"): 4,
     (ITEM, "torchtitan/trainer.py"): 2,
     (ITEM, "torchtitan/distributed/utils.py"): 3,
-    (ITEM, "npu_inject/patches/finite_steps.py"): 1,
+    (ITEM, "npu_inject/training_step.py"): 1,
 }
 
 
