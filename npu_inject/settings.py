@@ -23,6 +23,9 @@ FAULT_KINDS = {
     "nan_loss": "the model's output times NaN on the chosen ranks, so the loss and every gradient are NaN",
     "loss_spike": "the model's output times 50 on the chosen ranks: a finite batch that throws the loss and the "
                   "gradient norm far up (what patch spikes catches)",
+    "bitflip_param": "one exponent bit of the first element of the rank's first parameter flipped after step K's "
+                     "update (the value halves or doubles: finite, silent), so its replica drifts from the others "
+                     "(what patch replica_check catches)",
     "kill": "the rank's process SIGKILLs itself as the step starts (a dead process: node loss, the OOM killer), "
             "in the launcher's first attempt only, so a restarted rank trains on",
     "hang": "the rank stops inside the step and never returns (a hung device or collective): its peers' next "

@@ -11,6 +11,10 @@ comma-separated; a bad item stops at start-up naming it.
   applied; without it, torchtitan writes NaN into the weights.
 * ``loss_spike@K``: the same with a finite factor (50): the loss and the gradient norm of step K rise
   many-fold, as a bad batch throws them up. :mod:`npu_inject.patches.spikes` keeps the update out.
+* ``bitflip_param@K``: after step K's update, the lowest exponent bit of the first element of the rank's first
+  parameter (its local shard) is flipped: the value halves or doubles, finite, as a flipped bit in memory
+  leaves it; the rank's replica now differs from the others, which :mod:`npu_inject.patches.replica_check`
+  catches on its next checked step.
 * ``kill@K``: as step K starts, the rank's process sends itself SIGKILL: no exception, no cleanup, what
   a lost node or the OOM killer leaves. Its peers' next collective fails or times out.
 * ``hang@K``: as step K starts, the rank sleeps and never returns, as a hung device or a collective
@@ -40,8 +44,9 @@ point where both are known (the config is parsed after this patch applies): the 
 it. A fault at a step a resumed run has already passed is not checked.
 
 Module ``torchtitan.trainer``: ``Trainer.__init__`` is wrapped, and the patch takes part in the step before it
-runs (:mod:`npu_inject.training_step`); a forward hook lives for the chosen step only. Each fault caused is said on stderr by the rank that causes it (``npu_inject
-inject_faults: step K: KIND on rank R``) and noted in its report (a killed or hung rank writes none).
+runs and after it (:mod:`npu_inject.training_step`); a forward hook lives for the chosen step only. Each fault
+caused is said on stderr by the rank that causes it (``npu_inject inject_faults: step K: KIND on rank R``) and
+noted in its report (a killed or hung rank writes none).
 """
 
 from __future__ import annotations
@@ -106,6 +111,24 @@ def job_world_size(comm_mode: str) -> tuple[int | None, str]:
     return (int(value) if value.isdigit() else None), name
 
 
+EXPONENT_LOW_BIT = {"float32": (23, "int32"), "bfloat16": (7, "int16"), "float16": (10, "int16")}
+
+
+def flip_exponent_bit(model) -> str:
+    """Flip the lowest exponent bit of the first element of ``model``'s first parameter (its local shard); returns
+    the parameter's name."""
+    import torch
+
+    name, parameter = next(iter(model.named_parameters()))
+    tensor = parameter.detach()
+    tensor = tensor.to_local() if hasattr(tensor, "to_local") else tensor
+    bit, integer = EXPONENT_LOW_BIT[str(tensor.dtype).removeprefix("torch.")]
+    with torch.no_grad():
+        bits = tensor.view(getattr(torch, integer)).view(-1)
+        bits[0] ^= 1 << bit
+    return name
+
+
 def stop(kind: str, step: int) -> None:
     """Kill or hang this rank now. Said on stderr, not in the report: a killed or hung rank writes no report."""
     announce(kind, step)
@@ -156,6 +179,7 @@ def apply(ctx: PatchContext) -> None:
              if fault.kind in ("kill", "hang", "kill_in_forward", "hang_in_forward") and first_attempt}
 
     uce_steps = {fault.step for fault in mine if fault.kind == "uce_in_forward"}
+    flip_steps = {fault.step for fault in mine if fault.kind == "bitflip_param"}
     inject_uce = _mem_uce_injector() if uce_steps else None
 
     def trainer_init(original, trainer, config, *args, **kwargs):
@@ -195,4 +219,11 @@ def apply(ctx: PatchContext) -> None:
     # torchft's trainer overrides __init__ without calling the base one; the check runs again (the same
     # verdict) where an override calls super().__init__
     ctx.wrap_overrides("Trainer.__init__", trainer_init)
-    take_part(ctx, before_step=before_step)
+    def after_step(step: Step) -> None:
+        if step.number in flip_steps:
+            flip_steps.discard(step.number)
+            name = flip_exponent_bit(step.trainer.model_parts[0])
+            announce("bitflip_param", step.number)
+            ctx.note(f"step {step.number}: bitflip_param injected on rank {rank} ({name}, after the update)")
+
+    take_part(ctx, before_step=before_step, after_step=after_step)

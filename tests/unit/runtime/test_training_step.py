@@ -48,7 +48,7 @@ def test_the_runtime_applies_the_step_patches_in_the_declared_order(monkeypatch)
         assert OWNER.phase_order() == {
             "before_step": ["restart_progress", "inject_faults", "finite_steps"],
             "before_optimizer": ["finite_steps"],
-            "after_step": ["finite_steps", "restart_progress"],
+            "after_step": ["finite_steps", "inject_faults", "restart_progress"],
             "on_failure": ["finite_steps"],
         }
     finally:
