@@ -1,4 +1,4 @@
-"""Replicas whose parameters or optimizer states drift apart are caught on checked steps, naming the rank and tensor.
+"""Replicas whose parameters or optimizer states drift apart are caught every N steps, repaired from the majority or stopped.
 
 Off by default: ``TORCHTITAN_NPU_PATCHES=+replica_check``. In a job with a replicate dimension
 (``--parallelism.data_parallel_replicate_degree`` > 1: DDP, or HSDP with FSDP inside each replica) every
@@ -11,20 +11,30 @@ The patch takes part in the step (:mod:`npu_inject.training_step`, after the ste
 registry option, default 10): each rank sums the bits of each of its parameters' and optimizer states' local
 tensors as integers (``view`` as the integer type of the element's size, ``sum(dtype=int64)``, on the device:
 a single flipped bit always changes the sum), gathers the vectors of its replicate group in one ``all_gather``
-and reads the table back once. Where they differ, the tensor is named, and with three or more replicas the
-majority says which rank is wrong; with two, both are named. Every rank stops with one line: the step, the
-tensor, the rank(s) to drain with their host and device, and the last verified step (resume from a checkpoint
-at or before it). Each verified step is noted in the report. Rolling back to the last verified state in the
-job is not built yet: the stop is loud, never a silent train-on.
+and reads the table back once. Where they differ:
+
+* with a majority (three or more replicas), each differing tensor is sent from a rank of the majority to the
+  others over the replicate group (``broadcast``: bit for bit), checked again, and the job trains on; the
+  minority rank is named (host, device) in the log and the report. A rank the majority overrules
+  ``stop_after`` times (registry option, default 3) stops every rank with one line: drain its device. The repair
+  makes the replicas agree again; it cannot take back what the wrong replica's gradients added to every
+  replica's updates between the corruption and the check (at most ``every`` steps; none for a corruption after
+  the checked step's backward, as ``bitflip_param`` causes), which the line says.
+* without one (two replicas, or three different values), every rank stops with one line naming the tensor,
+  both ranks, and the last verified step (resume from a checkpoint at or before it).
+
+Each verified step is noted in the report. Rolling back to a snapshot in the job is not built.
 
 Cost per checked step: one read of every parameter and optimizer state on the device (the sums: about the
 bytes of the weights and Adam's two moments), one all-gather of one int64 per tensor over the replicate group,
-one device-to-host copy of the gathered table. Nothing on other steps. torchft replica groups (no replicate
+one device-to-host copy of the gathered table; a repair adds one broadcast per differing tensor and one more
+all-gather. Nothing on other steps. torchft replica groups (no replicate
 dimension inside torchtitan) are not compared yet.
 """
 
 from __future__ import annotations
 
+import logging
 import socket
 
 from npu_inject.errors import stop_run
@@ -34,6 +44,8 @@ from npu_inject.training_step import Step, take_part
 TARGETS = (
     "torchtitan.trainer:Trainer.train_step",
 )
+
+logger = logging.getLogger("npu_inject")
 
 
 def local(tensor):
@@ -94,9 +106,20 @@ def disagreement(table: list[list[int]], members: list[int]) -> tuple[int, list[
     return None
 
 
+def majority(table: list[list[int]], column: int, members: list[int]) -> tuple[int | None, list[int]]:
+    """(a rank holding the majority's value of ``column``, the ranks that do not), or (None, all) without one."""
+    values = [row[column] for row in table]
+    value, most = max(((each, values.count(each)) for each in set(values)), key=lambda item: item[1])
+    if most * 2 <= len(values):
+        return None, list(members)
+    return (members[values.index(value)], [rank for rank, each in zip(members, values) if each != value])
+
+
 def apply(ctx: PatchContext) -> None:
-    every = ctx.options["every"]  # registry.json's option_rules keep it >= 1
+    options = ctx.options  # registry.json's option_rules keep each >= 1
+    every = options["every"]
     state = {"verified": None, "where": None, "said_none": False}
+    strikes: dict[int, int] = {}  # rank: how often it disagreed with the majority
 
     def after_step(step: Step) -> None:
         if step.number % every:
@@ -128,21 +151,41 @@ def apply(ctx: PatchContext) -> None:
             ctx.note(f"step {step.number}: {len(named)} tensors agree across {len(members)} replicas")
             return
         column, wrong, right = found
-        differing = sum(len({row[index] for row in table}) > 1 for index in range(len(table[0])))
+        differing = [index for index in range(len(table[0])) if len({row[index] for row in table}) > 1]
+        last = state["verified"]
+        since = f"the last verified step is {last}" if last is not None else "no step was verified before"
 
         def who(rank: int) -> str:
             host, device = state["where"][members.index(rank)]
             return f"rank {rank} ({host}, {device})"
 
-        verdict = (f"{', '.join(map(who, wrong))} disagree{'s' if len(wrong) == 1 else ''} with the majority "
-                   f"({', '.join(map(str, right))}): drain {'its device' if len(wrong) == 1 else 'their devices'}"
-                   if right else
-                   f"{' and '.join(map(who, wrong))} disagree and no majority says which is wrong (two replicas): "
-                   "drain one after checking both devices")
-        last = state["verified"]
-        stop_run(f"npu_inject replica_check: step {step.number}: the replicas' {named[column][0]} differ "
-                 f"({differing} of {len(named)} tensors differ): {verdict}; the last verified step is "
-                 f"{last if last is not None else 'none (no earlier check)'}: resume from a checkpoint at or before "
-                 "it (rolling back in the job is not built)")
+        what = f"step {step.number}: the replicas' {named[column][0]} differ ({len(differing)} of {len(named)} tensors)"
+        sources = [majority(table, index, members) for index in differing]
+        if any(source is None for source, _ in sources):
+            stop_run(f"npu_inject replica_check: {what}: {' and '.join(map(who, wrong))} disagree and no majority says "
+                     f"which is wrong: drain one after checking their devices; {since}: resume from a checkpoint at "
+                     "or before it")
+        culprits = sorted({rank for _, wrong_ranks in sources for rank in wrong_ranks})
+        for rank in culprits:
+            strikes[rank] = strikes.get(rank, 0) + 1
+        drained = [rank for rank in culprits if strikes[rank] >= options["stop_after"]]
+        if drained:
+            stop_run(f"npu_inject replica_check: {what}: {', '.join(map(who, drained))} disagreed with the majority "
+                     f"{options['stop_after']} times (stop_after): drain its device; {since}")
+        for index, (source, _) in zip(differing, sources):  # the majority's tensor, bit for bit, over the group
+            dist.broadcast(named[index][1], src=source, group=group)
+        again = [torch.empty_like(mine) for _ in members]
+        dist.all_gather(again, fingerprints([tensor for _, tensor in named]), group=group)
+        if disagreement(torch.stack(again).cpu().tolist(), members) is not None:
+            stop_run(f"npu_inject replica_check: {what}: the replicas still differ after the majority's tensors were "
+                     f"sent to {', '.join(map(who, culprits))}: drain it; {since}")
+        line = (f"{what}: {', '.join(map(who, culprits))} disagreed with the majority; its tensors were replaced by "
+                f"rank {', '.join(sorted({str(source) for source, _ in sources}))}'s and the replicas agree again "
+                f"(strike {max(strikes[rank] for rank in culprits)} of {options['stop_after']} before it is drained); "
+                f"{since}: a corruption before this step's backward averaged its gradients into every replica's "
+                "updates since, which the repair does not take back")
+        ctx.note(line)
+        logger.warning("npu_inject replica_check: %s", line)
+        state["verified"] = step.number
 
     take_part(ctx, after_step=after_step)

@@ -34,3 +34,12 @@ def test_the_fingerprint_is_the_integer_sum_of_the_bits():
 ])
 def test_the_first_differing_tensor_and_the_minority(table, members, found):
     assert replica_check.disagreement(table, members) == found
+
+
+@pytest.mark.parametrize("table, column, found", [
+    ([[1, 2], [1, 2], [1, 3]], 1, (0, [8])),  # a rank of the majority sends, the minority receives
+    ([[1, 2], [5, 2], [5, 2]], 0, (4, [0])),
+    ([[1], [2]], 0, (None, [0, 4])),  # two replicas that differ: no majority
+])
+def test_the_majority_names_a_source_and_the_ranks_to_repair(table, column, found):
+    assert replica_check.majority(table, column, [0, 4, 8][:len(table)]) == found
