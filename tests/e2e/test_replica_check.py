@@ -1,10 +1,10 @@
 """A bit flipped in one replica's weights (inject_faults' bitflip_param) is caught by replica_check and repaired.
 
 CPU rehearsal, 3 ranks as 3 DDP replicas (--parallelism.data_parallel_replicate_degree 3), upstream torchtitan,
-checks every step: rank 2's first parameter loses or gains a factor 2 in one element after step 3's update; step
-3's check names that tensor and rank 2 as the minority, sends it the majority's tensor, and the job trains on.
-No gradient saw the flip, so every loss must be that of a run without it, to the printed digit. A second flip
-(step 4) with stop_after 2 stops every rank with one line: drain rank 2's device.
+checks every step: rank 2's first parameter loses or gains a factor 2 in one element after step 2's update; step
+2's check names that tensor and rank 2 as the minority, sends it the majority's tensor, and the job trains on.
+No gradient saw the flip, so every loss must be that of a run without it, to the printed digit. Flipped at steps
+2 and 3 with stop_after 2, every rank stops at step 3 with one line: drain rank 1's device.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ import json
 from testkit import clean_env, parse_losses, torchrun
 
 ARGS = ["--module", "llama3", "--config", "llama3_debugmodel", "--training.seq_len", "128",
-        "--training.local_batch_size", "1", "--validator.no-enable", "--debug.seed", "42", "--training.steps", "6",
+        "--training.local_batch_size", "1", "--validator.no-enable", "--debug.seed", "42", "--training.steps", "4",
         "--metrics.log_freq", "1",
         "--parallelism.data_parallel_replicate_degree", "3", "--parallelism.data_parallel_shard_degree", "1"]
 
@@ -30,28 +30,28 @@ def _run(tmp_path, name: str, faults: str, stop_after: int = 3):
 
 
 def test_a_flipped_bit_in_one_replica_is_repaired_from_the_majority_and_the_losses_are_those_without_it(tmp_path):
-    flipped, clean = _run(tmp_path, "flipped", "bitflip_param@3:rank=2"), _run(tmp_path, "clean", "")
+    flipped, clean = _run(tmp_path, "flipped", "bitflip_param@2:rank=2"), _run(tmp_path, "clean", "")
     assert flipped.returncode == 0, flipped.stdout[-4000:]
     assert clean.returncode == 0, clean.stdout[-4000:]
     print(f"flipped and repaired {parse_losses(flipped.stdout)}\nwithout the flip {parse_losses(clean.stdout)}")
-    assert parse_losses(flipped.stdout) == parse_losses(clean.stdout) and len(parse_losses(clean.stdout)) == 6
-    assert "npu_inject inject_faults: step 3: bitflip_param on rank 2" in flipped.stdout
+    assert parse_losses(flipped.stdout) == parse_losses(clean.stdout) and len(parse_losses(clean.stdout)) == 4
+    assert "npu_inject inject_faults: step 2: bitflip_param on rank 2" in flipped.stdout
     for rank in (0, 1, 2):
         notes = json.loads((tmp_path / "flipped" / "npu_inject" / f"report_rank{rank}.json").read_text())[
             "patches"]["replica_check"]["notes"]
         repaired = [note for note in notes if "disagreed with the majority" in note]
         assert len(repaired) == 1 and repaired[0].startswith(
-            "step 3: the replicas' tok_embeddings.weight differ (1 of 180 tensors): rank 2 ("), notes
+            "step 2: the replicas' tok_embeddings.weight differ (1 of 180 tensors): rank 2 ("), notes
         assert "replaced by rank 0's and the replicas agree again (strike 1 of 3" in repaired[0], repaired
-        assert sum("agree across 3 replicas" in note for note in notes) == 5  # steps 1, 2, 4, 5, 6
+        assert sum("agree across 3 replicas" in note for note in notes) == 3  # steps 1, 3, 4
 
 
 def test_a_rank_overruled_stop_after_times_stops_every_rank_naming_it(tmp_path):
-    run = _run(tmp_path, "twice", "bitflip_param@2:rank=1,bitflip_param@4:rank=1", stop_after=2)
+    run = _run(tmp_path, "twice", "bitflip_param@2:rank=1,bitflip_param@3:rank=1", stop_after=2)
     assert run.returncode != 0, run.stdout[-4000:]
     stops = {line[line.index("npu_inject replica_check"):] for line in run.stdout.splitlines()
-             if "npu_inject replica_check: step 4:" in line}
+             if "npu_inject replica_check: step 3:" in line}
     assert len(stops) == 1, run.stdout[-4000:]
     line = stops.pop()
     assert "rank 1 (" in line and "disagreed with the majority 2 times (stop_after): drain its device" in line, line
-    assert "the last verified step is 3" in line, line
+    assert "the last verified step is 2" in line, line
