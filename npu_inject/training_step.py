@@ -31,9 +31,10 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 # Outermost first. restart_progress watches whole steps (a retry inside one is the same step); torchft_leave's
-# watchdog bounds every attempt; replica_check compares the replicas after everything inside the step changed
-# them (a bit inject_faults flips after the update among it); uce_repair and torchft_recover repair what an attempt's device work met, outside
-# the faults caused in it; finite_steps and spikes judge the finished backward.
+# watchdog bounds the whole step, retries included; replica_check compares the replicas after everything inside
+# the step changed them (a bit inject_faults flips after the update among it); uce_repair and torchft_recover
+# repair what an attempt's device work met, outside the faults caused in it; finite_steps and spikes judge the
+# finished backward.
 ORDER = (
     "restart_progress",
     "torchft_leave",
