@@ -226,7 +226,11 @@ def stop_while_waiting(t: torch.Tensor) -> None:
     # last: the refusal runs in torch_npu's task queue, whose thread it ends (the process's device is then done)
     try:
         dist.all_reduce(one, group=unresumed)
-        torch.npu.synchronize()
+        # The task queue reports the refusal when it reaches the call: a synchronisation issued before that
+        # returned clean in some CI runs, so poll (at most 5 s) until the queue's error comes back.
+        for _ in range(50):
+            torch.npu.synchronize()
+            time.sleep(0.1)
         results["unresumed"] = None
     except RuntimeError as error:
         results["unresumed"] = " ".join(str(error).split())[:200]
