@@ -93,16 +93,9 @@ def disagreement(table: list[list[int]], members: list[int]) -> tuple[int, list[
     (column, the ranks that are wrong (the minority; all when none is a majority), the ranks that agree), or
     None when every column agrees."""
     for column in range(len(table[0]) if table else 0):
-        values = [row[column] for row in table]
-        if len(set(values)) == 1:
-            continue
-        counts = {value: values.count(value) for value in set(values)}
-        value, most = max(counts.items(), key=lambda item: item[1])
-        if most * 2 > len(values):
-            wrong = [rank for rank, each in zip(members, values) if each != value]
-            right = [rank for rank, each in zip(members, values) if each == value]
-            return column, wrong, right
-        return column, list(members), []
+        if len({row[column] for row in table}) > 1:
+            source, wrong = majority(table, column, members)
+            return column, wrong, [rank for rank in members if rank not in wrong] if source is not None else []
     return None
 
 

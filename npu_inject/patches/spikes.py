@@ -65,13 +65,11 @@ def apply(ctx: PatchContext) -> None:
     window: deque[float] = deque(maxlen=options["window"])
     in_a_row: list[int] = []
     counts = {"spikes": 0}
-    norms: dict[int, float] = {}  # the step's norm (by the step's id), kept for after_step
 
     def before_optimizer(step: Step) -> None:
         value = step.grad_norm_value()
         if not math.isfinite(value):
             return  # finite_steps'
-        norms[id(step)] = value
         if len(window) < options["warmup"]:
             return
         why = spike_verdict(value, window, options["ratio"], options["threshold"])
@@ -79,11 +77,11 @@ def apply(ctx: PatchContext) -> None:
             step.skip_update(why)
 
     def after_step(step: Step) -> None:
-        value = norms.pop(id(step), None)
         spike = next((reason for reason in step.skipped if reason.startswith(REASON)), None)
         if spike is None:
-            if not step.skipped and not step.discarded and value is not None:
-                window.append(value)
+            # an applied step's norm (read once by the owner, before the optimizer) joins the window
+            if not step.skipped and not step.discarded and step.grad_norm is not None:
+                window.append(step.grad_norm_value())
                 in_a_row.clear()
             return
         in_a_row.append(step.number)
