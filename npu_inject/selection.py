@@ -187,6 +187,15 @@ def make(environ: os._Environ | dict | None = None) -> Selection:
         # Faults asked for and silently not caused would make a recovery test pass for nothing.
         raise ConfigError(f"{settings_mod.ENV_FAULTS} asks for faults but patch inject_faults is not enabled; "
                           f"add +inject_faults to {settings_mod.ENV_PATCHES} or unset {settings_mod.ENV_FAULTS}")
+    if not enabled.get("matmul_checks"):
+        # a variable that silently does nothing, a fault never caused: both stop at start-up
+        if settings.sdc_every is not None:
+            raise ConfigError(f"{settings_mod.ENV_SDC_EVERY} is set but patch matmul_checks is not enabled; add "
+                              f"+matmul_checks to {settings_mod.ENV_PATCHES} or unset {settings_mod.ENV_SDC_EVERY}")
+        wanted = [fault.item for fault in settings.faults if fault.kind == "sdc_matmul"]
+        if wanted:
+            raise ConfigError(f"{settings_mod.ENV_FAULTS}: {wanted[0]!r} corrupts a checked matmul, but patch "
+                              f"matmul_checks is not enabled; add +matmul_checks to {settings_mod.ENV_PATCHES}")
     installed = functools.lru_cache(maxsize=None)(installed_version)  # one lookup per distribution
     initial = {patch_id: initial_state(spec, enabled, settings.target, installed)
                for patch_id, spec in registry.patches.items()}

@@ -17,6 +17,7 @@ ENV_REGISTRY = "TORCHTITAN_NPU_REGISTRY"
 ENV_STRICT = "TORCHTITAN_NPU_STRICT"
 ENV_REPORT_DIR = "TORCHTITAN_NPU_REPORT_DIR"
 ENV_FAULTS = "TORCHTITAN_NPU_FAULTS"
+ENV_SDC_EVERY = "TORCHTITAN_NPU_SDC_EVERY"
 
 # Faults the inject_faults patch can cause, and what each does at its step.
 FAULT_KINDS = {
@@ -26,6 +27,9 @@ FAULT_KINDS = {
     "bitflip_param": "one exponent bit of the first element of the rank's first parameter flipped after step K's "
                      "update (the value halves or doubles: finite, silent), so its replica drifts from the others "
                      "(what patch replica_check catches)",
+    "sdc_matmul": "one finite wrong value in one matmul result of step K on the chosen ranks (the model's first "
+                  "checked linear, its forward product's first element x becomes 1024 x + 1024), as a chip that "
+                  "miscomputes leaves it (what patch matmul_checks catches; the step must be a checked one)",
     "kill": "the rank's process SIGKILLs itself as the step starts (a dead process: node loss, the OOM killer), "
             "in the launcher's first attempt only, so a restarted rank trains on",
     "hang": "the rank stops inside the step and never returns (a hung device or collective): its peers' next "
@@ -112,6 +116,7 @@ class Settings:
     strict: bool
     report_dir: str | None  # where the report goes until torchtitan's dump folder is known
     faults: tuple[Fault, ...] = ()  # what the inject_faults patch causes (TORCHTITAN_NPU_FAULTS)
+    sdc_every: int | None = None  # matmul_checks checks every N-th step (TORCHTITAN_NPU_SDC_EVERY; None: its option)
 
     @property
     def enabled(self) -> bool:
@@ -139,4 +144,16 @@ def load(environ: os._Environ | dict | None = None) -> Settings:
         strict=parse_flag(ENV_STRICT, env.get(ENV_STRICT)),
         report_dir=env.get(ENV_REPORT_DIR) or None,
         faults=parse_faults(env.get(ENV_FAULTS)),
+        sdc_every=parse_every(env.get(ENV_SDC_EVERY)),
     )
+
+
+def parse_every(raw: str | None) -> int | None:
+    """TORCHTITAN_NPU_SDC_EVERY as a step interval >= 1 (None when unset); raises ConfigError naming it."""
+    value = (raw or "").strip()
+    if not value:
+        return None
+    if not value.isdigit() or int(value) < 1:
+        raise ConfigError(f"{ENV_SDC_EVERY}={raw!r} is not valid; use a whole number of steps >= 1 (patch "
+                          "matmul_checks checks every that many steps), or unset it for the registry's option")
+    return int(value)

@@ -33,8 +33,9 @@ from typing import Any, Callable
 # Outermost first. restart_progress watches whole steps (a retry inside one is the same step); torchft_leave's
 # watchdog bounds the whole step, retries included; replica_check compares the replicas after everything inside
 # the step changed them (a bit inject_faults flips after the update among it); uce_repair and torchft_recover
-# repair what an attempt's device work met, outside the faults caused in it; finite_steps and spikes judge the
-# finished backward.
+# repair what an attempt's device work met, outside the faults caused in it; matmul_checks reads the attempt's
+# verdicts first (a corrupted attempt is retried before anything judges its gradients), then finite_steps and
+# spikes judge the finished backward.
 ORDER = (
     "restart_progress",
     "torchft_leave",
@@ -42,6 +43,7 @@ ORDER = (
     "uce_repair",
     "torchft_recover",
     "inject_faults",
+    "matmul_checks",
     "finite_steps",
     "spikes",
 )
@@ -99,6 +101,7 @@ class Step:
     update_began: bool = False  # an optimizer's step began in this attempt (torch.optim's step pre-hook)
     skipped: list[str] = field(default_factory=list)  # why this attempt's update was kept out
     discarded: bool = False  # a failure handler discarded the step
+    armed: set[str] = field(default_factory=set)  # faults inject_faults armed for this step (another patch causes them)
     _grad_norm_value: float | None = None
     _shadowed: list = field(default_factory=list)
     _exits: list[Callable[[], None]] = field(default_factory=list)

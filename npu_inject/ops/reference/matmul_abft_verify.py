@@ -1,0 +1,101 @@
+"""Reference for torch_npu's ``_npu_matmul_abft_verify``: CANN's V-ABFT check of a finished matmul, in torch.
+
+torch_npu 2.14.0 exposes CANN's ``aclnnMatmulAbftVerify`` (hicann/ops-ras, ``reliability/matmul_abft_verify``;
+Atlas A2 and A3) as ``torch.ops.npu._npu_matmul_abft_verify(a, b, c, checksum_weight, *, e_max=0.001)`` and
+calls it from ``torch_npu.matmul_checksum`` with an all-ones weight. It checks ``c`` = ``a`` @ ``b`` by row
+checksums over column segments of 256: for row i and segment j, the observed sum of c's row segment against
+``a[i] @ BE[:, j]`` (BE, b's segment summed with the weight, held in the input dtype as the kernel does), with
+a threshold the kernel adapts to each row's and segment's spread (the formula is the kernel's, read from
+``tile_threshold_robust.hpp`` and ``op_host/matmul_abft_verify_tiling.cpp``: ``e' = e_max * 6 *
+sqrt(K / 1024)``; no absolute floor). The result is one bit per (row, segment), 1 where the row is correct,
+packed eight rows to a byte, LSB first: ``comp_row[j * ceil(M/8) + i // 8]`` bit ``i % 8``; bits of rows past
+M are left 0 here (the kernel leaves them undefined). A NaN or inf fails the comparison, so it is flagged.
+
+Contract as the op's doc and meta state it: ``a`` [M, K] and ``b`` [K, N] of one dtype (bf16, fp16 or fp32),
+``c`` [M, N] fp32, ``checksum_weight`` [N] of a's dtype. The kernel sums c's segment without the weight (the
+weight is applied on b's side only), so only an all-ones weight is self-consistent; this follows the kernel.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+SEGMENT = 256  # columns per checksum segment (the kernel's splitN = ceil(N / 256))
+ROWS_PER_BYTE = 8
+ROUNDING_SIGMAS = 8.0  # the torch check's allowance for the rounding of a half-precision result
+
+
+def _segments(tensor_RN: torch.Tensor, fill: float) -> torch.Tensor:
+    """[R, N] as [R, S, SEGMENT], the last segment padded with ``fill``."""
+    rows, columns = tensor_RN.shape
+    count = math.ceil(columns / SEGMENT)
+    padded = torch.nn.functional.pad(tensor_RN, (0, count * SEGMENT - columns), value=fill)
+    return padded.view(rows, count, SEGMENT)
+
+
+def _npu_matmul_abft_verify(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor, checksum_weight: torch.Tensor,
+                            *, e_max: float = 0.001) -> torch.Tensor:
+    if a.dim() != 2 or b.dim() != 2 or c.dim() != 2 or a.shape[1] != b.shape[0] or c.shape != (a.shape[0], b.shape[1]):
+        raise ValueError(f"_npu_matmul_abft_verify: a [M, K], b [K, N], c [M, N] expected, got {tuple(a.shape)}, "
+                         f"{tuple(b.shape)}, {tuple(c.shape)}")
+    if a.dtype != b.dtype or a.dtype not in (torch.bfloat16, torch.float16, torch.float32) or c.dtype != torch.float32:
+        raise TypeError(f"_npu_matmul_abft_verify: a and b of one dtype (bf16, fp16, fp32) and c fp32 expected, got "
+                        f"{a.dtype}, {b.dtype}, {c.dtype}")
+    # the reference checksum uses BE as the cube unit reads it: in the input dtype
+    return pack_rows(abft_correct(a, b, c, checksum_weight, e_max, encoded_dtype=a.dtype, judge_nonfinite=True))
+
+
+def abft_correct(a, b, c, checksum_weight, e_max: float, encoded_dtype=torch.float32,
+                 output_unit: float = 0.0, judge_nonfinite: bool = False) -> torch.Tensor:
+    """V-ABFT's verdicts, [S, M] bool (True: correct). ``encoded_dtype``: the dtype BE is rounded to before the
+    reference product (the kernel: the input dtype). ``output_unit``: the unit roundoff of the dtype c was
+    rounded to, whose rounding the threshold then also admits (the kernel: 0, it takes c in fp32).
+    ``judge_nonfinite``: a row whose reference checksum is not finite (its operands are not) fails, as in the
+    kernel, instead of being left unjudged (True: correct)."""
+    rows, inner = a.shape
+    columns = b.shape[1]
+    b_KN = b.float() * checksum_weight.float()
+    encoded_KS = _segments(b_KN, 0.0).sum(-1)  # BE, accumulated in fp32
+    b_max_KS = _segments(b.float(), -math.inf).amax(-1)
+    b_min_KS = _segments(b.float(), math.inf).amin(-1)
+    widths_S = torch.full((encoded_KS.shape[1],), float(SEGMENT), device=a.device)
+    widths_S[-1] = columns - SEGMENT * (encoded_KS.shape[1] - 1)
+    a32_MK = a.float()
+    expected_MS = a32_MK @ encoded_KS.to(encoded_dtype).float()
+    c_MSW = _segments(c.float(), 0.0)
+    observed_MS = c_MSW.sum(-1)
+    a_mean_M1 = a32_MK.mean(1, keepdim=True)
+    a_spread_M1 = ((a32_MK.amax(1, keepdim=True) - a_mean_M1) * (a_mean_M1 - a32_MK.amin(1, keepdim=True))).abs().sqrt()
+    scaled_KS = encoded_KS / widths_S
+    b_mean_abs_S = scaled_KS.abs().sum(0)
+    b_mean_sq_S = (scaled_KS * scaled_KS).sum(0)
+    b_spread_S = ((b_max_KS - scaled_KS) * (scaled_KS - b_min_KS)).sum(0).abs().sqrt()
+    e_scaled = e_max * 6.0 * math.sqrt(inner / 1024.0)
+    threshold_MS = e_scaled * (
+        widths_S * a_mean_M1.abs() * b_mean_abs_S
+        + (16.0 * widths_S * b_spread_S.square() * a_mean_M1.square()
+           + 16.0 * widths_S.square() * b_mean_sq_S * a_spread_M1.square()).abs().sqrt()
+        + widths_S.sqrt() * b_spread_S * a_spread_M1)
+    if output_unit:
+        # each element of c is within output_unit |c| of the exact sum: the segment's sum within that times
+        # sum |c| for certain, and within ROUNDING_SIGMAS standard deviations of independent roundings
+        # (u |c| / sqrt(3) each) but for a chance below 1e-15
+        certain_MS = output_unit * c_MSW.abs().sum(-1)
+        likely_MS = ROUNDING_SIGMAS / math.sqrt(3.0) * output_unit * c_MSW.square().sum(-1).sqrt()
+        threshold_MS = threshold_MS + torch.minimum(certain_MS, likely_MS)
+    correct_MS = (observed_MS - expected_MS).abs() - threshold_MS <= 0
+    if judge_nonfinite:
+        return correct_MS.t()
+    return (correct_MS | ~torch.isfinite(expected_MS)).t()
+
+
+def pack_rows(correct_SM: torch.Tensor) -> torch.Tensor:
+    """[S, M] verdicts as the kernel's ``comp_row``: eight rows to a byte, LSB first, segment-major."""
+    segments, rows = correct_SM.shape
+    row_bytes = math.ceil(rows / ROWS_PER_BYTE)
+    padded_SR = torch.nn.functional.pad(correct_SM, (0, row_bytes * ROWS_PER_BYTE - rows), value=False)
+    weights = torch.tensor([1 << bit for bit in range(ROWS_PER_BYTE)], dtype=torch.int32, device=correct_SM.device)
+    packed = (padded_SR.view(segments, row_bytes, ROWS_PER_BYTE).to(torch.int32) * weights).sum(-1)
+    return packed.to(torch.uint8).reshape(-1)

@@ -1,0 +1,237 @@
+"""The model's matmuls checked on the device every N steps; a corrupted step is trained again, a failing NPU named.
+
+Off by default: ``TORCHTITAN_NPU_PATCHES=+matmul_checks``. A chip that now and then computes a wrong block of a
+matmul raises nothing and leaves finite values: the job trains on wrong gradients. On every ``every``-th step
+(registry option, default 10; ``TORCHTITAN_NPU_SDC_EVERY=N`` overrides it) each bias-free ``nn.Linear`` of the
+model (and each subclass that keeps its forward: torchtitan's ``Linear``) computes its result and both gradients through :class:`npu_inject.ops.matmul_check.CheckedLinear`, with
+the operators autograd uses, so the checks change no bit of the training, and checks the three products with
+CANN's V-ABFT row checksums: torch_npu's ``_npu_matmul_abft_verify`` kernel (Atlas A2 and A3, bf16 and fp32)
+where the device runs it, the same algorithm in torch elsewhere (the rehearsal, the simulated NPU, a SoC or
+dtype the kernel refuses: one fallback line at the first check). Eager, compiled (the checks trace with the
+block; torch.compile keeps a second graph for the checked steps) and pipelined jobs alike.
+
+The verdicts stay on the device until the step's gradients are clipped (:mod:`npu_inject.training_step`,
+before the optimizer): then each rank's four counts (failed forward and backward verdicts, forward and
+backward checks run) are gathered over the job's ranks in one ``all_gather`` and read once, so every rank
+reaches the same decision. A step with a failed verdict is not applied: the attempt stops before the
+optimizer and the step runs again on the same batches (the owner kept them), checked again. The rank whose
+products failed is named (host, device) in the log and the report; a rank that fails ``stop_after`` times
+(default 3) within ``window`` steps (default 100) stops every rank with one line: drain its device.
+
+Fails loudly rather than checking nothing: a checked step on which a rank's forward checks ran but none of
+its backward checks did, or on which no rank checked any matmul (every linear tensor-parallel or biased),
+stops the job; an ``sdc_matmul`` fault on a step that is not checked stops at start-up.
+
+What it does not check: tensor-parallel (DTensor) linears, linears with a bias, grouped MoE expert matmuls,
+attention's matmuls, and unchecked steps (a corruption there trains on; replica_check compares the replicas).
+
+Cost on a checked step: per product, the checksum work of about three reads of the product's operands and
+result (row statistics, segment sums, one matrix-vector product; CANN's kernel: about 8 a^2 flops for an a x a x
+a product) and a float32 copy of the first operand in the torch check; one ``all_gather`` of four floats and
+one device-to-host copy per step. Nothing on unchecked steps. ``npu-inject plan`` prints the share.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+from collections import deque
+
+from npu_inject import selection
+from npu_inject.errors import stop_run
+from npu_inject.patching import PatchContext
+from npu_inject.training_step import RETRY, Step, take_part
+
+TARGETS = (
+    "torchtitan.trainer:Trainer.train_step",
+)
+
+logger = logging.getLogger("npu_inject")
+
+
+class SilentCorruption(RuntimeError):
+    """A checked step's matmul result failed its checksum on some rank (the step is retried)."""
+
+
+def install(model_parts, ledger) -> tuple[int, list[str], object]:
+    """Route every bias-free ``nn.Linear`` of ``model_parts`` through the ledger's checked linear while it checks.
+
+    Returns (how many are checked, why the others are not, the function that puts the forwards back)."""
+    import torch
+
+    installed, skipped = [], []
+    for part in model_parts:
+        for name, module in part.named_modules():
+            # nn.Linear and its subclasses that keep its forward (torchtitan's configurable Linear); Float8Linear
+            # and the like compute otherwise
+            if not isinstance(module, torch.nn.Linear) or type(module).forward is not torch.nn.Linear.forward:
+                continue
+            weight = module.weight
+            mesh = getattr(weight, "device_mesh", None)
+            if module.bias is not None:
+                skipped.append(f"{name} (bias)")
+                continue
+            if mesh is not None and "tp" in (mesh.mesh_dim_names or ()):
+                skipped.append(f"{name} (tensor-parallel)")
+                continue
+            installed.append(module)
+            module.forward = _checked_forward(module, ledger, corruptible=len(installed) == 1)
+
+    def restore() -> None:
+        for module in installed:
+            vars(module).pop("forward", None)
+
+    return len(installed), skipped, restore
+
+
+def _checked_forward(module, ledger, corruptible: bool):
+    from npu_inject.ops.matmul_check import checkable
+
+    original = type(module).forward
+
+    def forward(input):
+        weight = module.weight  # FSDP's unsharded parameter during the forward
+        if ledger.checking and checkable(input, weight, None):
+            return ledger.linear(input, weight, corruptible)
+        return original(module, input)
+
+    return forward
+
+
+def probe_device_kernel(device) -> str | None:
+    """None when torch_npu's ``_npu_matmul_abft_verify`` runs on ``device`` and answers right; else why not."""
+    import torch
+
+    if device.type != "npu":
+        return f"the device is {device.type}, not an NPU"
+    try:
+        kernel = torch.ops.npu._npu_matmul_abft_verify
+        a = torch.ones(8, 16, dtype=torch.bfloat16, device=device)
+        c = torch.full((8, 16), 16.0, dtype=torch.float32, device=device)
+        comp_row = kernel(a, a.new_ones(16, 16), c, a.new_ones(16), e_max=0.001)
+        answer = comp_row.cpu().tolist()
+    except (AttributeError, RuntimeError, TypeError) as error:
+        return f"torch_npu's _npu_matmul_abft_verify is not usable here ({str(error).splitlines()[0][:200]})"
+    if answer != [255]:
+        return f"torch_npu's _npu_matmul_abft_verify called a correct product wrong (comp_row {answer})"
+    return None
+
+
+def apply(ctx: PatchContext) -> None:
+    options = ctx.options  # registry.json's option_rules keep each >= 1
+    settings = selection.current().settings
+    every = settings.sdc_every or options["every"]
+    source = "TORCHTITAN_NPU_SDC_EVERY" if settings.sdc_every else "the registry option every"
+    unchecked = [fault.item for fault in settings.faults if fault.kind == "sdc_matmul" and fault.step % every]
+    if unchecked:
+        stop_run(f"npu_inject matmul_checks: TORCHTITAN_NPU_FAULTS: {unchecked[0]!r} is not a checked step (every "
+                 f"{every}, from {source}), so the fault would never be caused; use a multiple of {every}")
+    state: dict = {"ledger": None, "where": None, "said": False, "verified": None, "first": True}
+    strikes: dict[int, deque] = {}  # rank: the steps its products failed on
+
+    def start(trainer) -> None:
+        from npu_inject.ops.matmul_check import Ledger
+
+        ledger = state["ledger"] = Ledger(trainer.device)
+        count, skipped, restore = install(trainer.model_parts, ledger)
+        ctx.add_cleanup(restore)
+        why_not = probe_device_kernel(ledger.device)
+        ledger.device_kernel = why_not is None
+        if why_not is not None:
+            ctx.fallback(f"products checked by the torch check (V-ABFT in torch), not on the device's kernel: {why_not}")
+        ctx.note(f"every {every} steps ({source}): {count} linears checked"
+                 + (f"; not checked: {', '.join(skipped[:8])}{' ...' if len(skipped) > 8 else ''}" if skipped else ""))
+
+    def before_step(step: Step) -> None:
+        if state["ledger"] is None:
+            start(step.trainer)
+        ledger = state["ledger"]
+        # a pipeline stage's first step infers its shapes by a forward and backward of uninitialised buffers
+        # (torch.distributed.pipelining): products of garbage, overflowing, that no check should judge
+        inferring = state["first"] and getattr(step.trainer.parallel_dims, "pp_enabled", False)
+        if inferring and step.number % every == 0:
+            ctx.note(f"step {step.number} not checked: the pipeline stages infer their shapes in this process's first "
+                     "step from uninitialised buffers")
+        state["first"] = False
+        ledger.checking = step.number % every == 0 and not inferring
+        ledger.reset()
+        if "sdc_matmul" in step.armed:
+            ledger.corruption.fill_(1.0)
+        step.on_exit(lambda: ledger.corruption.fill_(0.0))
+
+    def before_optimizer(step: Step) -> None:
+        ledger = state["ledger"]
+        if ledger is None or not ledger.checking:
+            return
+        import torch
+        import torch.distributed as dist
+
+        counts = ledger.local_counts()
+        distributed = dist.is_available() and dist.is_initialized()
+        size = dist.get_world_size() if distributed else 1
+        if size > 1:
+            gathered = torch.empty(size * 4, dtype=counts.dtype, device=counts.device)
+            dist.all_gather_into_tensor(gathered, counts)
+        else:
+            gathered = counts
+        table = gathered.view(size, 4).cpu().tolist()  # the one host read of the step's verdicts
+        ledger.corruption.fill_(0.0)
+        if not any(row[2] for row in table):
+            stop_run(f"npu_inject matmul_checks: step {step.number} was to be checked, but no rank checked any matmul "
+                     "(the model's linears are tensor-parallel or have a bias, which the check does not cover): "
+                     "switch the check off (TORCHTITAN_NPU_PATCHES=-matmul_checks)")
+        lost = [rank for rank, row in enumerate(table) if row[2] and not row[3]]
+        if lost:
+            stop_run(f"npu_inject matmul_checks: step {step.number}: rank {lost[0]}'s forward products were checked "
+                     "but none of its backward products' verdicts arrived (a pipeline schedule that computes weight "
+                     "gradients apart from the backward?): the backward is unchecked; switch the check off "
+                     "(TORCHTITAN_NPU_PATCHES=-matmul_checks) for this schedule")
+        failed = {rank: row for rank, row in enumerate(table) if row[0] or row[1]}
+        if not failed:
+            if not state["said"]:
+                state["said"] = True
+                ctx.note(f"step {step.number}: {int(sum(row[2] for row in table))} forward and "
+                         f"{int(sum(row[3] for row in table))} backward checked linears on {size} rank(s), all correct")
+            state["verified"] = step.number
+            return
+        if state["where"] is None and size > 1:
+            where = [None] * size
+            dist.all_gather_object(where, (socket.gethostname(), str(ledger.device)))
+            state["where"] = where
+        where = state["where"] or [(socket.gethostname(), str(ledger.device))]
+
+        def who(rank: int) -> str:
+            return f"rank {rank} ({where[rank][0]}, {where[rank][1]})"
+
+        parts = []
+        for rank, row in failed.items():
+            seen = strikes.setdefault(rank, deque())
+            seen.append(step.number)
+            while seen and seen[0] <= step.number - options["window"]:
+                seen.popleft()
+            parts.append(f"{who(rank)}: {int(row[0])} forward and {int(row[1])} backward verdicts failed "
+                         f"(strike {len(seen)} of {options['stop_after']} in {options['window']} steps)")
+        line = f"step {step.number} attempt {step.attempt + 1}: matmul results failed their checksums on " + "; ".join(parts)
+        drained = [rank for rank in failed if len(strikes[rank]) >= options["stop_after"]]
+        if drained:
+            stop_run(f"npu_inject matmul_checks: {line}: {', '.join(map(who, drained))} failed {options['stop_after']} "
+                     f"times in {options['window']} steps (stop_after, window): drain its device; the weights are "
+                     f"those of step {step.number - 1}, the last update (verified at step {state['verified']})")
+        raise SilentCorruption(line)
+
+    def on_failure(step: Step, error: Exception):
+        if not isinstance(error, SilentCorruption):
+            return None
+        line = f"{error}: the update was not applied; the step runs again on the same batches"
+
+        def retry():
+            ctx.note(line)
+            if int(os.environ.get("RANK", "0")) == 0:  # the same table, so the same line, on every rank
+                logger.warning("npu_inject matmul_checks: %s", line)
+            state["ledger"].reset()
+            return RETRY
+
+        return retry
+
+    take_part(ctx, before_step=before_step, before_optimizer=before_optimizer, on_failure=on_failure)
