@@ -207,7 +207,8 @@ def test_fallbacks_and_notes_recorded_inside_a_compiled_function_cause_no_recomp
 
 
 @pytest.mark.parametrize("faults, message", [
-    ("nan_los@3", "unknown fault 'nan_los' (known: nan_loss, loss_spike, bitflip_param, kill, hang, kill_in_forward, hang_in_forward, uce_in_forward)"),
+    ("nan_los@3", "unknown fault 'nan_los' (known: nan_loss, loss_spike, bitflip_param, sdc_matmul, kill, hang, kill_in_forward, "
+     "hang_in_forward, uce_in_forward)"),
     ("nan_loss@0", "the step must be a training step >= 1"),
     ("nan_loss", "the step must be a training step >= 1"),
     ("nan_loss@3:rnk=1", "'rnk=1' is not rank=R"),
@@ -300,3 +301,28 @@ def test_patches_restored_out_of_order_leave_nothing_of_either_behind(tmp_path, 
     assert stacked_mod.Base().step() == ["base", "a again"] and Later().step() == ["later", "a again"]
     contexts["a"].restore()
     sys.modules.pop("stacked_mod")
+
+
+@pytest.mark.parametrize("raw", ["0", "ten", "-3", "2.5"])
+def test_a_bad_check_interval_is_one_configuration_error_naming_it(raw):
+    from npu_inject import settings
+
+    with pytest.raises(ConfigError, match=f"TORCHTITAN_NPU_SDC_EVERY={raw!r} is not valid; use a whole number"):
+        settings.load(clean_env(TORCHTITAN_NPU="cpu", TORCHTITAN_NPU_SDC_EVERY=raw))
+    assert settings.load(clean_env(TORCHTITAN_NPU="cpu", TORCHTITAN_NPU_SDC_EVERY="25")).sdc_every == 25
+
+
+@pytest.mark.parametrize("variables, message", [
+    ({"TORCHTITAN_NPU_SDC_EVERY": "5"}, "TORCHTITAN_NPU_SDC_EVERY is set but patch matmul_checks is not enabled"),
+    ({"TORCHTITAN_NPU_FAULTS": "sdc_matmul@5", "TORCHTITAN_NPU_PATCHES": "+inject_faults"},
+     "'sdc_matmul@5' corrupts a checked matmul, but patch matmul_checks is not enabled"),
+])
+def test_what_only_matmul_checks_reads_stops_at_start_up_without_it(variables, message):
+    """A variable that silently does nothing, a fault never caused: both are configuration errors."""
+    from npu_inject import selection
+
+    env = clean_env(TORCHTITAN_NPU="cpu", **variables)
+    with pytest.raises(ConfigError, match=message):
+        selection.make(env)
+    patches = variables.get("TORCHTITAN_NPU_PATCHES", "") + ",+matmul_checks"
+    assert selection.make({**env, "TORCHTITAN_NPU_PATCHES": patches.lstrip(",")}).enabled["matmul_checks"]

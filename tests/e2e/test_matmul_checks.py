@@ -1,0 +1,85 @@
+"""A matmul result corrupted on purpose (inject_faults' sdc_matmul) is caught by matmul_checks and its step retrained.
+
+CPU rehearsal, 2 ranks, upstream torchtitan llama3 debug, fixed seed, every step checked
+(TORCHTITAN_NPU_SDC_EVERY=1). Rank 1's first checked linear returns one element x as 1024 x + 1024 in step 3;
+the step's verdicts name rank 1, the update is not applied, and the step runs again on the same batches. The
+reference is a run without the checks: every step's loss must be its loss, to the printed digit (the checks
+change no bit, and the retried step is the step that never had the fault). The same rank caught at steps 2 and
+3 with stop_after 2 stops every rank at step 3 with one line: drain rank 1's device.
+
+FSDP in CI; pipeline degree 2 and --compile.enable under -m e2e_long.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+
+import pytest
+
+from testkit import clean_env, parse_losses, torchrun
+
+ARGS = ["--module", "llama3", "--config", "llama3_debugmodel", "--training.seq_len", "128",
+        "--training.local_batch_size", "1", "--validator.no-enable", "--debug.seed", "42", "--metrics.log_freq", "1",
+        "--training.steps", "5"]
+PIPELINE = ["--parallelism.pipeline_parallel_degree", "2", "--parallelism.pipeline_parallel_schedule", "1F1B",
+            "--training.local_batch_size", "2", "--parallelism.pipeline_parallel_microbatch_size", "1"]
+COMPILE = ["--compile.enable", "--compile.backend", "aot_eager"]
+
+
+def _checked(tmp_path, name: str, faults: str, extra=(), stop_after: int = 3):
+    registry = tmp_path / f"{name}.json"
+    registry.write_text(json.dumps({"patches": {"matmul_checks": {"options": {"stop_after": stop_after}}}}))
+    env = clean_env(TORCHTITAN_NPU="cpu", TORCHTITAN_NPU_PATCHES="+inject_faults,+matmul_checks",
+                    TORCHTITAN_NPU_SDC_EVERY="1", TORCHTITAN_NPU_FAULTS=faults, TORCHTITAN_NPU_REGISTRY=str(registry))
+    return torchrun([*ARGS, *extra, "--dump_folder", str(tmp_path / name)], env)
+
+
+def _losses(log: str) -> dict[int, float]:
+    """step -> loss; a pipeline's first stage logs -1 for the loss it does not see"""
+    return parse_losses(re.sub(r"loss:\s*-1\.00000", "", log))
+
+
+def _unchecked(tmp_path, extra=()):
+    run = torchrun([*ARGS, *extra, "--dump_folder", str(tmp_path / "unchecked")], clean_env(TORCHTITAN_NPU="cpu"))
+    assert run.returncode == 0, run.stdout[-4000:]
+    return _losses(run.stdout)
+
+
+def _caught_and_retrained(tmp_path, extra=()):
+    checked = _checked(tmp_path, "checked", "sdc_matmul@3:rank=1", extra)
+    assert checked.returncode == 0, checked.stdout[-4000:]
+    losses, reference = _losses(checked.stdout), _unchecked(tmp_path, extra)
+    print(f"checked, corrupted at step 3 {losses}\nunchecked, never corrupted {reference}")
+    assert losses == reference and len(losses) == 5
+    line = "npu_inject matmul_checks: step 3 attempt 1: matmul results failed their checksums on rank 1 ("
+    assert line in checked.stdout and "step 3 attempt 2" not in checked.stdout
+    for rank in (0, 1):
+        report = json.loads((tmp_path / "checked" / "npu_inject" / f"report_rank{rank}.json").read_text())
+        notes = report["patches"]["matmul_checks"]["notes"]
+        assert any(note.startswith("step 3 attempt 1: matmul results failed their checksums on rank 1 (")
+                   and note.endswith("the step runs again on the same batches") for note in notes), notes
+        assert not [note for note in notes if "failed their checksums" in note and not note.startswith("step 3 ")]
+
+
+def test_a_corrupted_matmul_is_caught_and_its_step_retrained_to_the_losses_of_a_run_without_it(tmp_path):
+    _caught_and_retrained(tmp_path)
+
+
+def test_a_rank_caught_stop_after_times_stops_every_rank_naming_it(tmp_path):
+    run = _checked(tmp_path, "drained", "sdc_matmul@2:rank=1,sdc_matmul@3:rank=1", stop_after=2)
+    assert run.returncode != 0
+    assert "step 3 attempt 1: matmul results failed their checksums on rank 1 (" in run.stdout
+    assert "rank 1 (" in run.stdout and "failed 2 times in 100 steps (stop_after, window): drain its device; the " \
+        "weights are those of step 2, the last update (verified at step 2)" in run.stdout, run.stdout[-3000:]
+    assert set(parse_losses(run.stdout)) == {1, 2}
+
+
+@pytest.mark.e2e_long
+def test_a_corrupted_matmul_is_caught_and_retrained_in_a_pipelined_job(tmp_path):
+    _caught_and_retrained(tmp_path, PIPELINE)
+
+
+@pytest.mark.e2e_long
+def test_a_corrupted_matmul_is_caught_and_retrained_in_a_compiled_job(tmp_path):
+    _caught_and_retrained(tmp_path, COMPILE)
