@@ -102,11 +102,13 @@ def product_failures(a_MK: torch.Tensor, b_KN: torch.Tensor, c_MN: torch.Tensor,
     return (~correct).sum(dtype=torch.float32)
 
 
-def corrupt(product: torch.Tensor, corruption: torch.Tensor) -> None:
-    """Where ``corruption`` is 1, one finite wrong value in ``product``, in place: its first element x becomes
-    1024 x + 1024, far beyond rounding; where it is 0, nothing changes (bit for bit, infinities too)."""
-    first = product.view(-1)[:1]
-    first.copy_(torch.where(corruption > 0, first * CORRUPTION_SCALE + CORRUPTION_SCALE, first))
+def corrupt(product: torch.Tensor, corruption: torch.Tensor) -> torch.Tensor:
+    """``product`` where ``corruption`` is 0 (bit for bit, infinities too); where it is 1, with one finite wrong
+    value: its first element x becomes 1024 x + 1024, far beyond rounding. A new tensor: selective activation
+    checkpointing may keep the product itself for the backward, which an in-place write would corrupt too."""
+    flat = product.reshape(-1)
+    first = torch.where(corruption > 0, flat[:1] * CORRUPTION_SCALE + CORRUPTION_SCALE, flat[:1])
+    return torch.cat([first, flat[1:]]).view(product.shape)
 
 
 class CheckedLinear(torch.autograd.Function):
@@ -117,7 +119,7 @@ class CheckedLinear(torch.autograd.Function):
     def forward(ctx, input_MK, weight_NK, sink, corruption, device_kernel: bool):
         output = torch.nn.functional.linear(input_MK, weight_NK)
         if corruption is not None:
-            corrupt(output, corruption)
+            output = corrupt(output, corruption)
         features = weight_NK.shape[1]
         failures = product_failures(input_MK.reshape(-1, features), weight_NK.t(),
                                     output.reshape(-1, weight_NK.shape[0]), device_kernel)

@@ -338,3 +338,30 @@ def simulate(traces: dict[int, object], profile, eff, layout: Layout, windows: d
     timing.exposed_comm_s = max(0.0, timing.step_s - timing.compute_s - timing.bubble_s - timing.overhead_s)
     return timing
 
+
+
+# patch matmul_checks on a checked step: per checked linear product (M x K by K x N), what the V-ABFT kernel and
+# its inputs read and write beyond the product itself: a and b once (b twice: its segment sums and its spread),
+# c once in its dtype, cast to fp32 (written and read: the kernel takes c in fp32); the statistics are vectors.
+# Memory-bound; five launches per product (cast, kernel, the verdict's reduction). EST: no NPU measured it.
+CHECK_LAUNCHES = 5
+
+
+def matmul_check_seconds(op, profile, eff) -> float:
+    rows, columns, inner = op.shape
+    size = op.bytes // max(rows * inner + inner * columns + rows * columns, 1) or 2
+    moved = size * (rows * inner + 2 * inner * columns + rows * columns) + 8 * rows * columns
+    return moved / (profile.memory_bandwidth_gbps * 1e9 * eff["memory"]) + CHECK_LAUNCHES * eff["kernel_us"] * 1e-6
+
+
+def matmul_check_share(traces: dict[int, object], profile, eff) -> float:
+    """The checks' device time over the checked products' own (aten.mm of the forward and backward), the largest
+    over the pipeline ranks: a checked step adds this share of the plan's matmul time."""
+    shares = []
+    for trace in traces.values():
+        products = [op for op in trace.ops if op.name == "aten.mm" and op.phase in ("forward", "backward")
+                    and len(op.shape) == 3]
+        own = sum(op_seconds(op, profile, eff) for op in products)
+        if own:
+            shares.append(sum(matmul_check_seconds(op, profile, eff) for op in products) / own)
+    return max(shares, default=0.0)

@@ -249,6 +249,7 @@ def _evaluate(recorded: dict[int, Any], *, profile, efficiency, world_size, expa
     batch_degree = world_size // (pp * info["parallel"]["cp"] * info["parallel"]["tp"])
     global_batch = info["global_batch_size"] if info["global_batch_size"] > 0 else info["local_batch_size"] * batch_degree
     info["peak_flops"] = profile.peak("bf16")
+    info["matmul_check_share"] = costmodel.matmul_check_share(traces, profile, efficiency)
     if info.get("replica_groups", 1) > 1:
         info["torchft"] = _cross_group_allreduce(info["replica_groups"], roles, profile, efficiency)
     return JobPlan(list(argv), profile.name, world_size, info["parallel"], roles, timing,

@@ -109,6 +109,7 @@ def time_lines(plan) -> list[str]:
         f"throughput {plan.tokens_per_s_per_npu:,.0f} tokens/s per NPU, MFU {plan.mfu:.1%} "
         f"(of {plan.info['peak_flops'] / 1e12:.1f} TFLOPS BF16 dense)",
     ]
+    lines.extend(matmul_check_lines(plan))
     ft = plan.info.get("torchft")
     if ft:
         groups = ft["replica_groups"]
@@ -118,6 +119,25 @@ def time_lines(plan) -> list[str]:
             f"scale-out links, {ft['allreduce_s']:.3f} s when nothing hides it (not in the time above: the "
             f"step is {timing.step_s + ft['allreduce_s']:.3f} s at worst)")
     return lines
+
+
+def matmul_check_lines(plan) -> list[str]:
+    """What patch matmul_checks would add (off by default): per checked step, and over every ``every`` steps."""
+    share = plan.info.get("matmul_check_share")
+    if not share:
+        return []
+    import os
+
+    from npu_inject import registry
+
+    every = int(os.environ.get("TORCHTITAN_NPU_SDC_EVERY", "") or registry.load().patches["matmul_checks"].options["every"])
+    matmul_s = sum(seconds for (kind, _), seconds in plan.timing.by_class.items() if kind == "matmul")
+    added = share * matmul_s
+    step = plan.timing.step_s
+    return [f"  matmul_checks (+matmul_checks; off by default): a checked step adds {added:.3f} s ({added / step:.1%} of "
+            f"the step: the V-ABFT check reads each linear product's operands and result once more, memory-bound, "
+            f"{share:.0%} of the matmuls' time; EST, not measured on an NPU); checking every {every} steps: "
+            f"{added / every / step:.2%}"]
 
 
 def header(plan, profile, argv: list[str]) -> str:
