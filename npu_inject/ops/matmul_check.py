@@ -35,15 +35,16 @@ CORRUPTION_SCALE = 1024.0  # sdc_matmul: the element x becomes 1024 x + 1024
 
 
 def failed_verdicts(comp_row: torch.Tensor, rows: int) -> torch.Tensor:
-    """The number of (row, segment) verdicts of ``comp_row`` that say wrong, as a float32 0-dim tensor (bits of
-    rows past ``rows`` are undefined and masked, as torch_npu does)."""
+    """How many bytes of ``comp_row`` (eight rows of one segment each) hold a verdict that says wrong, as a float32
+    0-dim tensor; bits of rows past ``rows`` are undefined and masked, as torch_npu does. Bytes, not bits:
+    counting bits needs a table of bit weights, which would be copied from the host (torch_npu synchronises
+    after such a copy) or made by operators not every SoC runs."""
     row_bytes = (rows + 7) // 8
     bits = comp_row.view(-1, row_bytes).to(torch.int32)
-    masks = torch.full((row_bytes,), 255, dtype=torch.int32, device=comp_row.device)
-    if rows % 8:
-        masks[-1] = (1 << (rows % 8)) - 1
-    wrong = (bits & masks) ^ masks  # the wrong rows' bits
-    return sum(((wrong >> bit) & 1).sum() for bit in range(8)).to(torch.float32)
+    last = (1 << (rows % 8)) - 1 if rows % 8 else 255
+    position = torch.arange(row_bytes, device=comp_row.device)
+    masks = torch.where(position == row_bytes - 1, last, 255).to(torch.int32)
+    return ((bits & masks) != masks).sum(dtype=torch.float32)
 
 
 class Ledger:

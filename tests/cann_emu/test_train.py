@@ -52,12 +52,13 @@ LOSS_RTOL = {"gpt_oss": 3e-4}
 PARAMS = [pytest.param(name, marks=[pytest.mark.cann_emu_long] if name in LONG else []) for name in sorted(MODELS)]
 
 
-def emulated(args: list[str], dump, timeout: int = 900, tail=()) -> tuple[subprocess.CompletedProcess, list[dict]]:
+def emulated(args: list[str], dump, timeout: int = 900, tail=(),
+             extra_env: dict[str, str] | None = None) -> tuple[subprocess.CompletedProcess, list[dict]]:
     """Two ranks on the emulation; returns the run and each rank's per-step counts (CANN_EMU_COUNTS),
     written where ``npu-inject audit <dump>`` finds them (torchrun's agent, without a rank, writes none).
-    ``tail``: a torchtitan subcommand, which must come last."""
+    ``tail``: a torchtitan subcommand, which must come last; ``extra_env``: the runtime's variables."""
     (dump / "npu_inject").mkdir(parents=True)
-    env = cann_env(clean_env(TORCHTITAN_NPU="1", HF_HUB_OFFLINE="1", OMP_NUM_THREADS="1"),
+    env = cann_env(clean_env(TORCHTITAN_NPU="1", HF_HUB_OFFLINE="1", OMP_NUM_THREADS="1", **(extra_env or {})),
                    counts=str(dump / "npu_inject" / "cann_emu_rank{rank}.json"))
     command = [str(PYTHON), "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
                "-m", "torchtitan.train", *args, "--dump-folder", str(dump), *tail]

@@ -39,7 +39,7 @@ def test_the_reference_packs_verdicts_eight_rows_to_a_byte_segment_major_lsb_fir
     assert comp_row.dtype == torch.uint8 and comp_row.shape == (3 * 2,)
     valid_high = (1 << (13 - 8)) - 1  # rows 8..12 in each segment's second byte
     assert comp_row.tolist() == [255, valid_high, 255 & ~(1 << 3), valid_high, 255, valid_high & ~(1 << 2)]
-    assert failed_verdicts(comp_row, 13).item() == 2
+    assert failed_verdicts(comp_row, 13).item() == 2  # (row 3, segment 1) and (row 10, segment 2)
 
 
 def test_failed_verdicts_ignores_the_bits_past_the_last_row():
@@ -47,6 +47,8 @@ def test_failed_verdicts_ignores_the_bits_past_the_last_row():
     comp_row = torch.tensor([255, 0b11100000 | 0b00001111], dtype=torch.uint8)  # rows 12..15 garbage
     assert failed_verdicts(comp_row, 12).item() == 0
     assert failed_verdicts(torch.tensor([255, 0b11100111], dtype=torch.uint8), 12).item() == 1
+    # counted by bytes (eight rows of one segment): two wrong rows in one byte count once
+    assert failed_verdicts(torch.tensor([0b11110011, 255, 255, 0], dtype=torch.uint8), 16).item() == 2
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])

@@ -274,3 +274,53 @@ CANN_API aclnnStatus aclnnSwiGluGradGetWorkspaceSize(const aclTensor* dy, const 
     }, ws, ex);
 }
 CANN_EMU_LAUNCH(aclnnSwiGluGrad)
+
+// ---- aclnnMatmulAbftVerify: V-ABFT check of a finished matmul c = a @ b (hicann/ops-ras, Atlas A2/A3) -----------
+// As the kernel computes it (reliability/matmul_abft_verify: matmul_abft_verify.h, tile_threshold_robust.hpp,
+// op_host/matmul_abft_verify_tiling.cpp), the same arithmetic as npu_inject/ops/reference/matmul_abft_verify.py:
+// per row i and column segment j of 256, observed sum_n c[i, n] against a[i] @ BE[:, j], BE = b's segment
+// weighted and summed in fp32 then held in the input dtype; threshold e' (n |muA| bMeanAbs + sqrt|16 n bVar^2
+// muA^2 + 16 n^2 bMeanSq sigmaA^2| + sqrt(n) bVar sigmaA), e' = eMax 6 sqrt(K / 1024); a non-finite difference
+// fails. compRow: bit i % 8 of byte j * ceil(M/8) + i / 8 is 1 where row i of segment j is correct.
+CANN_API aclnnStatus aclnnMatmulAbftVerifyGetWorkspaceSize(const aclTensor* a, const aclTensor* b, const aclTensor* c,
+                                                           const aclTensor* weight, double eMax,
+                                                           const aclTensor* compRow, uint64_t* ws, aclOpExecutor** ex) {
+    const char* op = "aclnnMatmulAbftVerify";
+    if (int rc = check_args(op, {{"a", a}, {"b", b}, {"c", c}, {"checksumWeight", weight}, {"compRow", compRow}}))
+        return rc;
+    if (a->view.size() != 2 || b->view.size() != 2 || c->view.size() != 2 || a->view[1] != b->view[0] ||
+        c->view[0] != a->view[0] || c->view[1] != b->view[1] || weight->view.size() != 1 || weight->view[0] != b->view[1])
+        return invalid(op, "a [M, K], b [K, N], c [M, N] and checksumWeight [N] expected");
+    if (eMax < 0) return invalid(op, "eMax must be >= 0");
+    return aten_executor(op, [a_ = hold(a), b_ = hold(b), c_ = hold(c), w_ = hold(weight), eMax, o = hold(compRow)] {
+        const int64_t seg = 256, rows = view(a_).size(0), inner = view(a_).size(1), cols = view(b_).size(1);
+        const int64_t segments = (cols + seg - 1) / seg, pad = segments * seg - cols;
+        auto segmented = [&](const at::Tensor& t, double fill) {  // [R, N] -> [R, S, 256]
+            return at::constant_pad_nd(t, {0, pad}, fill).view({t.size(0), segments, seg});
+        };
+        at::Tensor bf = view(b_).to(at::kFloat);
+        at::Tensor encoded = segmented(bf * view(w_).to(at::kFloat), 0.0).sum(-1);  // [K, S]
+        at::Tensor bmax = segmented(bf, -INFINITY).amax(-1), bmin = segmented(bf, INFINITY).amin(-1);
+        at::Tensor widths = at::full({segments}, (double)seg, bf.options());
+        widths.index_put_({segments - 1}, (double)(cols - seg * (segments - 1)));
+        at::Tensor af = view(a_).to(at::kFloat);
+        at::Tensor expected = at::matmul(af, encoded.to(view(a_).scalar_type()).to(at::kFloat));  // [M, S]
+        at::Tensor observed = segmented(view(c_).to(at::kFloat), 0.0).sum(-1);
+        at::Tensor mean = af.mean(1, true);
+        at::Tensor spread = ((af.amax(1, true) - mean) * (mean - af.amin(1, true))).abs().sqrt();
+        at::Tensor scaled = encoded / widths;
+        at::Tensor mean_abs = scaled.abs().sum(0), mean_sq = (scaled * scaled).sum(0);
+        at::Tensor bvar = ((bmax - scaled) * (scaled - bmin)).sum(0).abs().sqrt();
+        double scale = eMax * 6.0 * std::sqrt((double)inner / 1024.0);
+        at::Tensor threshold = scale * (widths * mean.abs() * mean_abs +
+            (16.0 * widths * bvar.square() * mean.square() + 16.0 * widths.square() * mean_sq * spread.square()).abs().sqrt() +
+            widths.sqrt() * bvar * spread);
+        at::Tensor correct = ((observed - expected).abs() - threshold).le(0).t();  // [S, M]
+        const int64_t row_bytes = (rows + 7) / 8;
+        at::Tensor padded = at::constant_pad_nd(correct.to(at::kInt), {0, row_bytes * 8 - rows}, 0)
+                                .view({segments, row_bytes, 8});
+        at::Tensor bits = at::pow(2, at::arange(8, padded.options()));
+        view(o).copy_((padded * bits).sum(-1).reshape({-1}).to(at::kByte));
+    }, ws, ex);
+}
+CANN_EMU_LAUNCH(aclnnMatmulAbftVerify)
