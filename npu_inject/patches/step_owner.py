@@ -4,7 +4,7 @@ Module ``torchtitan.trainer``: ``Trainer.train_step`` (and the overrides of torc
 trainer's) and ``torchtitan.distributed.utils.clip_grad_norm_``, which ``train_step`` calls after the backward,
 are wrapped once, by :class:`npu_inject.training_step.StepOwner`; the phases, their order and what a
 participant may do are stated there. On by default; the step patches (finite_steps, inject_faults, uce_repair,
-restart_progress, torchft_leave, torchft_recover, loss_spikes) require it, so switching it off alone is refused
+restart_progress, torchft_leave, torchft_recover, spikes, replica_check, matmul_checks) require it, so switching it off alone is refused
 at start-up, naming them. A torch.optim step pre-hook records whether the step's update began (a failure after
 that may have left part of it in the weights).
 

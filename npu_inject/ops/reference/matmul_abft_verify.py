@@ -31,6 +31,8 @@ def _segments(tensor_RN: torch.Tensor, fill: float) -> torch.Tensor:
     """[R, N] as [R, S, SEGMENT], the last segment padded with ``fill``."""
     rows, columns = tensor_RN.shape
     count = math.ceil(columns / SEGMENT)
+    if columns % SEGMENT == 0:
+        return tensor_RN.reshape(rows, count, SEGMENT)
     padded = torch.nn.functional.pad(tensor_RN, (0, count * SEGMENT - columns), value=fill)
     return padded.view(rows, count, SEGMENT)
 
@@ -56,14 +58,19 @@ def abft_correct(a, b, c, checksum_weight, e_max: float, encoded_dtype=torch.flo
     kernel, instead of being left unjudged (True: correct)."""
     rows, inner = a.shape
     columns = b.shape[1]
-    b_KN = b.float() * checksum_weight.float()
-    encoded_KS = _segments(b_KN, 0.0).sum(-1)  # BE, accumulated in fp32
-    b_max_KS = _segments(b.float(), -math.inf).amax(-1)
-    b_min_KS = _segments(b.float(), math.inf).amin(-1)
-    widths_S = torch.full((encoded_KS.shape[1],), float(SEGMENT), device=a.device)
-    widths_S[-1] = columns - SEGMENT * (encoded_KS.shape[1] - 1)
+    b32_KN = b.float()
+    # BE, accumulated in fp32; ``checksum_weight`` None: all ones (the torch check: one launch fewer)
+    encoded_KS = _segments(b32_KN if checksum_weight is None else b32_KN * checksum_weight.float(), 0.0).sum(-1)
+    b_max_KS = _segments(b32_KN, -math.inf).amax(-1)
+    b_min_KS = _segments(b32_KN, math.inf).amin(-1)
+    if columns % SEGMENT:
+        widths_S = torch.full((encoded_KS.shape[1],), float(SEGMENT), device=a.device)
+        widths_S[-1] = columns - SEGMENT * (encoded_KS.shape[1] - 1)
+    else:
+        widths_S = torch.tensor(float(SEGMENT))  # a 0-dim CPU tensor: a scalar to the device's operators
     a32_MK = a.float()
-    expected_MS = a32_MK @ encoded_KS.to(encoded_dtype).float()
+    encoded_ref_KS = encoded_KS if encoded_dtype == torch.float32 else encoded_KS.to(encoded_dtype).float()
+    expected_MS = a32_MK @ encoded_ref_KS
     c_MSW = _segments(c.float(), 0.0)
     observed_MS = c_MSW.sum(-1)
     a_mean_M1 = a32_MK.mean(1, keepdim=True)
