@@ -88,6 +88,13 @@ class StepBatches:
     def rewind(self) -> None:
         self.position = 0
 
+    @classmethod
+    def of(cls, taken: list) -> "StepBatches":
+        """The batches an earlier step took, to give again (a rollback's retraining)."""
+        batches = cls(iter(()))
+        batches.taken = list(taken)
+        return batches
+
 
 @dataclass
 class Step:
@@ -103,6 +110,7 @@ class Step:
     discarded: bool = False  # a failure handler discarded the step
     armed: set[str] = field(default_factory=set)  # faults inject_faults armed for this step (another patch causes them)
     _grad_norm_value: float | None = None
+    _rerun: Callable[[StepBatches], Any] | None = None  # torchtitan's train_step of this step, unwrapped
     _shadowed: list = field(default_factory=list)
     _exits: list[Callable[[], None]] = field(default_factory=list)
 
@@ -171,6 +179,7 @@ class StepOwner:
     def __init__(self) -> None:
         self.participants: list[_Participant] = []
         self.current: Step | None = None
+        self.retraining = False  # steps of a rollback run inside the current one: no phase runs for them
 
     def take_part(self, patch_id: str, handlers: dict[str, Callable]) -> Callable[[], None]:
         """Register ``patch_id``'s phase handlers; returns the function that removes them."""
@@ -206,6 +215,7 @@ class StepOwner:
         if self.current is not None:  # an override calling super().train_step(): the outer call owns the step
             return original(trainer, data_iterator, *args, **kwargs)
         step = Step(trainer, StepBatches(data_iterator), trainer.step)
+        step._rerun = lambda batches: original(trainer, batches, *args, **kwargs)
         self.current = step
         try:
             for handler in self.handlers("before_step"):
@@ -247,17 +257,36 @@ class StepOwner:
                 return recovery
         return None
 
+    def retrain(self, step: Step, number: int, taken: list, skipped: bool = False):
+        """Train step ``number`` again on the batches it ``taken``, inside ``step`` (a rollback: the job's state was
+        put back to before ``number``); torchtitan's step counter reads ``number`` meanwhile. No phase runs for it
+        (its faults are not caused again, its checks not made: the state it starts from was verified); a step
+        whose update was kept out (``skipped``) keeps it out again. Returns torchtitan's train_step's result."""
+        trainer, now = step.trainer, step.trainer.step
+        trainer.step, self.retraining = number, True
+        loading = getattr(getattr(trainer, "metrics_processor", None), "data_loading_times", None)
+        if isinstance(loading, list):  # torchtitan's train loop times each batch it loads; these were loaded before
+            loading.append(0.0)
+        if skipped:
+            step._shadow(trainer.optimizers)
+            step._shadow(trainer.lr_schedulers)
+        try:
+            return step._rerun(StepBatches.of(taken))
+        finally:
+            step._end_attempt()
+            trainer.step, self.retraining = now, False
+
     def clipped(self, grad_norm) -> None:
         """``clip_grad_norm_`` returned ``grad_norm`` inside the step in progress."""
         step = self.current
-        if step is None:  # the planner, tools: no step of the owner's
+        if step is None or self.retraining:  # the planner, tools: no step of the owner's; a rollback's steps
             return
         step.grad_norm, step._grad_norm_value = grad_norm, None
         for handler in self.handlers("before_optimizer"):
             handler(step)
 
     def optimizer_began(self) -> None:
-        if self.current is not None:
+        if self.current is not None and not self.retraining:
             self.current.update_began = True
 
 

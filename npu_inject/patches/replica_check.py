@@ -11,24 +11,29 @@ The patch takes part in the step (:mod:`npu_inject.training_step`, after the ste
 registry option, default 10): each rank sums the bits of each of its parameters' and optimizer states' local
 tensors as integers (``view`` as the integer type of the element's size, ``sum(dtype=int64)``, on the device:
 a single flipped bit always changes the sum), gathers the vectors of its replicate group in one ``all_gather``
-and reads the table back once. Where they differ:
+and reads the table back once. Each verified step leaves a snapshot (option ``rollback``, default on:
+:class:`Snapshot`, in host memory) and the owner's batches of every step since. Where they differ:
 
-* with a majority (three or more replicas), each differing tensor is sent from a rank of the majority to the
-  others over the replicate group (``broadcast``: bit for bit), checked again, and the job trains on; the
-  minority rank is named (host, device) in the log and the report. A rank the majority overrules
-  ``stop_after`` times (registry option, default 3) stops every rank with one line: drain its device. The repair
-  makes the replicas agree again; it cannot take back what the wrong replica's gradients added to every
-  replica's updates between the corruption and the check (at most ``every`` steps; none for a corruption after
-  the checked step's backward, as ``bitflip_param`` causes), which the line says.
-* without one (two replicas, or three different values), every rank stops with one line naming the tensor,
-  both ranks, and the last verified step (resume from a checkpoint at or before it).
-
-Each verified step is noted in the report. Rolling back to a snapshot in the job is not built.
+* with a snapshot, every rank puts its parameters, buffers, optimizer states, learning rates and counters back
+  to the last verified step and trains the steps since again on the same batches (the step's owner runs
+  torchtitan's ``train_step`` for each, its update kept out again where it was the first time), then checks
+  again: the replicas agree and every step since trains as if the fault never happened, the contamination of
+  the other replicas through the all-reduced gradients undone too. The rank (the minority where three or more
+  replicas make a majority, both sides where none does) is named (host, device) in the log and the report; a
+  rank named ``stop_after`` times (registry option, default 3) stops every rank with one line: drain its device.
+* without one (the first check, or ``rollback`` off): with a majority, each differing tensor is sent from a rank
+  of the majority to the others over the replicate group (``broadcast``: bit for bit), checked again, and the
+  job trains on, the minority rank named; this cannot take back what the wrong replica's gradients added to
+  every replica's updates since the corruption (at most ``every`` steps), which the line says. Without a
+  majority, every rank stops with one line naming the tensor, both ranks, and the last verified step.
 
 Cost per checked step: one read of every parameter and optimizer state on the device (the sums: about the
 bytes of the weights and Adam's two moments), one all-gather of one int64 per tensor over the replicate group,
-one device-to-host copy of the gathered table; a repair adds one broadcast per differing tensor and one more
-all-gather. Nothing on other steps. torchft replica groups (no replicate
+one device-to-host copy of the gathered table; the snapshot: a copy of the rank's local weights, buffers and
+optimizer states to host memory (pinned where there is a device, one synchronisation), which it occupies for
+good (noted once in the report: the bytes per rank), and the host batches of up to ``every`` steps. A repair adds
+one broadcast per differing tensor and one more all-gather; a rollback, the steps since the snapshot trained
+again. Nothing on other steps. torchft replica groups (no replicate
 dimension inside torchtitan) are not compared yet.
 """
 
@@ -39,7 +44,7 @@ import socket
 
 from npu_inject.errors import stop_run
 from npu_inject.patching import PatchContext
-from npu_inject.training_step import Step, take_part
+from npu_inject.training_step import OWNER, Step, take_part
 
 TARGETS = (
     "torchtitan.trainer:Trainer.train_step",
@@ -64,13 +69,63 @@ def replicated_state(trainer) -> list[tuple[str, object]]:
             label = name if len(trainer.model_parts) == 1 else f"part{index}.{name}"
             names_of[id(parameter)] = label
             named.append((label, local(parameter.detach())))
-    for optimizer in getattr(trainer.optimizers, "optimizers", [trainer.optimizers]):
+    for optimizer in _optimizers(trainer):
         for group in optimizer.param_groups:
             for parameter in group["params"]:
                 for key, value in sorted(optimizer.state.get(parameter, {}).items()):
                     if isinstance(value, torch.Tensor):
                         named.append((f"{names_of.get(id(parameter), '?')} (optimizer {key})", local(value)))
     return named
+
+
+def _optimizers(trainer) -> list:
+    """torchtitan's optimizers container's torch optimizers (one per model part)."""
+    return list(getattr(trainer.optimizers, "optimizers", [trainer.optimizers]))
+
+
+class Snapshot:
+    """What a rollback needs, as a verified step left it: every parameter's, buffer's and optimizer state's local
+    tensor copied to host memory (pinned where there is a device: one synchronisation for all), the learning-rate
+    schedulers' state, torchtitan's step and token counters. Lives in host memory: the bytes of the rank's shards
+    of the weights and optimizer states (``nbytes``), replaced at each verified check."""
+
+    def __init__(self, trainer, step: int) -> None:
+        import copy
+
+        import torch
+
+        self.step, self.ntokens_seen = step, getattr(trainer, "ntokens_seen", None)
+        self.tensors = [tensor for _, tensor in replicated_state(trainer)]
+        for part in trainer.model_parts:
+            self.tensors.extend(local(buffer.detach()) for buffer in part.buffers())
+        pin = any(tensor.device.type != "cpu" for tensor in self.tensors)
+        self.copies = []
+        for tensor in self.tensors:
+            host = torch.empty(tensor.shape, dtype=tensor.dtype, device="cpu", pin_memory=pin and tensor.device.type != "cpu")
+            host.copy_(tensor, non_blocking=True)
+            self.copies.append(host)
+        if pin:
+            torch.accelerator.synchronize()
+        self.schedulers = copy.deepcopy(trainer.lr_schedulers.state_dict())
+        # the schedulers' state_dict holds their counters, not the learning rate they last wrote into the groups
+        self.groups = [[copy.deepcopy({key: value for key, value in group.items() if key != "params"})
+                        for group in optimizer.param_groups] for optimizer in _optimizers(trainer)]
+        self.nbytes = sum(copy.nbytes for copy in self.copies)
+
+    def restore(self, trainer) -> None:
+        import copy
+
+        import torch
+
+        with torch.no_grad():
+            for tensor, host in zip(self.tensors, self.copies):
+                tensor.copy_(host, non_blocking=True)
+        trainer.lr_schedulers.load_state_dict(self.schedulers)
+        for optimizer, groups in zip(_optimizers(trainer), self.groups):
+            for group, saved in zip(optimizer.param_groups, groups):
+                group.update(copy.deepcopy(saved))
+        if self.ntokens_seen is not None:
+            trainer.ntokens_seen = self.ntokens_seen
 
 
 INTEGER_OF_SIZE = {1: "int8", 2: "int16", 4: "int32", 8: "int64"}
@@ -111,10 +166,23 @@ def majority(table: list[list[int]], column: int, members: list[int]) -> tuple[i
 def apply(ctx: PatchContext) -> None:
     options = ctx.options  # registry.json's option_rules keep each >= 1
     every = options["every"]
-    state = {"verified": None, "where": None, "said_none": False}
+    state = {"verified": None, "where": None, "said_none": False, "snapshot": None, "said_snapshot": False}
     strikes: dict[int, int] = {}  # rank: how often it disagreed with the majority
+    unverified: list[tuple[int, list, bool]] = []  # the steps after the snapshot: (number, batches, update kept out)
+
+    def verified(step: Step) -> None:
+        state["verified"] = step.number
+        unverified.clear()
+        if options["rollback"]:
+            snapshot = state["snapshot"] = Snapshot(step.trainer, step.number)
+            if not state["said_snapshot"]:
+                state["said_snapshot"] = True
+                ctx.note(f"rollback snapshot at each verified step: {len(snapshot.tensors)} tensors, "
+                         f"{snapshot.nbytes / 2**30:.2f} GiB of host memory on this rank")
 
     def after_step(step: Step) -> None:
+        if not step.discarded:
+            unverified.append((step.number, list(step.batches.taken), bool(step.skipped)))
         if step.number % every:
             return
         import torch
@@ -140,7 +208,7 @@ def apply(ctx: PatchContext) -> None:
         table = torch.stack(gathered).cpu().tolist()  # the one host read
         found = disagreement(table, members)
         if found is None:
-            state["verified"] = step.number
+            verified(step)
             ctx.note(f"step {step.number}: {len(named)} tensors agree across {len(members)} replicas")
             return
         column, wrong, right = found
@@ -154,6 +222,10 @@ def apply(ctx: PatchContext) -> None:
 
         what = f"step {step.number}: the replicas' {named[column][0]} differ ({len(differing)} of {len(named)} tensors)"
         sources = [majority(table, index, members) for index in differing]
+        snapshot = state["snapshot"]
+        if snapshot is not None:
+            rollback(step, what, snapshot, sources, members, who)
+            return
         if any(source is None for source, _ in sources):
             stop_run(f"npu_inject replica_check: {what}: {' and '.join(map(who, wrong))} disagree and no majority says "
                      f"which is wrong: drain one after checking their devices; {since}: resume from a checkpoint at "
@@ -179,6 +251,43 @@ def apply(ctx: PatchContext) -> None:
                 "updates since, which the repair does not take back")
         ctx.note(line)
         logger.warning("npu_inject replica_check: %s", line)
-        state["verified"] = step.number
+        verified(step)
+
+    def rollback(step: Step, what: str, snapshot: Snapshot, sources, members, who) -> None:
+        import torch
+        import torch.distributed as dist
+
+        # the minority where there is a majority, both sides where there is none
+        culprits = sorted({rank for source, wrong in sources for rank in (wrong if source is not None else members)})
+        side = ("disagreed with the majority" if all(source is not None for source, _ in sources)
+                else "disagree and no majority says which is wrong")
+        for rank in culprits:
+            strikes[rank] = strikes.get(rank, 0) + 1
+        drained = [rank for rank in culprits if strikes[rank] >= options["stop_after"]]
+        if drained:
+            stop_run(f"npu_inject replica_check: {what}: {', '.join(map(who, drained))} {side} "
+                     f"{options['stop_after']} times (stop_after): drain its device; the last verified step is "
+                     f"{snapshot.step}")
+        retrained = [number for number, _, _ in unverified]
+        snapshot.restore(step.trainer)
+        for number, taken, skipped in unverified:
+            OWNER.retrain(step, number, taken, skipped)
+        trainer = step.trainer
+        group = trainer.parallel_dims.get_optional_mesh("dp_replicate").get_group()
+        named = replicated_state(trainer)
+        mine = fingerprints([tensor for _, tensor in named])
+        again = [torch.empty_like(mine) for _ in members]
+        dist.all_gather(again, mine, group=group)
+        if disagreement(torch.stack(again).cpu().tolist(), members) is not None:
+            stop_run(f"npu_inject replica_check: {what}: the replicas still differ after rolling back to step "
+                     f"{snapshot.step} and training steps {retrained[0]}..{retrained[-1]} again: drain "
+                     f"{', '.join(map(who, culprits))}; the last verified step is {snapshot.step}")
+        line = (f"{what}: {', '.join(map(who, culprits))} {side}; every rank rolled back to step {snapshot.step} "
+                f"(the last verified) and trained steps {retrained[0]}..{retrained[-1]} again on the same batches; "
+                f"the replicas agree (strike {max(strikes[rank] for rank in culprits)} of {options['stop_after']} "
+                "before a rank is drained)")
+        ctx.note(line)
+        logger.warning("npu_inject replica_check: %s", line)
+        verified(step)
 
     take_part(ctx, after_step=after_step)

@@ -1,10 +1,13 @@
-"""A bit flipped in one replica's weights (inject_faults' bitflip_param) is caught by replica_check and repaired.
+"""A bit flipped in one replica's weights (inject_faults' bitflip_param) is caught by replica_check and rolled back.
 
-CPU rehearsal, 3 ranks as 3 DDP replicas (--parallelism.data_parallel_replicate_degree 3), upstream torchtitan,
-checks every step: rank 2's first parameter loses or gains a factor 2 in one element after step 2's update; step
-2's check names that tensor and rank 2 as the minority, sends it the majority's tensor, and the job trains on.
-No gradient saw the flip, so every loss must be that of a run without it, to the printed digit. Flipped at steps
-2 and 3 with stop_after 2, every rank stops at step 3 with one line: drain rank 1's device.
+CPU rehearsal, upstream torchtitan llama3 debug, DDP replicas (--parallelism.data_parallel_replicate_degree).
+3 replicas, checks every step: rank 2's first parameter loses or gains a factor 2 in one element after step 2's
+update; step 2's check names that tensor and rank 2 as the minority, every rank rolls back to step 1's snapshot
+and trains step 2 again, and the job trains on: every loss must be that of a run without the flip, to the
+printed digit. Flipped at steps 2 and 3 with stop_after 2, every rank stops at step 3 with one line: drain rank
+1's device. 2 replicas (no majority), checks every 3 steps: flipped after step 4's update, steps 5 and 6 train on
+it, step 6's check rolls back to step 3 and trains 4 to 6 again: the losses logged last for each step, and step
+7's, are those of a run without the flip.
 """
 
 from __future__ import annotations
@@ -14,19 +17,20 @@ import json
 from testkit import clean_env, parse_losses, torchrun
 
 ARGS = ["--module", "llama3", "--config", "llama3_debugmodel", "--training.seq_len", "128",
-        "--training.local_batch_size", "1", "--validator.no-enable", "--debug.seed", "42", "--training.steps", "4",
-        "--metrics.log_freq", "1",
-        "--parallelism.data_parallel_replicate_degree", "3", "--parallelism.data_parallel_shard_degree", "1"]
+        "--training.local_batch_size", "1", "--validator.no-enable", "--debug.seed", "42", "--metrics.log_freq", "1",
+        "--parallelism.data_parallel_shard_degree", "1"]
 
 
-def _run(tmp_path, name: str, faults: str, stop_after: int = 3):
+def _run(tmp_path, name: str, faults: str, stop_after: int = 3, replicas: int = 3, every: int = 1, steps: int = 4):
     registry = tmp_path / f"{name}.json"
-    registry.write_text(json.dumps({"patches": {"replica_check": {"options": {"every": 1, "stop_after": stop_after}}}}))
+    registry.write_text(json.dumps({"patches": {"replica_check": {"options": {"every": every,
+                                                                              "stop_after": stop_after}}}}))
     env = clean_env(TORCHTITAN_NPU="cpu", TORCHTITAN_NPU_PATCHES="+inject_faults,+replica_check",
                     TORCHTITAN_NPU_REGISTRY=str(registry))
     if faults:
         env["TORCHTITAN_NPU_FAULTS"] = faults
-    return torchrun([*ARGS, "--dump_folder", str(tmp_path / name)], env, nproc=3)
+    args = [*ARGS, "--parallelism.data_parallel_replicate_degree", str(replicas), "--training.steps", str(steps)]
+    return torchrun([*args, "--dump_folder", str(tmp_path / name)], env, nproc=replicas)
 
 
 def test_a_flipped_bit_in_one_replica_is_repaired_from_the_majority_and_the_losses_are_those_without_it(tmp_path):
@@ -42,7 +46,8 @@ def test_a_flipped_bit_in_one_replica_is_repaired_from_the_majority_and_the_loss
         repaired = [note for note in notes if "disagreed with the majority" in note]
         assert len(repaired) == 1 and repaired[0].startswith(
             "step 2: the replicas' tok_embeddings.weight differ (1 of 180 tensors): rank 2 ("), notes
-        assert "replaced by rank 0's and the replicas agree again (strike 1 of 3" in repaired[0], repaired
+        assert ("every rank rolled back to step 1 (the last verified) and trained steps 2..2 again on the same "
+                "batches; the replicas agree (strike 1 of 3") in repaired[0], repaired
         assert sum("agree across 3 replicas" in note for note in notes) == 3  # steps 1, 3, 4
 
 
@@ -55,3 +60,20 @@ def test_a_rank_overruled_stop_after_times_stops_every_rank_naming_it(tmp_path):
     line = stops.pop()
     assert "rank 1 (" in line and "disagreed with the majority 2 times (stop_after): drain its device" in line, line
     assert "the last verified step is 2" in line, line
+
+
+def test_two_replicas_that_drift_apart_roll_back_to_the_last_verified_step_and_train_on_as_without_the_flip(tmp_path):
+    flipped = _run(tmp_path, "two", "bitflip_param@4:rank=1", replicas=2, every=3, steps=7)
+    clean = _run(tmp_path, "two_clean", "", replicas=2, every=3, steps=7)
+    assert flipped.returncode == 0, flipped.stdout[-4000:]
+    assert clean.returncode == 0, clean.stdout[-4000:]
+    losses, reference = parse_losses(flipped.stdout), parse_losses(clean.stdout)  # the last logged line of each step
+    print(f"flipped at 4, rolled back at 6 {losses}\nwithout the flip {reference}")
+    assert losses == reference and len(reference) == 7
+    line = ("npu_inject replica_check: step 6: the replicas' tok_embeddings.weight differ (1 of 180 tensors): rank 0 (")
+    assert line in flipped.stdout, flipped.stdout[-3000:]
+    assert ("disagree and no majority says which is wrong; every rank rolled back to step 3 (the last verified) and "
+            "trained steps 4..6 again on the same batches; the replicas agree") in flipped.stdout
+    notes = json.loads((tmp_path / "two" / "npu_inject" / "report_rank0.json").read_text())["patches"][
+        "replica_check"]["notes"]
+    assert any(note.startswith("rollback snapshot at each verified step: ") for note in notes), notes
