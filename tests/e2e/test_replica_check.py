@@ -7,7 +7,8 @@ and trains step 2 again, and the job trains on: every loss must be that of a run
 printed digit. Flipped at steps 2 and 3 with stop_after 2, every rank stops at step 3 with one line: drain rank
 1's device. 2 replicas (no majority), checks every 3 steps: flipped after step 4's update, steps 5 and 6 train on
 it, step 6's check rolls back to step 3 and trains 4 to 6 again: the losses logged last for each step are those
-of a run without the flip. The stop after stop_after strikes runs under -m e2e_long.
+of a run without the flip. CI runs the two-replica case; the three-replica one and the stop after stop_after strikes run under
+-m e2e_long.
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ def _run(tmp_path, name: str, faults: str, stop_after: int = 3, replicas: int = 
     return torchrun([*args, "--dump_folder", str(tmp_path / name)], env, nproc=replicas)
 
 
+@pytest.mark.e2e_long
 def test_a_flipped_bit_in_one_replica_is_repaired_from_the_majority_and_the_losses_are_those_without_it(tmp_path):
     flipped, clean = _run(tmp_path, "flipped", "bitflip_param@2:rank=2"), _run(tmp_path, "clean", "")
     assert flipped.returncode == 0, flipped.stdout[-4000:]
