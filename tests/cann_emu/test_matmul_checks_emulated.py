@@ -8,12 +8,16 @@
    caught on rank 1 and retrained, the losses are those of a run without the checks, and the checked steps
    read the verdicts with one more host synchronisation than the unchecked ones.
 
-    .venv-cann/bin/python -m pytest -m cann_emu tests/cann_emu/test_matmul_checks_emulated.py -n 0
+CI runs 1; 2 runs under -m cann_emu_long (80 s of a CI worker):
+
+    .venv/bin/python -m pytest -m "cann_emu or cann_emu_long" tests/cann_emu/test_matmul_checks_emulated.py -n 0
 """
 
 from __future__ import annotations
 
 import json
+
+import pytest
 
 from cann_emu_child import child_json
 from test_train import emulated
@@ -45,6 +49,7 @@ def test_torch_npus_matmul_checksum_runs_on_the_emulated_kernel_and_catches_one_
     assert result == {"available": True, "torch.bfloat16": [False, True], "torch.float32": [False, True]}
 
 
+@pytest.mark.cann_emu_long
 def test_a_corrupted_matmul_is_caught_and_retrained_on_the_real_wheel(tmp_path):
     checked, counts = emulated(RUN, tmp_path / "checked", extra_env={
         "TORCHTITAN_NPU_PATCHES": "+matmul_checks,+inject_faults", "TORCHTITAN_NPU_SDC_EVERY": "2",
