@@ -160,10 +160,11 @@ def apply(ctx: PatchContext) -> None:
                      "step from uninitialised buffers")
         state["first"] = False
         ledger.checking = step.number % every == 0 and not inferring
-        ledger.reset()
+        if ledger.checking:  # nothing on the device on unchecked steps
+            ledger.reset()
         if "sdc_matmul" in step.armed:
             ledger.corruption.fill_(1.0)
-        step.on_exit(lambda: ledger.corruption.fill_(0.0))
+            step.on_exit(lambda: ledger.corruption.fill_(0.0))
 
     def before_optimizer(step: Step) -> None:
         ledger = state["ledger"]
@@ -181,7 +182,6 @@ def apply(ctx: PatchContext) -> None:
         else:
             gathered = counts
         table = gathered.view(size, 4).cpu().tolist()  # the one host read of the step's verdicts
-        ledger.corruption.fill_(0.0)
         if not any(row[2] for row in table):
             stop_run(f"npu_inject matmul_checks: step {step.number} was to be checked, but no rank checked any matmul "
                      "(the model's linears are tensor-parallel or have a bias, which the check does not cover): "
@@ -235,6 +235,7 @@ def apply(ctx: PatchContext) -> None:
             if int(os.environ.get("RANK", "0")) == 0:  # the same table, so the same line, on every rank
                 logger.warning("npu_inject matmul_checks: %s", line)
             state["ledger"].reset()
+            state["ledger"].corruption.fill_(0.0)  # sdc_matmul corrupts the first attempt only
             return RETRY
 
         return retry
