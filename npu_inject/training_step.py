@@ -110,16 +110,49 @@ class Step:
     discarded: bool = False  # a failure handler discarded the step
     armed: set[str] = field(default_factory=set)  # faults inject_faults armed for this step (another patch causes them)
     _grad_norm_value: float | None = None
+    _reads_along: dict[str, Callable[[], Any]] = field(default_factory=dict)  # name -> makes a device scalar
+    _made: dict[str, Any] = field(default_factory=dict)  # this attempt's made scalars, read with the norm
+    _values_read: dict[str, float] = field(default_factory=dict)
     _rerun: Callable[[StepBatches], Any] | None = None  # torchtitan's train_step of this step, unwrapped
     _shadowed: list = field(default_factory=list)
     _exits: list[Callable[[], None]] = field(default_factory=list)
 
     def grad_norm_value(self) -> float:
-        """The total gradient norm as a Python float: one device-to-host copy per attempt, shared by the phases."""
+        """The total gradient norm as a Python float: one device-to-host copy per attempt, shared by the phases
+        (with the scalars registered by :meth:`read_along`, in the same copy)."""
         if self._grad_norm_value is None:
+            import torch
+
             norm = self.grad_norm
-            self._grad_norm_value = float(norm.full_tensor() if hasattr(norm, "full_tensor") else norm)
+            norm = norm.full_tensor() if hasattr(norm, "full_tensor") else norm
+            names = list(self._made)
+            if not names:
+                self._grad_norm_value = float(norm)
+            else:
+                values = torch.stack([norm.reshape(()).float(), *(self._made[name].reshape(()).to(
+                    device=norm.device, dtype=torch.float32) for name in names)]).tolist()
+                self._grad_norm_value = values[0]
+                self._values_read = dict(zip(names, values[1:]))
         return self._grad_norm_value
+
+    def read_along(self, name: str, make: Callable[[], Any]) -> None:
+        """Read the device scalar ``make()`` returns in the gradient norm's one host copy, on every attempt.
+
+        The owner calls ``make`` on every rank as soon as the gradients are clipped, before any phase handler, so
+        a collective inside it runs at the same point on every rank; :meth:`value_read` returns the value."""
+        if name in self._reads_along:
+            raise ValueError(f"step {self.number}: a value named {name!r} is already read along with the gradient "
+                             "norm (npu_inject/training_step.py); choose another name")
+        self._reads_along[name] = make
+
+    def value_read(self, name: str) -> float:
+        """The value of ``name`` (see :meth:`read_along`) for this attempt, read with the gradient norm."""
+        if name not in self._made:
+            raise KeyError(f"step {self.number}: no value {name!r} was made for this attempt (registered: "
+                           f"{', '.join(self._reads_along) or 'none'}); read_along() it before the step's gradients "
+                           "are clipped")
+        self.grad_norm_value()
+        return self._values_read[name]
 
     def skip_update(self, reason: str) -> None:
         """Keep this attempt's update out: the optimizers' and schedulers' ``step`` do nothing (their hooks,
@@ -159,6 +192,7 @@ class Step:
     def _begin_retry(self) -> None:
         self.attempt += 1
         self.grad_norm, self._grad_norm_value, self.update_began = None, None, False
+        self._made, self._values_read = {}, {}
         self.skipped = []
         self.batches.rewind()
 
@@ -282,6 +316,8 @@ class StepOwner:
         if step is None or self.retraining:  # the planner, tools: no step of the owner's; a rollback's steps
             return
         step.grad_norm, step._grad_norm_value = grad_norm, None
+        step._made = {name: make() for name, make in step._reads_along.items()}
+        step._values_read = {}
         for handler in self.handlers("before_optimizer"):
             handler(step)
 

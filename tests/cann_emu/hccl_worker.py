@@ -224,16 +224,19 @@ def stop_while_waiting(t: torch.Tensor) -> None:
     dist.all_reduce(t, group=alone)
     check("new_communicator_after_restart", t, torch.full((4,), 7.0))
     # last: the refusal runs in torch_npu's task queue, whose thread it ends (the process's device is then done)
+    refused_at = time.monotonic()
     try:
         dist.all_reduce(one, group=unresumed)
         # The task queue reports the refusal when it reaches the call: a synchronisation issued before that
-        # returned clean in some CI runs, so poll (at most 5 s) until the queue's error comes back.
-        for _ in range(50):
+        # returned clean in some CI runs, and a loaded 2-core CI machine once kept it from coming back within
+        # 5 s, so poll (at most 60 s) until the queue's error comes back, and say how long it took.
+        for _ in range(600):
             torch.npu.synchronize()
             time.sleep(0.1)
         results["unresumed"] = None
     except RuntimeError as error:
         results["unresumed"] = " ".join(str(error).split())[:200]
+    results["unresumed_surfaced_after_s"] = round(time.monotonic() - refused_at, 2)
 
 
 def main() -> None:

@@ -189,3 +189,30 @@ def test_the_update_began_flag_follows_the_optimizers_pre_hook_in_the_step_only(
     finally:
         hook.remove()
     assert seen == [True]
+
+
+def test_a_value_read_along_is_made_on_every_attempt_before_the_handlers_and_read_in_the_norms_one_copy(monkeypatch):
+    import torch
+
+    owner, made, seen = StepOwner(), [], []
+
+    def before_step(step):
+        step.read_along("twice_the_weight_sum", lambda: made.append(step.attempt) or 2 * step.trainer.weight.sum())
+
+    def before_optimizer(step):
+        seen.append((list(made), step.grad_norm_value(), step.value_read("twice_the_weight_sum")))
+
+    owner.take_part("spikes", {"before_step": before_step, "before_optimizer": before_optimizer})
+    owner.take_part("uce_repair", {"on_failure": lambda step, error: lambda: RETRY})
+    reads = []
+    tolist = torch.Tensor.tolist
+    monkeypatch.setattr(torch.Tensor, "tolist", lambda self: reads.append(self.shape) or tolist(self))
+    trainer = _Trainer(owner, failures=["once"])
+    trainer.train_step(_batches())
+    # the failed attempt never clipped: one make, for the retried attempt (1), before the handler read both
+    assert seen == [([1], pytest.approx(5 ** 0.5), 4.0)]
+    assert reads == [torch.Size([2])]  # the norm and the value in one host copy
+    with pytest.raises(KeyError, match=r"no value 'loss' was made for this attempt \(registered: twice_the_weight_sum\)"):
+        owner.current = None
+        from npu_inject.training_step import Step
+        Step(trainer, None, 1, _reads_along={"twice_the_weight_sum": None}).value_read("loss")
