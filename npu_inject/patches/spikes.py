@@ -80,8 +80,9 @@ def loss_of_the_step(shares, holds_loss: bool, loss_mesh_size: int, device):
         raise RuntimeError("npu_inject spikes: this rank holds the loss but forward_backward_step returned none "
                            "this attempt (npu_inject/patches/spikes.py); switch the loss watch off with "
                            "option watch='grad_norm'")
-    summed = torch.stack([share.to(device) if share is not None else torch.zeros((), device=device),
-                          torch.tensor(1.0 if holds_loss else 0.0, device=device)])
+    # made on the device (a fill, not torch.tensor(x, device=...): a host-to-device copy and a stream sync on NPUs)
+    count = torch.ones((), device=device) if holds_loss else torch.zeros((), device=device)
+    summed = torch.stack([share.to(device) if share is not None else torch.zeros((), device=device), count])
     if dist.is_available() and dist.is_initialized():
         dist.all_reduce(summed)
     return summed[0] * loss_mesh_size / summed[1]

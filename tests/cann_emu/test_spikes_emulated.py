@@ -3,8 +3,9 @@
 Upstream llama3 debug, 2 ranks, 4 steps, once with ``+spikes`` (both watches) and once without: the losses are
 equal (nothing is judged before the warmup), and each step of the watched run makes the same host
 synchronisations and device-to-host copies as the plain run's, one more HCCL all-reduce (the loss's two
-floats) and a few more aclnn launches (the loss's sum and the stack read with the norm). The truth is the
-emulation's own per-step counts (CANN_EMU_COUNTS), not the patch.
+floats) and a few more aclnn launches (7 measured: the loss's sum, its count, the stack read with the norm). The
+truth is the emulation's own per-step counts (CANN_EMU_COUNTS), not the patch. The first run of this test caught
+``torch.tensor(1.0, device=...)``: a host-to-device copy and a stream sync every step.
 
     .venv/bin/python -m pytest -m cann_emu_long tests/cann_emu/test_spikes_emulated.py -n 0
 """
