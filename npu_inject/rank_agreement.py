@@ -6,7 +6,8 @@ runtime. Right after torchtitan creates the process group (``Trainer.init_distri
 the ranks exchange their sets of applied patches; a mismatch fails the run at once
 with the ranks and patches named. The same exchange carries the values patches need the
 whole job to share (``PatchContext.agree_with_rank0``): rank 0's proposal is handed to
-every rank. Then each rank writes its report as JSON into
+every rank, and so does each rank's host and device, which :func:`who` names (the patches that say
+which rank to drain need no collective of their own for it). Then each rank writes its report as JSON into
 ``<dump_folder>/npu_inject/report_rank<N>.json`` and rank 0 logs one summary line.
 
 The runtime installs this service and hands itself in (:func:`install`); nothing here imports
@@ -16,9 +17,21 @@ The runtime installs this service and hands itself in (:func:`install`); nothing
 from __future__ import annotations
 
 import logging
+import socket
 from typing import Any
 
 TARGET = "torchtitan.trainer:Trainer.init_distributed"
+
+# (host, device) of each rank of the default process group, learned at start-up; [] before.
+PLACES: list[tuple[str, str]] = []
+
+
+def who(rank: int) -> str:
+    """``rank R (host, device)`` of a rank of the default process group (``rank R`` alone before start-up)."""
+    if 0 <= rank < len(PLACES):
+        host, device = PLACES[rank]
+        return f"rank {rank} ({host}, {device})"
+    return f"rank {rank}"
 
 
 def mismatch_message(applied_by_rank: list[list[str]]) -> str | None:
@@ -64,10 +77,12 @@ def pending_agreements(runtime: Any) -> list[tuple[str, Any, Any]]:
     return pending
 
 
-def check_ranks_and_report(runtime: Any, dump_folder: str) -> None:
+def check_ranks_and_report(runtime: Any, dump_folder: str, device: Any = None) -> None:
     import torch.distributed as dist
 
     runtime.set_dump_folder(dump_folder)
+    place = (socket.gethostname(), str(device))
+    PLACES[:] = [place]
     applied = sorted(runtime.ids("applied"))
     pending = pending_agreements(runtime)
     agreed = {key: proposal for key, proposal, _ in pending}
@@ -75,12 +90,13 @@ def check_ranks_and_report(runtime: Any, dump_folder: str) -> None:
     # every rank: there is no other process to agree with, and it exchanges no data.
     if dist.is_initialized() and dist.get_world_size() > 1 and dist.get_backend() != "fake":
         exchanged: list = [None] * dist.get_world_size()
-        dist.all_gather_object(exchanged, (applied, agreed))
-        message = mismatch_message([rank_applied for rank_applied, _ in exchanged])
+        dist.all_gather_object(exchanged, (applied, agreed, place))
+        message = mismatch_message([rank_applied for rank_applied, _, _ in exchanged])
         if message:
             runtime.write_report()
             raise RuntimeError(message)
-        agreed = rank0_values([proposals for _, proposals in exchanged])
+        agreed = rank0_values([proposals for _, proposals, _ in exchanged])
+        PLACES[:] = [rank_place for _, _, rank_place in exchanged]
     for key, _, use in pending:
         use(agreed[key])
     runtime.write_report()
@@ -104,7 +120,7 @@ def install(runtime: Any):
         finally:
             depth[0] -= 1
         if depth[0] == 0:
-            check_ranks_and_report(runtime, trainer.config.dump_folder)
+            check_ranks_and_report(runtime, trainer.config.dump_folder, getattr(trainer, "device", None))
         return parallel_dims
 
     # torchft's FaultTolerantTrainer overrides init_distributed without calling the base method.

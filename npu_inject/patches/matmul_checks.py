@@ -40,10 +40,10 @@ from __future__ import annotations
 
 import logging
 import os
-import socket
 from collections import deque
 
 from npu_inject import selection
+from npu_inject.rank_agreement import who
 from npu_inject.errors import stop_run
 from npu_inject.patching import PatchContext
 from npu_inject.training_step import RETRY, Step, take_part
@@ -132,7 +132,7 @@ def apply(ctx: PatchContext) -> None:
     if unchecked:
         stop_run(f"npu_inject matmul_checks: TORCHTITAN_NPU_FAULTS: {unchecked[0]!r} is not a checked step (every "
                  f"{every}, from {source}), so the fault would never be caused; use a multiple of {every}")
-    state: dict = {"ledger": None, "where": None, "said": False, "verified": None, "first": True}
+    state: dict = {"ledger": None, "said": False, "verified": None, "first": True}
     strikes: dict[int, deque] = {}  # rank: the steps its products failed on
 
     def start(trainer) -> None:
@@ -200,15 +200,6 @@ def apply(ctx: PatchContext) -> None:
                          f"{int(sum(row[3] for row in table))} backward checked linears on {size} rank(s), all correct")
             state["verified"] = step.number
             return
-        if state["where"] is None and size > 1:
-            where = [None] * size
-            dist.all_gather_object(where, (socket.gethostname(), str(ledger.device)))
-            state["where"] = where
-        where = state["where"] or [(socket.gethostname(), str(ledger.device))]
-
-        def who(rank: int) -> str:
-            return f"rank {rank} ({where[rank][0]}, {where[rank][1]})"
-
         parts = []
         for rank, row in failed.items():
             seen = strikes.setdefault(rank, deque())

@@ -40,9 +40,9 @@ dimension inside torchtitan) are not compared yet.
 from __future__ import annotations
 
 import logging
-import socket
 
 from npu_inject.errors import stop_run
+from npu_inject.rank_agreement import who
 from npu_inject.patching import PatchContext
 from npu_inject.training_step import OWNER, Step, take_part
 
@@ -166,7 +166,7 @@ def majority(table: list[list[int]], column: int, members: list[int]) -> tuple[i
 def apply(ctx: PatchContext) -> None:
     options = ctx.options  # registry.json's option_rules keep each >= 1
     every = options["every"]
-    state = {"verified": None, "where": None, "said_none": False, "snapshot": None, "said_snapshot": False}
+    state = {"verified": None, "said_none": False, "snapshot": None, "said_snapshot": False}
     strikes: dict[int, int] = {}  # rank: how often it disagreed with the majority
     unverified: list[tuple[int, list, bool]] = []  # the steps after the snapshot: (number, batches, update kept out)
 
@@ -197,10 +197,6 @@ def apply(ctx: PatchContext) -> None:
             return
         group = mesh.get_group()
         members = dist.get_process_group_ranks(group)
-        if state["where"] is None:  # each member's host and device, once
-            where = [None] * len(members)
-            dist.all_gather_object(where, (socket.gethostname(), str(trainer.device)), group=group)
-            state["where"] = where
         named = replicated_state(trainer)
         mine = fingerprints([tensor for _, tensor in named])
         gathered = [torch.empty_like(mine) for _ in members]
@@ -216,15 +212,11 @@ def apply(ctx: PatchContext) -> None:
         last = state["verified"]
         since = f"the last verified step is {last}" if last is not None else "no step was verified before"
 
-        def who(rank: int) -> str:
-            host, device = state["where"][members.index(rank)]
-            return f"rank {rank} ({host}, {device})"
-
         what = f"step {step.number}: the replicas' {named[column][0]} differ ({len(differing)} of {len(named)} tensors)"
         sources = [majority(table, index, members) for index in differing]
         snapshot = state["snapshot"]
         if snapshot is not None:
-            rollback(step, what, snapshot, sources, members, who)
+            rollback(step, what, snapshot, sources, members)
             return
         if any(source is None for source, _ in sources):
             stop_run(f"npu_inject replica_check: {what}: {' and '.join(map(who, wrong))} disagree and no majority says "
@@ -253,7 +245,7 @@ def apply(ctx: PatchContext) -> None:
         logger.warning("npu_inject replica_check: %s", line)
         verified(step)
 
-    def rollback(step: Step, what: str, snapshot: Snapshot, sources, members, who) -> None:
+    def rollback(step: Step, what: str, snapshot: Snapshot, sources, members) -> None:
         import torch
         import torch.distributed as dist
 

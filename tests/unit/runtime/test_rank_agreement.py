@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 
 import pytest
 
@@ -83,6 +84,8 @@ def test_one_process_uses_its_own_proposal_and_writes_the_report(tmp_path):
         "set_dump_folder": lambda self, folder: None,
         "write_report": lambda self: written.append(list(used)),
     })()
-    rank_agreement.check_ranks_and_report(runtime, str(tmp_path))
+    rank_agreement.check_ranks_and_report(runtime, str(tmp_path), "cpu:0")
     assert used == ["float32"] and written == [["float32"]], "used before the report is written"
     assert context.agreements == [], "each agreement is used once"
+    # the one process's place, which the patches that name a rank to drain print
+    assert rank_agreement.who(0) == f"rank 0 ({socket.gethostname()}, cpu:0)" and rank_agreement.who(3) == "rank 3"
