@@ -14,7 +14,9 @@ The verdicts stay on the device until the step's gradients are clipped (:mod:`np
 before the optimizer): then each rank's four counts (failed forward and backward verdicts, forward and
 backward checks run) are gathered over the job's ranks in one ``all_gather`` and read once, so every rank
 reaches the same decision. A step with a failed verdict is not applied: the attempt stops before the
-optimizer and the step runs again on the same batches (the owner kept them), checked again. The rank whose
+optimizer and the step runs again on the same batches (the owner kept them), checked again (with torchft committing
+every step, the step is kept out on every replica group instead, through torchft's should_commit, and its
+batches skipped: the other groups already averaged the attempt's gradients and would not wait). The rank whose
 products failed is named (host, device) in the log and the report; a rank that fails ``stop_after`` times
 (default 3) within ``window`` steps (default 100) stops every rank with one line: drain its device.
 
@@ -34,6 +36,8 @@ Nothing on unchecked steps. Measured on the real torch_npu over the CANN emulati
 default of 20 steps is chosen from ``npu-inject plan``'s estimate for llama3_8b on 8 A2 (a checked step adds
 about 21% of the step, memory-bound: about 1% of the training time at every 20); a chip that keeps miscomputing
 is caught within 20 steps, a one-off fault on an unchecked step is not.
+With torchft committing every step, a checked step adds one all-reduce of one float across the replica
+groups and its host read.
 """
 
 from __future__ import annotations
@@ -43,8 +47,8 @@ import os
 from collections import deque
 
 from npu_inject import selection
-from npu_inject.rank_agreement import who
 from npu_inject.errors import stop_run
+from npu_inject.rank_agreement import who
 from npu_inject.patching import PatchContext
 from npu_inject.training_step import RETRY, Step, take_part
 
@@ -193,6 +197,21 @@ def apply(ctx: PatchContext) -> None:
                      "gradients apart from the backward?): the backward is unchecked; switch the check off "
                      "(TORCHTITAN_NPU_PATCHES=-matmul_checks) for this schedule")
         failed = {rank: row for rank, row in enumerate(table) if row[0] or row[1]}
+        ft = getattr(step.trainer, "ft_manager", None)
+        if getattr(ft, "enabled", False) and getattr(ft, "use_async_quorum", False):
+            # torchft committing every step: this attempt's gradients were averaged across the replica groups
+            # before the check, and torchft's should_commit answers for one group only, so every group learns of
+            # a failure anywhere (one more collective and host read, on checked steps) and keeps the step out.
+            elsewhere = torch.full((1,), float(len(failed)), device=counts.device)
+            ft.manager.allreduce(elsewhere, reduce_op=dist.ReduceOp.SUM).wait()
+            if float(elsewhere.item()) > 0 and not failed:
+                line = (f"step {step.number}: another replica group's matmul results failed their checksums: the update "
+                        "was not applied on any replica group (torchft refuses the step); its batches are skipped")
+                ctx.note(line)
+                if int(os.environ.get("RANK", "0")) == 0:
+                    logger.warning("npu_inject matmul_checks: %s", line)
+                step.skip_update(f"matmul checksums failed in another replica group at step {step.number}")
+                return
         if not failed:
             if not state["said"]:
                 state["said"] = True
@@ -214,6 +233,14 @@ def apply(ctx: PatchContext) -> None:
             stop_run(f"npu_inject matmul_checks: {line}: {', '.join(map(who, drained))} failed {options['stop_after']} "
                      f"times in {options['window']} steps (stop_after, window): drain its device; the weights are "
                      f"those of step {step.number - 1}, the last update (verified at step {state['verified']})")
+        if getattr(ft, "enabled", False) and getattr(ft, "use_async_quorum", False):
+            # no retry: the other groups would not wait for one (measured: their next all-reduce timed out)
+            line += ": the update was not applied on any replica group (torchft refuses the step); its batches are skipped"
+            ctx.note(line)
+            if int(os.environ.get("RANK", "0")) == 0:
+                logger.warning("npu_inject matmul_checks: %s", line)
+            step.skip_update(f"matmul checksums failed on {', '.join(map(who, failed))}")
+            return
         raise SilentCorruption(line)
 
     def on_failure(step: Step, error: Exception):

@@ -7,7 +7,7 @@ reference is a run without the checks: every step's loss must be its loss, to th
 change no bit, and the retried step is the step that never had the fault). The same rank caught at steps 2 and
 3 with stop_after 2 stops every rank at step 3 with one line: drain rank 1's device.
 
-FSDP in CI; pipeline degree 2 and --compile.enable under -m e2e_long.
+FSDP in CI; pipeline degree 2, --compile.enable and two torchft replica groups under -m e2e_long.
 """
 
 from __future__ import annotations
@@ -83,3 +83,37 @@ def test_a_corrupted_matmul_is_caught_and_retrained_in_a_pipelined_job(tmp_path)
 @pytest.mark.e2e_long
 def test_a_corrupted_matmul_is_caught_and_retrained_in_a_compiled_job(tmp_path):
     _caught_and_retrained(tmp_path, COMPILE)
+
+
+def _group_losses(log: str) -> dict[int, float]:
+    """rank 0's step -> loss in one replica group's torchrun --tee log"""
+    return parse_losses("\n".join(line.removeprefix("[default0]:") for line in log.splitlines()
+                                  if line.startswith("[default0]:")))
+
+
+@pytest.mark.e2e_long
+def test_with_torchft_committing_every_step_a_corrupted_step_is_kept_out_on_every_replica_group(tmp_path):
+    """Two torchft replica groups of 2 ranks (tools/bench_failover.py), every second step checked, rank 1 of group
+    1 corrupted at step 4. The attempt's gradients were averaged across the groups before the check, so no group
+    may apply it and none would wait for a retry: torchft's should_commit refuses step 4 on both groups. The
+    reference is the same run with step 4 made non-finite on that rank instead (finite_steps keeps it out
+    through the same refusal): every other step's loss, on both groups, must be the reference's."""
+    pytest.importorskip("torchft")
+    from tools.bench_failover import run_failover
+
+    checks = {"TORCHTITAN_NPU_PATCHES": "+matmul_checks", "TORCHTITAN_NPU_SDC_EVERY": "2"}
+    (tmp_path / "caught").mkdir()
+    (tmp_path / "reference").mkdir()
+    caught = run_failover(tmp_path / "caught", steps=6, fault="sdc_matmul@4:rank=1", timeout=600, extra_env=checks)
+    reference = run_failover(tmp_path / "reference", steps=6, fault="nan_loss@4:rank=1", timeout=600, extra_env=checks)
+    assert caught.returncodes == [0, 0] and reference.returncodes == [0, 0], caught.logs[1][-4000:]
+    assert "Traceback" not in caught.logs[0] + caught.logs[1], caught.logs[0][-4000:]
+    for group in (0, 1):
+        losses, expected = _group_losses(caught.logs[group]), _group_losses(reference.logs[group])
+        print(f"group {group}: caught {losses}\nreference {expected}")
+        assert sorted(losses) == list(range(1, 7))
+        assert {step: loss for step, loss in losses.items() if step != 4} == {
+            step: loss for step, loss in expected.items() if step != 4}
+        assert "should_commit=False" in caught.logs[group] and caught.logs[group].count("should_commit=False") == 2
+    assert "step 4 attempt 1: matmul results failed their checksums on rank 1 (" in caught.logs[1]
+    assert "the update was not applied on any replica group (torchft refuses the step)" in caught.logs[1]
