@@ -10,7 +10,9 @@ rank, so every rank reaches the same verdict:
   as soon as the gradients are clipped, sums every rank's share with one ``all_reduce`` of two floats over the
   world: each holder of a loss adds it and counts itself, and the sum times the loss mesh's size over the count
   is the loss (a holder's share appears once per tensor-parallel rank). It catches a batch that throws the loss
-  up while the clipped-away gradients stay small.
+  up while the clipped-away gradients stay small. With torchft committing every step (gradients averaged
+  across the replica groups, ``should_commit`` answering for one group), the groups' losses are averaged
+  through torchft's all-reduce too, so every group reaches the same verdict.
 
 Option ``watch`` ("both", "grad_norm" or "loss") chooses. A bad batch, or a finite corruption that throws the
 loss up, shows there before the update that would carry it into the weights.
@@ -123,9 +125,21 @@ def apply(ctx: PatchContext) -> None:
         holds_loss = not dims.pp_enabled or trainer.pp_has_last_stage
         loss_mesh = dims.get_optional_mesh("loss") if dims.dp_cp_enabled else None
         loss_mesh_size = loss_mesh.size() if loss_mesh is not None else 1
-        step.read_along("loss", lambda: loss_of_the_step(
-            [loss for attempt, loss in shares if attempt == step.attempt], holds_loss, loss_mesh_size,
-            trainer.device))
+        ft = getattr(trainer, "ft_manager", None)
+        across_groups = getattr(ft, "enabled", False) and getattr(ft, "use_async_quorum", False)
+
+        def make():
+            loss = loss_of_the_step([loss for attempt, loss in shares if attempt == step.attempt], holds_loss,
+                                    loss_mesh_size, trainer.device)
+            if not across_groups:
+                return loss
+            # torchft committing every step: the gradients are averaged across the replica groups and
+            # should_commit answers for one group only, so every group judges the groups' average loss
+            averaged = loss.reshape(1).clone()
+            ft.manager.allreduce(averaged).wait()
+            return averaged[0]
+
+        step.read_along("loss", make)
 
     def values(step: Step) -> dict[str, float]:
         return {name: step.grad_norm_value() if name == "grad_norm" else step.value_read(name) for name in watched}

@@ -6,7 +6,8 @@ same step made non-finite (nan_loss) and kept out by finite_steps, a run that sk
 step's loss must be the reference's, to the printed digit. Both watches name the spike, the loss watch with
 torchtitan's logged loss of that step (its own sum over the ranks).
 
-Under -m e2e_long: pipeline degree 2 with the loss watch alone (only the last stage holds a loss).
+Under -m e2e_long: pipeline degree 2 with the loss watch alone (only the last stage holds a loss), and two torchft
+replica groups committing every step (both refuse a spike one group saw).
 """
 
 from __future__ import annotations
@@ -77,3 +78,37 @@ def test_the_loss_watch_alone_skips_a_spike_of_a_pipelined_job(tmp_path):
     assert f"npu_inject spikes: step {SPIKE_STEP}: loss spike: {spike_losses[SPIKE_STEP]:.4g} is " in spiked.stdout
     assert "gradient norm spike" not in spiked.stdout
     assert {step: loss for step, loss in spike_losses.items() if step != SPIKE_STEP} == reference
+
+
+def _group_losses(log: str) -> dict[int, float]:
+    """rank 0's step -> loss in one replica group's torchrun --tee log"""
+    return parse_losses("\n".join(line.removeprefix("[default0]:") for line in log.splitlines()
+                                  if line.startswith("[default0]:")))
+
+
+@pytest.mark.e2e_long
+def test_with_torchft_committing_every_step_a_spike_in_one_group_is_kept_out_on_every_group(tmp_path):
+    """Two torchft replica groups of 2 ranks (tools/bench_failover.py); group 1's rank 1 spikes at step 8. The
+    gradients are averaged across the groups and should_commit answers for one group, so both groups must judge
+    the same (averaged) loss and both refuse step 8; the reference is the same run with step 8 made non-finite on
+    that rank (refused on both through the NaN the average carries)."""
+    pytest.importorskip("torchft")
+    from tools.bench_failover import run_failover
+
+    registry = tmp_path / "spikes.json"
+    registry.write_text(json.dumps({"patches": {"spikes": {"options": {"window": 5, "warmup": 5, "watch": "loss"}}}}))
+    env = {"TORCHTITAN_NPU_PATCHES": "+spikes", "TORCHTITAN_NPU_REGISTRY": str(registry)}
+    runs = {}
+    for name, fault in (("caught", f"loss_spike@{SPIKE_STEP}:rank=1"), ("reference", f"nan_loss@{SPIKE_STEP}:rank=1")):
+        (tmp_path / name).mkdir()
+        runs[name] = run_failover(tmp_path / name, steps=10, fault=fault, timeout=600, extra_env=env)
+        assert runs[name].returncodes == [0, 0], runs[name].logs[1][-4000:]
+    caught, reference = runs["caught"], runs["reference"]
+    for group in (0, 1):
+        losses, expected = _group_losses(caught.logs[group]), _group_losses(reference.logs[group])
+        print(f"group {group}: caught {losses}\nreference {expected}")
+        assert sorted(losses) == list(range(1, 11))
+        assert {step: loss for step, loss in losses.items() if step != SPIKE_STEP} == {
+            step: loss for step, loss in expected.items() if step != SPIKE_STEP}
+        assert f"npu_inject spikes: step {SPIKE_STEP}: loss spike: " in caught.logs[group]
+        assert caught.logs[group].count("should_commit=False") == 2  # both ranks, step 8 only
