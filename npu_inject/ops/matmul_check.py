@@ -23,9 +23,12 @@ Shapes follow torchtitan's suffixes: M the flattened tokens, K the input feature
 
 from __future__ import annotations
 
+import math
+
 import torch
 
-from npu_inject.ops.reference.matmul_abft_verify import abft_correct
+from npu_inject.ops.reference.matmul_abft_verify import (
+    SEGMENT, segments_of, abft_correct, abft_threshold, judge, row_stats, segment_stats)
 
 # torch_npu's recommended sensitivities (torch_npu/asd/checksum.py; the operator's doc); fp16 has none there
 E_MAX = {torch.bfloat16: 0.001, torch.float16: 0.001, torch.float32: 0.00002}
@@ -78,6 +81,16 @@ class Ledger:
         # in place: an append would be a side effect torch.compile cannot trace inside an activation checkpoint
         self.forward.add_(verdict)
         return output
+
+    def grouped_mm(self, grouped_mm, a_RK: torch.Tensor, b_GKN: torch.Tensor, offsets_G: torch.Tensor) -> torch.Tensor:
+        """``grouped_mm(a, b, offsets)`` (the model's own grouped product, its backward untouched), its result and
+        both gradients checked; the forward verdict joins :attr:`forward`, the backward's the sink."""
+        groups_RG = row_groups(offsets_G, a_RK.shape[0])
+        a_in, b_in, link = GroupedEnter.apply(a_RK, b_GKN, self.sink, groups_RG)
+        out = grouped_mm(a_in, b_in, offsets_G)
+        out, verdict = GroupedExit.apply(out, link, a_RK, b_GKN, groups_RG)
+        self.forward.add_(verdict)
+        return out
 
 
 def product_failures(a_MK: torch.Tensor, b_KN: torch.Tensor, c_MN: torch.Tensor, device_kernel: bool) -> torch.Tensor:
@@ -152,3 +165,153 @@ def checkable(input_MK: torch.Tensor, weight_NK: torch.Tensor, bias) -> bool:
             and input_MK.shape[-1] > 1 and torch.is_grad_enabled())
 
 
+
+
+# -- grouped products: MoE's experts (torchtitan's GroupedExperts._grouped_mm) --------------------------------------
+#
+# out_RN = A_RK @ B_t[g(r)] for each row r of group g (rows sorted by expert, ``offs`` their cumulative ends); its
+# gradients grad_A_RK = grad_out_RN @ B_t[g(r)]^T (grouped along the rows again) and grad_B_t[g] = A_g^T @ grad_out_g
+# (grouped along the inner dimension). The torch check only (torch_npu's kernel takes one dense product). The
+# products themselves are whatever the model's _grouped_mm computes (upstream's torch._grouped_mm, or
+# npu_grouped_matmul through patch moe_dispatch) with its own backward: the check wraps them in two identity
+# functions, so no bit changes. :class:`GroupedExit`'s backward, which sees grad_out, computes the expected row
+# checksums and thresholds of both gradients and hands them as the gradient of a ``link`` tensor to
+# :class:`GroupedEnter`'s backward, which sees the gradients and judges them. A group's rows are picked by a
+# one-hot [R, G] matrix: every step is a dense operator, no host read of the offsets.
+
+
+def row_groups(offsets_G: torch.Tensor, rows: int) -> torch.Tensor:
+    """[R, G] float32: 1 where row r belongs to group g; rows past the last offset belong to none."""
+    ends_G = offsets_G.to(torch.int64)
+    position_R1 = torch.arange(rows, device=offsets_G.device).unsqueeze(1)
+    starts_G = torch.cat([ends_G.new_zeros(1), ends_G[:-1]])
+    return ((position_R1 >= starts_G) & (position_R1 < ends_G)).to(torch.float32)
+
+
+def row_grouped_reference(a_RK, b_GKN, groups_RG, e_max: float):
+    """Expected row checksums and thresholds [R, S] of c_RN = a_RK @ b_GKN[g(r)], segments of N."""
+    rows, inner = a_RK.shape
+    encoded_GKS, widths_S, b_mean_abs_GS, b_mean_sq_GS, b_spread_GS = segment_stats(b_GKN.float())
+    experts, _, segments = encoded_GKS.shape
+    a32_RK = torch.where(groups_RG.sum(1, keepdim=True) > 0, a_RK.float(), 0.0)  # rows past the last offset: zeros
+    every_RGS = (a32_RK @ encoded_GKS.permute(1, 0, 2).reshape(inner, experts * segments)).view(rows, experts, segments)
+    expected_RS = (every_RGS * groups_RG.unsqueeze(2)).sum(1)
+    a_mean_R1, a_spread_R1 = row_stats(a32_RK)
+    threshold_RS = abft_threshold(inner, widths_S, a_mean_R1, a_spread_R1, groups_RG @ b_mean_abs_GS,
+                                  groups_RG @ b_mean_sq_GS, groups_RG @ b_spread_GS, e_max)
+    return expected_RS, threshold_RS
+
+
+def inner_grouped_reference(a_RK, z_RN, groups_RG, e_max: float):
+    """Expected row checksums and thresholds [G, K, S] of c_GKN[g] = a_RK[rows of g]^T @ z_RN[rows of g], segments
+    of N. Each row (g, k)'s spread is taken from column k's extremes over all groups' rows, not its group's alone:
+    a wider threshold (never a correct product failed for it), with no segmented maximum that not every
+    device has."""
+    rows, inner = a_RK.shape
+    # rows past the last offset hold whatever (upstream leaves them unwritten, infinities among it): zeros, not
+    # products with the one-hot matrix's zeros, which would make them NaN
+    in_group_R1 = groups_RG.sum(1, keepdim=True) > 0
+    a32_RK = torch.where(in_group_R1, a_RK.float(), 0.0)
+    z32_RN = torch.where(in_group_R1, z_RN.float(), 0.0)
+    encoded_RS = segments_of(z32_RN, 0.0).sum(-1)
+    segments = encoded_RS.shape[1]
+    columns = z_RN.shape[1]
+    if columns % SEGMENT:
+        widths_S = torch.full((segments,), float(SEGMENT), device=z_RN.device)
+        widths_S[-1] = columns - SEGMENT * (segments - 1)
+    else:
+        widths_S = torch.tensor(float(SEGMENT))
+    scaled_RS = encoded_RS / widths_S
+    spread_RS = (segments_of(z32_RN, -math.inf).amax(-1) - scaled_RS) * (scaled_RS - segments_of(z32_RN, math.inf).amin(-1))
+    groups_GR = groups_RG.t()
+    b_mean_abs_GS, b_mean_sq_GS = groups_GR @ scaled_RS.abs(), groups_GR @ scaled_RS.square()
+    b_spread_GS = (groups_GR @ spread_RS).abs().sqrt()
+    experts = groups_RG.shape[1]
+    spread_by_group = (encoded_RS.unsqueeze(1) * groups_RG.unsqueeze(2)).reshape(rows, experts * segments)
+    expected_GKS = (a32_RK.t() @ spread_by_group).view(inner, experts, segments).permute(1, 0, 2)
+    counts_G = groups_GR.sum(1)
+    a_mean_GK = (groups_GR @ a32_RK) / counts_G.clamp(min=1.0).unsqueeze(1)
+    a_max_1K = torch.where(in_group_R1, a32_RK, -math.inf).amax(0, keepdim=True)
+    a_min_1K = torch.where(in_group_R1, a32_RK, math.inf).amin(0, keepdim=True)
+    a_spread_GK = ((a_max_1K - a_mean_GK) * (a_mean_GK - a_min_1K)).abs().sqrt()
+    a_spread_GK = torch.where(torch.isfinite(a_spread_GK), a_spread_GK, 0.0)  # no row in any group
+    threshold_GKS = abft_threshold(counts_G.view(-1, 1, 1), widths_S, a_mean_GK.unsqueeze(2), a_spread_GK.unsqueeze(2),
+                                   b_mean_abs_GS.unsqueeze(1), b_mean_sq_GS.unsqueeze(1), b_spread_GS.unsqueeze(1), e_max)
+    return expected_GKS, threshold_GKS
+
+
+def grouped_failures(c_XN, expected_XS, threshold_XS, judged_X1=None) -> torch.Tensor:
+    """Failed verdicts (float32 0-dim) of c's rows [..., N] against their expected checksums and thresholds
+    [..., S]; rows whose expected checksum is not finite, or not ``judged_X1``, are not judged."""
+    columns = c_XN.shape[-1]
+    c_XSW = segments_of(c_XN.float().reshape(-1, columns), 0.0).view(*expected_XS.shape, SEGMENT)
+    correct = judge(c_XSW, expected_XS, threshold_XS, UNIT_ROUNDOFF[c_XN.dtype]) | ~torch.isfinite(expected_XS)
+    if judged_X1 is not None:
+        correct = correct | ~judged_X1
+    return (~correct).sum(dtype=torch.float32)
+
+
+class GroupedEnter(torch.autograd.Function):
+    """Identity on a grouped product's operands; its backward judges their gradients with the expected checksums
+    :class:`GroupedExit`'s backward sends through ``link`` (see above), and returns (failures, 1) to the sink."""
+
+    @staticmethod
+    def forward(ctx, a_RK, b_GKN, sink, groups_RG):
+        rows, inner = a_RK.shape
+        experts, _, columns = b_GKN.shape
+        ctx.shapes = (rows, inner, experts, columns)
+        ctx.save_for_backward(groups_RG)
+        link = torch.zeros(link_size(rows, inner, experts, columns), device=a_RK.device)
+        return a_RK.view_as(a_RK), b_GKN.view_as(b_GKN), link
+
+    @staticmethod
+    def backward(ctx, grad_a_RK, grad_b_GKN, grad_link):
+        (groups_RG,) = ctx.saved_tensors
+        rows, inner, experts, columns = ctx.shapes
+        asegments_of, bsegments_of = math.ceil(inner / SEGMENT), math.ceil(columns / SEGMENT)
+        first = rows * asegments_of
+        second = experts * inner * bsegments_of
+        expected_a, threshold_a, expected_b, threshold_b = torch.split(grad_link, (first, first, second, second))
+        judged_R1 = groups_RG.sum(1, keepdim=True) > 0
+        failures = grouped_failures(grad_a_RK, expected_a.view(rows, asegments_of), threshold_a.view(rows, asegments_of),
+                                    judged_R1)
+        failures = failures + grouped_failures(grad_b_GKN, expected_b.view(experts, inner, bsegments_of),
+                                               threshold_b.view(experts, inner, bsegments_of))
+        return grad_a_RK, grad_b_GKN, torch.stack([failures, torch.ones_like(failures)]), None
+
+
+def link_size(rows: int, inner: int, experts: int, columns: int) -> int:
+    return 2 * rows * math.ceil(inner / SEGMENT) + 2 * experts * inner * math.ceil(columns / SEGMENT)
+
+
+class GroupedExit(torch.autograd.Function):
+    """Identity on a grouped product's result (sdc_matmul's corruption aside); returns its forward verdict
+    (failures, 1), and its backward sends the gradients' expected checksums to :class:`GroupedEnter` as
+    ``link``'s gradient."""
+
+    @staticmethod
+    def forward(ctx, out_RN, link, a_RK, b_GKN, groups_RG):
+        expected_RS, threshold_RS = row_grouped_reference(a_RK, b_GKN, groups_RG, E_MAX[a_RK.dtype])
+        failures = grouped_failures(out_RN, expected_RS, threshold_RS, groups_RG.sum(1, keepdim=True) > 0)
+        verdict = torch.stack([failures, torch.ones_like(failures)])
+        ctx.mark_non_differentiable(verdict)
+        ctx.save_for_backward(a_RK, b_GKN, groups_RG)
+        return out_RN.view_as(out_RN), verdict
+
+    @staticmethod
+    def backward(ctx, grad_out_RN, grad_verdict):
+        a_RK, b_GKN, groups_RG = ctx.saved_tensors
+        e_max = E_MAX[a_RK.dtype]
+        expected_a, threshold_a = row_grouped_reference(grad_out_RN, b_GKN.transpose(-2, -1), groups_RG, e_max)
+        expected_b, threshold_b = inner_grouped_reference(a_RK, grad_out_RN, groups_RG, e_max)
+        link = torch.cat([expected_a.reshape(-1), threshold_a.reshape(-1), expected_b.reshape(-1),
+                          threshold_b.reshape(-1)])
+        return grad_out_RN, link, None, None, None
+
+
+def grouped_checkable(a_RK: torch.Tensor, b_GKN: torch.Tensor, offsets) -> bool:
+    """Whether the checked grouped product applies to this call (else it runs unchecked)."""
+    return (offsets is not None and a_RK.dim() == 2 and b_GKN.dim() == 3 and not hasattr(a_RK, "to_local")
+            and not hasattr(b_GKN, "to_local") and a_RK.dtype == b_GKN.dtype and a_RK.dtype in E_MAX
+            and a_RK.shape[1] == b_GKN.shape[1] and torch.is_grad_enabled()
+            and (a_RK.requires_grad or b_GKN.requires_grad))

@@ -24,8 +24,15 @@ Fails loudly rather than checking nothing: a checked step on which a rank's forw
 its backward checks did, or on which no rank checked any matmul (every linear tensor-parallel or biased),
 stops the job; an ``sdc_matmul`` fault on a step that is not checked stops at start-up.
 
-What it does not check: tensor-parallel (DTensor) linears, linears with a bias, grouped MoE expert matmuls,
-attention's matmuls, and unchecked steps (a corruption there trains on; replica_check compares the replicas).
+MoE experts (torchtitan's ``GroupedExperts``): their three grouped products per call and their gradients are
+checked too, through upstream's ``_grouped_mm`` seam (upstream's ``torch._grouped_mm`` or moe_dispatch's
+npu_grouped_matmul, whose own backward runs untouched: :meth:`Ledger.grouped_mm` wraps it in identity
+functions), always with the torch check (the kernel takes one dense product), each group's rows picked by a
+one-hot matrix, so no host read of the offsets. The weight gradient's threshold takes each input column's
+extremes over all groups' rows (wider than the kernel's, never tighter).
+
+What it does not check: tensor-parallel (DTensor) linears and experts, linears with a bias, attention's
+matmuls, and unchecked steps (a corruption there trains on; replica_check compares the replicas).
 
 Cost on a checked step: per product, the checksum work of about three reads of the product's operands and
 result (CANN's kernel: about 8 a^2 flops for an a x a x a product; the torch check: a float32 copy of the first
@@ -69,9 +76,15 @@ def install(model_parts, ledger) -> tuple[int, list[str], object]:
     Returns (how many are checked, why the others are not, the function that puts the forwards back)."""
     import torch
 
-    installed, skipped = [], []
+    from torchtitan.models.common.moe import GroupedExperts
+
+    installed, skipped, grouped = [], [], []
     for part in model_parts:
         for name, module in part.named_modules():
+            if isinstance(module, GroupedExperts):
+                grouped.append(module)
+                module._grouped_mm = _checked_grouped_mm(module, ledger)
+                continue
             # nn.Linear and its subclasses that keep its forward (torchtitan's configurable Linear); Float8Linear
             # and the like compute otherwise
             if not isinstance(module, torch.nn.Linear) or type(module).forward is not torch.nn.Linear.forward:
@@ -90,8 +103,10 @@ def install(model_parts, ledger) -> tuple[int, list[str], object]:
     def restore() -> None:
         for module in installed:
             vars(module).pop("forward", None)
+        for module in grouped:
+            vars(module).pop("_grouped_mm", None)
 
-    return len(installed), skipped, restore
+    return len(installed), len(grouped), skipped, restore
 
 
 def _checked_forward(module, ledger, corruptible: bool):
@@ -106,6 +121,24 @@ def _checked_forward(module, ledger, corruptible: bool):
         return original(module, input)
 
     return forward
+
+
+def _checked_grouped_mm(module, ledger):
+    """MoE experts' grouped products (``GroupedExperts._grouped_mm``, upstream's seam, as the class has it then:
+    upstream's torch._grouped_mm or patch moe_dispatch's npu_grouped_matmul) checked, their backward untouched."""
+    from npu_inject.ops.matmul_check import grouped_checkable
+
+    def grouped_mm(*, A, B_t, offs):
+        original = type(module)._grouped_mm
+        if ledger.checking and grouped_checkable(A, B_t, offs):
+            return ledger.grouped_mm(lambda a, b, offsets: original(module, A=a, B_t=b, offs=offsets), A, B_t, offs)
+        return original(module, A=A, B_t=B_t, offs=offs)
+
+    # the offsets' dtype the class's product asks for (patch swiglu reads it from the instance)
+    marked = getattr(type(module)._grouped_mm, "npu_inject_offsets_dtype", None)
+    if marked is not None:
+        grouped_mm.npu_inject_offsets_dtype = marked
+    return grouped_mm
 
 
 def probe_device_kernel(device) -> str | None:
@@ -143,13 +176,14 @@ def apply(ctx: PatchContext) -> None:
         from npu_inject.ops.matmul_check import Ledger
 
         ledger = state["ledger"] = Ledger(trainer.device)
-        count, skipped, restore = install(trainer.model_parts, ledger)
+        count, experts, skipped, restore = install(trainer.model_parts, ledger)
         ctx.add_cleanup(restore)
         why_not = probe_device_kernel(ledger.device)
         ledger.device_kernel = why_not is None
         if why_not is not None:
             ctx.fallback(f"products checked by the torch check (V-ABFT in torch), not on the device's kernel: {why_not}")
-        ctx.note(f"every {every} steps ({source}): {count} linears checked"
+        ctx.note(f"every {every} steps ({source}): {count} linears"
+                 + (f" and {experts} MoE experts' grouped products (the torch check)" if experts else "") + " checked"
                  + (f"; not checked: {', '.join(skipped[:8])}{' ...' if len(skipped) > 8 else ''}" if skipped else ""))
 
     def before_step(step: Step) -> None:
@@ -216,7 +250,7 @@ def apply(ctx: PatchContext) -> None:
             if not state["said"]:
                 state["said"] = True
                 ctx.note(f"step {step.number}: {int(sum(row[2] for row in table))} forward and "
-                         f"{int(sum(row[3] for row in table))} backward checked linears on {size} rank(s), all correct")
+                         f"{int(sum(row[3] for row in table))} backward checked products on {size} rank(s), all correct")
             state["verified"] = step.number
             return
         parts = []

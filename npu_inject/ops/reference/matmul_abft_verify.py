@@ -27,7 +27,7 @@ ROWS_PER_BYTE = 8
 ROUNDING_SIGMAS = 8.0  # the torch check's allowance for the rounding of a half-precision result
 
 
-def _segments(tensor_RN: torch.Tensor, fill: float) -> torch.Tensor:
+def segments_of(tensor_RN: torch.Tensor, fill: float) -> torch.Tensor:
     """[R, N] as [R, S, SEGMENT], the last segment padded with ``fill``."""
     rows, columns = tensor_RN.shape
     count = math.ceil(columns / SEGMENT)
@@ -56,35 +56,68 @@ def abft_correct(a, b, c, checksum_weight, e_max: float, encoded_dtype=torch.flo
     rounded to, whose rounding the threshold then also admits (the kernel: 0, it takes c in fp32).
     ``judge_nonfinite``: a row whose reference checksum is not finite (its operands are not) fails, as in the
     kernel, instead of being left unjudged (True: correct)."""
-    rows, inner = a.shape
-    columns = b.shape[1]
+    inner = a.shape[1]
     b32_KN = b.float()
-    # BE, accumulated in fp32; ``checksum_weight`` None: all ones (the torch check: one launch fewer)
-    encoded_KS = _segments(b32_KN if checksum_weight is None else b32_KN * checksum_weight.float(), 0.0).sum(-1)
-    b_max_KS = _segments(b32_KN, -math.inf).amax(-1)
-    b_min_KS = _segments(b32_KN, math.inf).amin(-1)
-    if columns % SEGMENT:
-        widths_S = torch.full((encoded_KS.shape[1],), float(SEGMENT), device=a.device)
-        widths_S[-1] = columns - SEGMENT * (encoded_KS.shape[1] - 1)
-    else:
-        widths_S = torch.tensor(float(SEGMENT))  # a 0-dim CPU tensor: a scalar to the device's operators
+    weighted_KN = b32_KN if checksum_weight is None else b32_KN * checksum_weight.float()
+    encoded_KS, widths_S, b_mean_abs_S, b_mean_sq_S, b_spread_S = segment_stats(b32_KN, weighted_KN)
     a32_MK = a.float()
     encoded_ref_KS = encoded_KS if encoded_dtype == torch.float32 else encoded_KS.to(encoded_dtype).float()
     expected_MS = a32_MK @ encoded_ref_KS
-    c_MSW = _segments(c.float(), 0.0)
-    observed_MS = c_MSW.sum(-1)
+    a_mean_M1, a_spread_M1 = row_stats(a32_MK)
+    threshold_MS = abft_threshold(inner, widths_S, a_mean_M1, a_spread_M1, b_mean_abs_S, b_mean_sq_S, b_spread_S,
+                                  e_max)
+    c_MSW = segments_of(c.float(), 0.0)
+    correct_MS = judge(c_MSW, expected_MS, threshold_MS, output_unit)
+    if judge_nonfinite:
+        return correct_MS.t()
+    return (correct_MS | ~torch.isfinite(expected_MS)).t()
+
+
+def segment_stats(b32_KN: torch.Tensor, weighted_KN: torch.Tensor | None = None):
+    """The B side of V-ABFT for ``b32_KN`` [..., K, N] (fp32; leading dims batch): BE [..., K, S] (the segments'
+    sums, of ``weighted_KN`` where given), the segments' widths [S], and per segment [..., S] the mean absolute
+    value, the mean square and the spread of its scaled rows, as the kernel's threshold takes them."""
+    *batch, inner, columns = b32_KN.shape
+    flat_RN = b32_KN.reshape(-1, columns)
+    weighted_RN = flat_RN if weighted_KN is None else weighted_KN.reshape(-1, columns)
+    count = math.ceil(columns / SEGMENT)
+    encoded_KS = segments_of(weighted_RN, 0.0).sum(-1).view(*batch, inner, count)
+    b_max_KS = segments_of(flat_RN, -math.inf).amax(-1).view(*batch, inner, count)
+    b_min_KS = segments_of(flat_RN, math.inf).amin(-1).view(*batch, inner, count)
+    if columns % SEGMENT:
+        widths_S = torch.full((count,), float(SEGMENT), device=b32_KN.device)
+        widths_S[-1] = columns - SEGMENT * (count - 1)
+    else:
+        widths_S = torch.tensor(float(SEGMENT))  # a 0-dim CPU tensor: a scalar to the device's operators
+    scaled_KS = encoded_KS / widths_S
+    b_mean_abs_S = scaled_KS.abs().sum(-2)
+    b_mean_sq_S = (scaled_KS * scaled_KS).sum(-2)
+    b_spread_S = ((b_max_KS - scaled_KS) * (scaled_KS - b_min_KS)).sum(-2).abs().sqrt()
+    return encoded_KS, widths_S, b_mean_abs_S, b_mean_sq_S, b_spread_S
+
+
+def row_stats(a32_MK: torch.Tensor):
+    """The A side of V-ABFT: each row's mean and spread, [M, 1] each."""
     a_mean_M1 = a32_MK.mean(1, keepdim=True)
     a_spread_M1 = ((a32_MK.amax(1, keepdim=True) - a_mean_M1) * (a_mean_M1 - a32_MK.amin(1, keepdim=True))).abs().sqrt()
-    scaled_KS = encoded_KS / widths_S
-    b_mean_abs_S = scaled_KS.abs().sum(0)
-    b_mean_sq_S = (scaled_KS * scaled_KS).sum(0)
-    b_spread_S = ((b_max_KS - scaled_KS) * (scaled_KS - b_min_KS)).sum(0).abs().sqrt()
-    e_scaled = e_max * 6.0 * math.sqrt(inner / 1024.0)
-    threshold_MS = e_scaled * (
-        widths_S * a_mean_M1.abs() * b_mean_abs_S
-        + (16.0 * widths_S * b_spread_S.square() * a_mean_M1.square()
-           + 16.0 * widths_S.square() * b_mean_sq_S * a_spread_M1.square()).abs().sqrt()
-        + widths_S.sqrt() * b_spread_S * a_spread_M1)
+    return a_mean_M1, a_spread_M1
+
+
+def abft_threshold(inner, widths_S, a_mean, a_spread, b_mean_abs, b_mean_sq, b_spread, e_max: float):
+    """The kernel's adaptive threshold per (row, segment), every argument broadcast to [M, S]; ``inner`` (K) a
+    number or a tensor broadcast the same way."""
+    scale = math.sqrt(inner / 1024.0) if isinstance(inner, (int, float)) else (inner / 1024.0).sqrt()
+    e_scaled = e_max * 6.0 * scale
+    return e_scaled * (
+        widths_S * a_mean.abs() * b_mean_abs
+        + (16.0 * widths_S * b_spread.square() * a_mean.square()
+           + 16.0 * widths_S.square() * b_mean_sq * a_spread.square()).abs().sqrt()
+        + widths_S.sqrt() * b_spread * a_spread)
+
+
+def judge(c_MSW: torch.Tensor, expected_MS: torch.Tensor, threshold_MS: torch.Tensor, output_unit: float) -> torch.Tensor:
+    """[M, S] True where the observed segment sums of ``c_MSW`` are within the threshold of the expected."""
+    observed_MS = c_MSW.sum(-1)
     if output_unit:
         # each element of c is within output_unit |c| of the exact sum: the segment's sum within that times
         # sum |c| for certain, and within ROUNDING_SIGMAS standard deviations of independent roundings
@@ -92,10 +125,7 @@ def abft_correct(a, b, c, checksum_weight, e_max: float, encoded_dtype=torch.flo
         certain_MS = output_unit * c_MSW.abs().sum(-1)
         likely_MS = ROUNDING_SIGMAS / math.sqrt(3.0) * output_unit * c_MSW.square().sum(-1).sqrt()
         threshold_MS = threshold_MS + torch.minimum(certain_MS, likely_MS)
-    correct_MS = (observed_MS - expected_MS).abs() - threshold_MS <= 0
-    if judge_nonfinite:
-        return correct_MS.t()
-    return (correct_MS | ~torch.isfinite(expected_MS)).t()
+    return (observed_MS - expected_MS).abs() - threshold_MS <= 0
 
 
 def pack_rows(correct_SM: torch.Tensor) -> torch.Tensor:

@@ -36,8 +36,8 @@ def _model():
 def test_bias_free_linears_keeping_nn_linears_forward_are_checked_and_restored():
     model, reference = _model(), _model()
     ledger = Ledger("cpu")
-    count, skipped, restore = install([model], ledger)
-    assert count == 2 and skipped == ["3 (bias)"]
+    count, experts, skipped, restore = install([model], ledger)
+    assert count == 2 and experts == 0 and skipped == ["3 (bias)"]
     x = torch.randn(5, 8)
     ledger.checking = True
     y = model(x)
@@ -49,6 +49,39 @@ def test_bias_free_linears_keeping_nn_linears_forward_are_checked_and_restored()
     assert torch.equal(model(x), reference(x)) and ledger.local_counts().tolist() == [0.0, 0.0, 0.0, 0.0]
     restore()
     assert all("forward" not in vars(module) for module in model.modules())
+
+
+def _experts():
+    from torchtitan.models.common.moe import GroupedExperts
+
+    torch.manual_seed(0)
+    experts = GroupedExperts(GroupedExperts.Config(dim=64, hidden_dim=96, num_experts=4))
+    for weight in (experts.w1_EFD, experts.w2_EDF, experts.w3_EFD):
+        torch.nn.init.normal_(weight, std=0.05)
+    return experts
+
+
+def test_moe_experts_grouped_products_are_checked_bit_for_bit_and_restored():
+    """torchtitan's GroupedExperts: its three grouped products per call, forward and backward, checked through its
+    own _grouped_mm seam; the output and every gradient equal an unpatched copy's bit for bit."""
+    experts, reference = _experts(), _experts()
+    ledger = Ledger("cpu")
+    count, grouped, skipped, restore = install([experts], ledger)
+    assert (count, grouped, skipped) == (0, 1, [])
+    tokens = torch.tensor([5, 0, 9, 10])
+    x = torch.randn(24, 64, requires_grad=True)
+    x_reference = x.detach().clone().requires_grad_()
+    ledger.checking = True
+    ledger.reset()
+    y, y_reference = experts(x, tokens), reference(x_reference, tokens)
+    y.sum().backward()
+    y_reference.sum().backward()
+    assert torch.equal(y, y_reference) and torch.equal(x.grad, x_reference.grad)
+    for name in ("w1_EFD", "w2_EDF", "w3_EFD"):
+        assert torch.equal(getattr(experts, name).grad, getattr(reference, name).grad), name
+    assert ledger.local_counts().tolist() == [0.0, 0.0, 3.0, 3.0]
+    restore()
+    assert "_grouped_mm" not in vars(experts)
 
 
 def test_a_fault_on_a_step_that_is_not_checked_stops_at_start_up():
