@@ -55,8 +55,8 @@ from collections import deque
 
 from npu_inject import selection
 from npu_inject.errors import stop_run
-from npu_inject.rank_agreement import who
 from npu_inject.patching import PatchContext
+from npu_inject.rank_agreement import who
 from npu_inject.training_step import RETRY, Step, take_part
 
 TARGETS = (

@@ -33,8 +33,15 @@ one device-to-host copy of the gathered table; the snapshot: a copy of the rank'
 optimizer states to host memory (pinned where there is a device, one synchronisation), which it occupies for
 good (noted once in the report: the bytes per rank), and the host batches of up to ``every`` steps. A repair adds
 one broadcast per differing tensor and one more all-gather; a rollback, the steps since the snapshot trained
-again. Nothing on other steps. torchft replica groups (no replicate
-dimension inside torchtitan) are not compared yet.
+again. Nothing on other steps.
+
+torchft replica groups (``--fault_tolerance.enable``; the replicas are the groups, outside torchtitan's mesh)
+are compared through torchft's own all-reduce (its managed process group: each group writes its row of
+fingerprints and its replica id into a table the sum fills), rank by rank with the counterpart ranks of the
+other participating groups. A group in the minority stops with one line (its replica group leaves the
+quorum and heals from a healthy one when torchrun restarts it); the majority's groups train on, naming it;
+without a majority every group stops with one line. No rollback or repair across groups: torchft's healing is
+the repair. :func:`group_verdict` decides.
 """
 
 from __future__ import annotations
@@ -42,8 +49,8 @@ from __future__ import annotations
 import logging
 
 from npu_inject.errors import stop_run
-from npu_inject.rank_agreement import who
 from npu_inject.patching import PatchContext
+from npu_inject.rank_agreement import who
 from npu_inject.training_step import OWNER, Step, take_part
 
 TARGETS = (
@@ -163,10 +170,31 @@ def majority(table: list[list[int]], column: int, members: list[int]) -> tuple[i
     return (members[values.index(value)], [rank for rank, each in zip(members, values) if each != value])
 
 
+def group_verdict(table: list[list[int]], mine: int, names: list[str], tensors: list[str]) -> tuple[str, str] | None:
+    """torchft replica groups' fingerprints (rows; ``mine`` this group's row, ``names`` each row's replica id,
+    ``tensors`` the columns' names): None when they agree, else (what this group does: "stop" or "train on", the
+    line saying why)."""
+    found = disagreement(table, list(range(len(table))))
+    if found is None:
+        return None
+    column, wrong, _ = found
+    differing = sum(len({row[index] for row in table}) > 1 for index in range(len(table[0])))
+    named = ", ".join(f"replica group {names[row]}" for row in wrong)
+    what = f"{tensors[column]} ({differing} of {len(tensors)} tensors differ)"
+    if len(wrong) == len(table):
+        return "stop", (f"the torchft replica groups' {what} and no majority says which group is wrong ({named}): "
+                        "drain one after checking their devices, resume from a checkpoint")
+    if mine in wrong:
+        return "stop", (f"this replica group ({names[mine]}) disagrees with the majority of the torchft replica groups "
+                        f"in {what}: it leaves the quorum and heals from a healthy group when torchrun restarts it")
+    return "train on", (f"{named} disagreed with the majority of the torchft replica groups in {what} and leaves the "
+                        "quorum; this group agrees with the majority")
+
+
 def apply(ctx: PatchContext) -> None:
     options = ctx.options  # registry.json's option_rules keep each >= 1
     every = options["every"]
-    state = {"verified": None, "said_none": False, "snapshot": None, "said_snapshot": False}
+    state = {"verified": None, "said_none": False, "snapshot": None, "said_snapshot": False, "said_groups": False}
     strikes: dict[int, int] = {}  # rank: how often it disagreed with the majority
     unverified: list[tuple[int, list, bool]] = []  # the steps after the snapshot: (number, batches, update kept out)
 
@@ -189,6 +217,10 @@ def apply(ctx: PatchContext) -> None:
         import torch.distributed as dist
 
         trainer = step.trainer
+        ft = getattr(trainer, "ft_manager", None)
+        if getattr(ft, "enabled", False):
+            compare_groups(step, ft.manager)
+            return
         mesh = trainer.parallel_dims.get_optional_mesh("dp_replicate")
         if mesh is None:
             if not state["said_none"]:
@@ -244,6 +276,48 @@ def apply(ctx: PatchContext) -> None:
         ctx.note(line)
         logger.warning("npu_inject replica_check: %s", line)
         verified(step)
+
+    def compare_groups(step: Step, manager) -> None:
+        import torch
+        import torch.distributed as dist
+
+        participants, mine_row = manager.num_participants(), manager.participating_rank()
+        if mine_row is None or participants < 2:
+            if not state["said_none"]:
+                state["said_none"] = True
+                ctx.note(f"step {step.number}: fewer than 2 torchft replica groups take part: nothing to compare")
+            return
+        named = replicated_state(step.trainer)
+        mine = fingerprints([tensor for _, tensor in named])
+        replica_id = str(step.trainer.config.fault_tolerance.replica_id)
+        table = torch.zeros(participants, mine.numel() + 1, dtype=torch.int64, device=mine.device)
+        table[mine_row, :-1] = mine
+        table[mine_row, -1] = int(replica_id) if replica_id.isdigit() else -1
+        manager.allreduce(table, reduce_op=dist.ReduceOp.SUM).wait()  # each row written once: the sum is a gather
+        if manager.errored() is not None:
+            line = (f"step {step.number}: the torchft replica groups were not compared: torchft's all-reduce failed "
+                    f"({manager.errored()})")
+            ctx.note(line)
+            logger.warning("npu_inject replica_check: %s", line)
+            return
+        rows = table.cpu().tolist()  # the one host read
+        names = [str(row[-1]) if row[-1] >= 0 else f"#{index}" for index, row in enumerate(rows)]
+        verdict = group_verdict([row[:-1] for row in rows], mine_row, names, [name for name, _ in named])
+        last = state["verified"]
+        since = f"the last verified step is {last}" if last is not None else "no step was verified before"
+        if verdict is None:
+            state["verified"] = step.number
+            unverified.clear()
+            if not state["said_groups"]:
+                state["said_groups"] = True
+                ctx.note(f"step {step.number}: {len(named)} tensors agree across {participants} torchft replica groups")
+            return
+        action, why = verdict
+        line = f"step {step.number}: {why}; {since} (seen on {who(dist.get_rank() if dist.is_initialized() else 0)})"
+        if action == "stop":
+            stop_run(f"npu_inject replica_check: {line}")
+        ctx.note(line)
+        logger.warning("npu_inject replica_check: %s", line)
 
     def rollback(step: Step, what: str, snapshot: Snapshot, sources, members) -> None:
         import torch

@@ -104,8 +104,10 @@ def test_with_torchft_committing_every_step_a_corrupted_step_is_kept_out_on_ever
     checks = {"TORCHTITAN_NPU_PATCHES": "+matmul_checks", "TORCHTITAN_NPU_SDC_EVERY": "2"}
     (tmp_path / "caught").mkdir()
     (tmp_path / "reference").mkdir()
-    caught = run_failover(tmp_path / "caught", steps=6, fault="sdc_matmul@4:rank=1", timeout=600, extra_env=checks)
-    reference = run_failover(tmp_path / "reference", steps=6, fault="nan_loss@4:rank=1", timeout=600, extra_env=checks)
+    caught = run_failover(tmp_path / "caught", steps=6, fault="sdc_matmul@4:rank=1", timeout=600, extra_env=checks,
+                          min_replicas=2)
+    reference = run_failover(tmp_path / "reference", steps=6, fault="nan_loss@4:rank=1", timeout=600, extra_env=checks,
+                             min_replicas=2)
     assert caught.returncodes == [0, 0] and reference.returncodes == [0, 0], caught.logs[1][-4000:]
     assert "Traceback" not in caught.logs[0] + caught.logs[1], caught.logs[0][-4000:]
     for group in (0, 1):

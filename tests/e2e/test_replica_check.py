@@ -82,3 +82,29 @@ def test_two_replicas_that_drift_apart_roll_back_to_the_last_verified_step_and_t
     notes = json.loads((tmp_path / "two" / "npu_inject" / "report_rank0.json").read_text())["patches"][
         "replica_check"]["notes"]
     assert any(note.startswith("rollback snapshot at each verified step: ") for note in notes), notes
+
+
+@pytest.mark.e2e_long
+def test_torchft_replica_groups_that_drift_apart_stop_with_one_line_without_a_majority(tmp_path):
+    """Two torchft replica groups of 2 ranks (tools/bench_failover.py), checks every 2 steps: rank 1 of group 1
+    flips a bit after step 3's update; step 4's check, through torchft's all-reduce, finds the groups' rank 1
+    shards differ and no majority: rank 1 of both groups stops with the same line naming the tensor, both
+    groups and the last verified step (torchrun then restarts the groups, which have no checkpoint here)."""
+    pytest.importorskip("torchft")
+    from tools.bench_failover import run_failover
+
+    registry = tmp_path / "registry.json"
+    registry.write_text(json.dumps({"patches": {"replica_check": {"options": {"every": 2}}}}))
+    (tmp_path / "run").mkdir()
+    # min_replicas 2: both groups in every quorum from the first (a group joining late heals, and its step count
+    # jumps past the fault's step)
+    run = run_failover(tmp_path / "run", steps=6, fault="bitflip_param@3:rank=1", timeout=600, min_replicas=2,
+                       extra_env={"TORCHTITAN_NPU_PATCHES": "+replica_check", "TORCHTITAN_NPU_REGISTRY": str(registry)})
+    stops = [[line.removeprefix("[default1]:") for line in log.splitlines()
+              if line.startswith("[default1]:npu_inject replica_check: ")] for log in run.logs]
+    print(stops)
+    assert stops[0] and stops[0][0] == stops[1][0], stops
+    assert stops[0][0].startswith("npu_inject replica_check: step 4: the torchft replica groups' ")
+    assert ("differ) and no majority says which group is wrong (replica group 0, replica group 1)" in stops[0][0]
+            and "the last verified step is 2" in stops[0][0])
+    assert not any(line.startswith("[default0]:npu_inject replica_check: ") for log in run.logs for line in log.splitlines())

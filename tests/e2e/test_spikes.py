@@ -101,7 +101,8 @@ def test_with_torchft_committing_every_step_a_spike_in_one_group_is_kept_out_on_
     runs = {}
     for name, fault in (("caught", f"loss_spike@{SPIKE_STEP}:rank=1"), ("reference", f"nan_loss@{SPIKE_STEP}:rank=1")):
         (tmp_path / name).mkdir()
-        runs[name] = run_failover(tmp_path / name, steps=10, fault=fault, timeout=600, extra_env=env)
+        # min_replicas 2: both groups in every quorum (a group joining late heals past the fault's step)
+        runs[name] = run_failover(tmp_path / name, steps=10, fault=fault, timeout=600, extra_env=env, min_replicas=2)
         assert runs[name].returncodes == [0, 0], runs[name].logs[1][-4000:]
     caught, reference = runs["caught"], runs["reference"]
     for group in (0, 1):

@@ -43,3 +43,20 @@ def test_the_first_differing_tensor_and_the_minority(table, members, found):
 ])
 def test_the_majority_names_a_source_and_the_ranks_to_repair(table, column, found):
     assert replica_check.majority(table, column, [0, 4, 8][:len(table)]) == found
+
+
+@pytest.mark.parametrize("table, mine, expected", [
+    ([[1, 2], [1, 2], [1, 2]], 0, None),
+    ([[1, 2], [1, 9], [1, 2]], 1, ("stop", "this replica group (b) disagrees with the majority of the torchft replica "
+                                           "groups in w2 (1 of 2 tensors differ): it leaves the quorum")),
+    ([[1, 2], [1, 9], [1, 2]], 0, ("train on", "replica group b disagreed with the majority of the torchft replica "
+                                               "groups in w2 (1 of 2 tensors differ) and leaves the quorum")),
+    ([[1, 2], [5, 9]], 0, ("stop", "the torchft replica groups' w1 (2 of 2 tensors differ) and no majority says which "
+                                   "group is wrong (replica group a, replica group b)")),
+])
+def test_torchft_replica_groups_verdict(table, mine, expected):
+    verdict = replica_check.group_verdict(table, mine, ["a", "b", "c"][:len(table)], ["w1", "w2"])
+    if expected is None:
+        assert verdict is None
+    else:
+        assert verdict[0] == expected[0] and verdict[1].startswith(expected[1]), verdict
