@@ -39,9 +39,10 @@ result (CANN's kernel: about 8 a^2 flops for an a x a x a product; the torch che
 operand and some 60 small operators); one ``all_gather`` of four floats and one device-to-host copy per step.
 Nothing on unchecked steps. Measured on the real torch_npu over the CANN emulation (llama3 debug, 2 ranks, rank
 0): one more stream synchronisation and one more device-to-host copy on a checked step (12 and 7 against 11 and
-6), 12,116 aclnn launches against 865 (the debug model's products are small: most take the torch check). The
+6), 9,940 aclnn launches against 865 (the debug model's products are small: most take the torch check). The
 default of 20 steps is chosen from ``npu-inject plan``'s estimate for llama3_8b on 8 A2 (a checked step adds
-about 21% of the step, memory-bound: about 1% of the training time at every 20); a chip that keeps miscomputing
+about 21% of the step, memory-bound: about 1% of the training time at every 20; deepseek_v3_671b on 1024 A3 with
+EP 256: 26%, 1.3% at every 20, two thirds of it the experts' torch check); a chip that keeps miscomputing
 is caught within 20 steps, a one-off fault on an unchecked step is not.
 With torchft committing every step, a checked step adds one all-reduce of one float across the replica
 groups and its host read.

@@ -225,12 +225,16 @@ def _evaluate(recorded: dict[int, Any], *, profile, efficiency, world_size, expa
     step = info["steps_recorded"]
     timing = costmodel.simulate(traces, profile, efficiency, layout,
                                 {s: _window(t, step) for s, t in traces.items()})
+    checks = costmodel.matmul_check_cost(traces, profile, efficiency, {s: _window(t, step) for s, t in traces.items()})
     extra_groups = info["gradient_accumulation_steps"] - info["groups_recorded"]
     if extra_groups > 0:
         # The recorded step ran at most two microbatch groups: the others take as long as the last.
         last = info["groups_recorded"] - 1
         group = costmodel.simulate(traces, profile, efficiency, layout,
                                    {s: _group_window(t, step, last) for s, t in traces.items()})
+        group_checks = costmodel.matmul_check_cost(traces, profile, efficiency,
+                                                   {s: _group_window(t, step, last) for s, t in traces.items()})
+        checks = {kind: seconds + extra_groups * group_checks[kind] for kind, seconds in checks.items()}
         timing.step_s += extra_groups * group.step_s
         timing.compute_s += extra_groups * group.compute_s
         timing.bubble_s += extra_groups * group.bubble_s
@@ -249,7 +253,7 @@ def _evaluate(recorded: dict[int, Any], *, profile, efficiency, world_size, expa
     batch_degree = world_size // (pp * info["parallel"]["cp"] * info["parallel"]["tp"])
     global_batch = info["global_batch_size"] if info["global_batch_size"] > 0 else info["local_batch_size"] * batch_degree
     info["peak_flops"] = profile.peak("bf16")
-    info["matmul_check_share"] = costmodel.matmul_check_share(traces, profile, efficiency)
+    info["matmul_check_seconds"] = checks
     if info.get("replica_groups", 1) > 1:
         info["torchft"] = _cross_group_allreduce(info["replica_groups"], roles, profile, efficiency)
     return JobPlan(list(argv), profile.name, world_size, info["parallel"], roles, timing,

@@ -123,20 +123,21 @@ def time_lines(plan) -> list[str]:
 
 def matmul_check_lines(plan) -> list[str]:
     """What patch matmul_checks would add (off by default): per checked step, and over every ``every`` steps."""
-    share = plan.info.get("matmul_check_share")
-    if not share:
+    cost = plan.info.get("matmul_check_seconds")
+    if not cost or not (cost["dense"] + cost["grouped"]):
         return []
     import os
 
     from npu_inject import registry
 
     every = int(os.environ.get("TORCHTITAN_NPU_SDC_EVERY", "") or registry.load().patches["matmul_checks"].options["every"])
-    matmul_s = sum(seconds for (kind, _), seconds in plan.timing.by_class.items() if kind == "matmul")
-    added = share * matmul_s
+    added = cost["dense"] + cost["grouped"]
     step = plan.timing.step_s
+    parts = f"{cost['dense']:.3f} s for the linears' products on CANN's V-ABFT kernel"
+    if cost["grouped"]:
+        parts += f", {cost['grouped']:.3f} s for the experts' grouped products on the torch check"
     return [f"  matmul_checks (+matmul_checks; off by default): a checked step adds {added:.3f} s ({added / step:.1%} of "
-            f"the step: the V-ABFT check reads each linear product's operands and result once more, memory-bound, "
-            f"{share:.0%} of the matmuls' time; EST, not measured on an NPU); checking every {every} steps: "
+            f"the step: {parts}; memory-bound, EST, not measured on an NPU); checking every {every} steps: "
             f"{added / every / step:.2%}"]
 
 

@@ -72,3 +72,19 @@ def test_host_bound_when_issuing_takes_longer_than_the_devices_compute(nbytes, h
         assert timing.exposed_comm_s == pytest.approx(timing.step_s - timing.compute_s)
     else:
         assert timing.step_s == pytest.approx(20e-6 + 100 * 1e-3)
+
+
+def test_the_checks_cost_counts_the_windows_products_only_dense_and_grouped_apart():
+    """One recorded step's window: a dense product of 2 x 4 x 3 bf16 elements costs its V-ABFT traffic (a, b twice,
+    c, and 8 bytes per fp32 element of c) at the memory rate plus five launches; a grouped one five times its
+    own bytes plus 60 launches; ops outside the window or outside forward and backward cost nothing."""
+    profile = SimpleNamespace(memory_bandwidth_gbps=1.0)  # 1e9 bytes a second
+    eff = {"memory": 1.0, "kernel_us": 10.0}
+    dense = SimpleNamespace(name="aten.mm", phase="forward", shape=(2, 3, 4), bytes=2 * (8 + 12 + 6))
+    grouped = SimpleNamespace(name="npu_inject.npu_grouped_matmul_backward", phase="backward", shape=(1, 1, 1),
+                              bytes=1000)
+    other = SimpleNamespace(name="aten.mm", phase="optimizer", shape=(2, 3, 4), bytes=52)
+    trace = SimpleNamespace(ops=[dense, dense, grouped, other])
+    cost = costmodel.matmul_check_cost({0: trace}, profile, eff, {0: (1, 4)})
+    assert cost["dense"] == pytest.approx((2 * (8 + 2 * 12 + 6) + 8 * 6) / 1e9 + 5 * 10e-6)
+    assert cost["grouped"] == pytest.approx(5 * 1000 / 1e9 + 2 * 60 * 10e-6)
