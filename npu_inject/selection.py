@@ -192,7 +192,7 @@ def make(environ: os._Environ | dict | None = None) -> Selection:
         if settings.sdc_every is not None:
             raise ConfigError(f"{settings_mod.ENV_SDC_EVERY} is set but patch matmul_checks is not enabled; add "
                               f"+matmul_checks to {settings_mod.ENV_PATCHES} or unset {settings_mod.ENV_SDC_EVERY}")
-        wanted = [fault.item for fault in settings.faults if fault.kind == "sdc_matmul"]
+        wanted = [fault.item for fault in settings.faults if fault.kind in ("sdc_matmul", "sdc_expert")]
         if wanted:
             raise ConfigError(f"{settings_mod.ENV_FAULTS}: {wanted[0]!r} corrupts a checked matmul, but patch "
                               f"matmul_checks is not enabled; add +matmul_checks to {settings_mod.ENV_PATCHES}")

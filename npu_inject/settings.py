@@ -30,6 +30,8 @@ FAULT_KINDS = {
     "sdc_matmul": "one finite wrong value in one matmul result of step K on the chosen ranks (the model's first "
                   "checked linear, its forward product's first element x becomes 1024 x + 1024), as a chip that "
                   "miscomputes leaves it (what patch matmul_checks catches; the step must be a checked one)",
+    "sdc_expert": "as sdc_matmul, in each grouped product's result of the model's first MoE experts in step K's "
+                  "forward on the chosen ranks (what patch matmul_checks catches in the experts' grouped products)",
     "kill": "the rank's process SIGKILLs itself as the step starts (a dead process: node loss, the OOM killer), "
             "in the launcher's first attempt only, so a restarted rank trains on",
     "hang": "the rank stops inside the step and never returns (a hung device or collective): its peers' next "

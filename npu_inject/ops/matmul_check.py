@@ -61,6 +61,7 @@ class Ledger:
         # sdc_matmul: 1 while the product of :attr:`corruptible` gets one wrong element. A tensor, not a Python
         # flag: an activation checkpoint's recomputation must run the graph the forward ran under torch.compile
         self.corruption = torch.zeros((), device=self.device)
+        self.expert_corruption = torch.zeros((), device=self.device)  # sdc_expert, in the first experts' products
         self.device_kernel = False  # torch_npu's _npu_matmul_abft_verify, once probed on the device
 
     def reset(self) -> None:
@@ -82,13 +83,17 @@ class Ledger:
         self.forward.add_(verdict)
         return output
 
-    def grouped_mm(self, grouped_mm, a_RK: torch.Tensor, b_GKN: torch.Tensor, offsets_G: torch.Tensor) -> torch.Tensor:
+    def grouped_mm(self, grouped_mm, a_RK: torch.Tensor, b_GKN: torch.Tensor, offsets_G: torch.Tensor,
+                   corruptible: bool = False) -> torch.Tensor:
         """``grouped_mm(a, b, offsets)`` (the model's own grouped product, its backward untouched), its result and
         both gradients checked; the forward verdict joins :attr:`forward`, the backward's the sink."""
         groups_RG = row_groups(offsets_G, a_RK.shape[0])
         a_in, b_in, link = GroupedEnter.apply(a_RK, b_GKN, self.sink, groups_RG)
         out = grouped_mm(a_in, b_in, offsets_G)
-        out, verdict = GroupedExit.apply(out, link, a_RK, b_GKN, groups_RG)
+        # sdc_expert: the products of the experts chosen at install (not spent in place after one call: an
+        # activation checkpoint's recomputation must see the value the forward saw)
+        corruption = self.expert_corruption if corruptible else None
+        out, verdict = GroupedExit.apply(out, link, a_RK, b_GKN, groups_RG, corruption)
         self.forward.add_(verdict)
         return out
 
@@ -290,7 +295,9 @@ class GroupedExit(torch.autograd.Function):
     ``link``'s gradient."""
 
     @staticmethod
-    def forward(ctx, out_RN, link, a_RK, b_GKN, groups_RG):
+    def forward(ctx, out_RN, link, a_RK, b_GKN, groups_RG, corruption):
+        if corruption is not None:
+            out_RN = corrupt(out_RN, corruption)
         expected_RS, threshold_RS = row_grouped_reference(a_RK, b_GKN, groups_RG, E_MAX[a_RK.dtype])
         failures = grouped_failures(out_RN, expected_RS, threshold_RS, groups_RG.sum(1, keepdim=True) > 0)
         verdict = torch.stack([failures, torch.ones_like(failures)])
@@ -306,7 +313,7 @@ class GroupedExit(torch.autograd.Function):
         expected_b, threshold_b = inner_grouped_reference(a_RK, grad_out_RN, groups_RG, e_max)
         link = torch.cat([expected_a.reshape(-1), threshold_a.reshape(-1), expected_b.reshape(-1),
                           threshold_b.reshape(-1)])
-        return grad_out_RN, link, None, None, None
+        return grad_out_RN, link, None, None, None, None
 
 
 def grouped_checkable(a_RK: torch.Tensor, b_GKN: torch.Tensor, offsets) -> bool:

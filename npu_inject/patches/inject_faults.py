@@ -19,6 +19,8 @@ comma-separated; a bad item stops at start-up naming it.
   forward product of the rank's first checked linear becomes 1024 x + 1024, as a chip that miscomputes a block
   leaves it (nothing raises, nothing is NaN). Caused by :mod:`npu_inject.patches.matmul_checks` (required; K
   must be a step it checks), in the step's first attempt only, so the retried attempt computes it right.
+* ``sdc_expert@K``: the same in each grouped product's result of the model's first MoE experts (its first
+  ``GroupedExperts``: the gate, up and down projections) in step K's forward.
 * ``kill@K``: as step K starts, the rank's process sends itself SIGKILL: no exception, no cleanup, what
   a lost node or the OOM killer leaves. Its peers' next collective fails or times out.
 * ``hang@K``: as step K starts, the rank sleeps and never returns, as a hung device or a collective
@@ -184,7 +186,7 @@ def apply(ctx: PatchContext) -> None:
 
     uce_steps = {fault.step for fault in mine if fault.kind == "uce_in_forward"}
     flip_steps = {fault.step for fault in mine if fault.kind == "bitflip_param"}
-    sdc_steps = {fault.step for fault in mine if fault.kind == "sdc_matmul"}
+    sdc_steps = {(fault.step, fault.kind) for fault in mine if fault.kind in ("sdc_matmul", "sdc_expert")}
     inject_uce = _mem_uce_injector() if uce_steps else None
 
     def trainer_init(original, trainer, config, *args, **kwargs):
@@ -215,11 +217,12 @@ def apply(ctx: PatchContext) -> None:
         elif kind:  # the model's forward: the step's quorum and its first collectives have begun
             number = trainer.step
             trainer.model_parts[0].register_forward_pre_hook(lambda module, args: stop(kind, number))
-        if trainer.step in sdc_steps:  # matmul_checks causes it, in this first attempt
-            sdc_steps.discard(trainer.step)
-            step.armed.add("sdc_matmul")
-            announce("sdc_matmul", trainer.step)
-            ctx.note(f"step {trainer.step}: sdc_matmul injected on rank {rank}")
+        for number, kind in sorted(sdc_steps):  # matmul_checks causes it, in this first attempt
+            if number == trainer.step:
+                sdc_steps.discard((number, kind))
+                step.armed.add(kind)
+                announce(kind, trainer.step)
+                ctx.note(f"step {trainer.step}: {kind} injected on rank {rank}")
         for kind, factor in (("nan_loss", float("nan")), ("loss_spike", SPIKE_SCALE)):
             if trainer.step in scaled_steps[kind]:
                 step.on_exit(trainer.model_parts[0].register_forward_hook(_scaled(factor)).remove)

@@ -84,7 +84,7 @@ def install(model_parts, ledger) -> tuple[int, list[str], object]:
         for name, module in part.named_modules():
             if isinstance(module, GroupedExperts):
                 grouped.append(module)
-                module._grouped_mm = _checked_grouped_mm(module, ledger)
+                module._grouped_mm = _checked_grouped_mm(module, ledger, corruptible=len(grouped) == 1)
                 continue
             # nn.Linear and its subclasses that keep its forward (torchtitan's configurable Linear); Float8Linear
             # and the like compute otherwise
@@ -124,7 +124,7 @@ def _checked_forward(module, ledger, corruptible: bool):
     return forward
 
 
-def _checked_grouped_mm(module, ledger):
+def _checked_grouped_mm(module, ledger, corruptible: bool):
     """MoE experts' grouped products (``GroupedExperts._grouped_mm``, upstream's seam, as the class has it then:
     upstream's torch._grouped_mm or patch moe_dispatch's npu_grouped_matmul) checked, their backward untouched."""
     from npu_inject.ops.matmul_check import grouped_checkable
@@ -132,7 +132,8 @@ def _checked_grouped_mm(module, ledger):
     def grouped_mm(*, A, B_t, offs):
         original = type(module)._grouped_mm
         if ledger.checking and grouped_checkable(A, B_t, offs):
-            return ledger.grouped_mm(lambda a, b, offsets: original(module, A=a, B_t=b, offs=offsets), A, B_t, offs)
+            return ledger.grouped_mm(lambda a, b, offsets: original(module, A=a, B_t=b, offs=offsets), A, B_t, offs,
+                                     corruptible)
         return original(module, A=A, B_t=B_t, offs=offs)
 
     # the offsets' dtype the class's product asks for (patch swiglu reads it from the instance)
@@ -166,7 +167,8 @@ def apply(ctx: PatchContext) -> None:
     settings = selection.current().settings
     every = settings.sdc_every or options["every"]
     source = "TORCHTITAN_NPU_SDC_EVERY" if settings.sdc_every else "the registry option every"
-    unchecked = [fault.item for fault in settings.faults if fault.kind == "sdc_matmul" and fault.step % every]
+    unchecked = [fault.item for fault in settings.faults
+                 if fault.kind in ("sdc_matmul", "sdc_expert") and fault.step % every]
     if unchecked:
         stop_run(f"npu_inject matmul_checks: TORCHTITAN_NPU_FAULTS: {unchecked[0]!r} is not a checked step (every "
                  f"{every}, from {source}), so the fault would never be caused; use a multiple of {every}")
@@ -179,6 +181,12 @@ def apply(ctx: PatchContext) -> None:
         ledger = state["ledger"] = Ledger(trainer.device)
         count, experts, skipped, restore = install(trainer.model_parts, ledger)
         ctx.add_cleanup(restore)
+        rank = int(os.environ.get("RANK", "0"))
+        wanted = [fault.item for fault in settings.faults if fault.kind == "sdc_expert" and fault.rank in (None, rank)]
+        if wanted and not experts:
+            stop_run(f"npu_inject matmul_checks: TORCHTITAN_NPU_FAULTS: {wanted[0]!r} corrupts an MoE experts' grouped "
+                     f"product, but rank {rank}'s model has no GroupedExperts, so the fault would never be caused; "
+                     "use sdc_matmul, or a rank whose pipeline stage holds experts")
         why_not = probe_device_kernel(ledger.device)
         ledger.device_kernel = why_not is None
         if why_not is not None:
@@ -201,9 +209,10 @@ def apply(ctx: PatchContext) -> None:
         ledger.checking = step.number % every == 0 and not inferring
         if ledger.checking:  # nothing on the device on unchecked steps
             ledger.reset()
-        if "sdc_matmul" in step.armed:
-            ledger.corruption.fill_(1.0)
-            step.on_exit(lambda: ledger.corruption.fill_(0.0))
+        for kind, corruption in (("sdc_matmul", ledger.corruption), ("sdc_expert", ledger.expert_corruption)):
+            if kind in step.armed:
+                corruption.fill_(1.0)
+                step.on_exit(lambda corruption=corruption: corruption.fill_(0.0))
 
     def before_optimizer(step: Step) -> None:
         ledger = state["ledger"]
@@ -288,7 +297,8 @@ def apply(ctx: PatchContext) -> None:
             if int(os.environ.get("RANK", "0")) == 0:  # the same table, so the same line, on every rank
                 logger.warning("npu_inject matmul_checks: %s", line)
             state["ledger"].reset()
-            state["ledger"].corruption.fill_(0.0)  # sdc_matmul corrupts the first attempt only
+            state["ledger"].corruption.fill_(0.0)  # sdc_matmul and sdc_expert corrupt the first attempt only
+            state["ledger"].expert_corruption.fill_(0.0)
             return RETRY
 
         return retry

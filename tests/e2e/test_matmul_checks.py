@@ -122,19 +122,23 @@ def test_with_torchft_committing_every_step_a_corrupted_step_is_kept_out_on_ever
 
 
 @pytest.mark.e2e_long
-def test_moe_experts_grouped_products_checked_under_expert_parallelism_change_no_loss(tmp_path):
-    """deepseek_v3 debug, 2 ranks, expert parallel degree 2, every step checked: the experts' grouped products are
-    checked with the linears (the note says so), no verdict fails, and every loss is the unchecked run's."""
+@pytest.mark.parametrize("extra", [(), tuple(COMPILE)], ids=["eager", "compiled"])
+def test_a_corrupted_expert_product_under_expert_parallelism_is_caught_and_retrained(tmp_path, extra):
+    """deepseek_v3 debug, 2 ranks, expert parallel degree 2, every step checked, sdc_expert@3 on rank 1 (its first
+    experts' first grouped product): the experts' grouped products are checked with the linears (the note says
+    so), step 3 is caught on rank 1 and retrained, and every loss is the unchecked eager run's, eager and compiled."""
     args = ["--module", "deepseek_v3", "--config", "deepseek_v3_debugmodel", *ARGS[4:],
             "--parallelism.expert_parallel_degree", "2"]
-    checked = torchrun([*args, "--dump_folder", str(tmp_path / "checked")], clean_env(
-        TORCHTITAN_NPU="cpu", TORCHTITAN_NPU_PATCHES="+matmul_checks", TORCHTITAN_NPU_SDC_EVERY="1"))
+    checked = torchrun([*args, *extra, "--dump_folder", str(tmp_path / "checked")], clean_env(
+        TORCHTITAN_NPU="cpu", TORCHTITAN_NPU_PATCHES="+matmul_checks,+inject_faults", TORCHTITAN_NPU_SDC_EVERY="1",
+        TORCHTITAN_NPU_FAULTS="sdc_expert@3:rank=1"))
     assert checked.returncode == 0, checked.stdout[-4000:]
     plain = torchrun([*args, "--dump_folder", str(tmp_path / "plain")], clean_env(TORCHTITAN_NPU="cpu"))
     assert plain.returncode == 0, plain.stdout[-4000:]
     losses, reference = parse_losses(checked.stdout), parse_losses(plain.stdout)
     print(f"checked {losses}\nunchecked {reference}")
     assert losses == reference and len(losses) == 5
+    assert "step 3 attempt 1: matmul results failed their checksums on rank 1 (" in checked.stdout
     notes = json.loads((tmp_path / "checked" / "npu_inject" / "report_rank0.json").read_text())["patches"][
         "matmul_checks"]["notes"]
     assert "5 MoE experts' grouped products (the torch check)" in notes[0], notes
