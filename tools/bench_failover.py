@@ -105,6 +105,11 @@ class Failover:
             times[int(step)] = datetime.datetime.strptime(stamp, "%Y-%m-%d %H:%M:%S,%f").timestamp()
         return times
 
+    def losses(self, group: int) -> dict[int, float]:
+        """step -> loss of the group's rank 0 (its lines in the group's log)."""
+        return parse_losses("\n".join(line.removeprefix("[default0]:") for line in self.logs[group].splitlines()
+                                      if line.startswith("[default0]:")))
+
     def steps_logged(self, group: int) -> list[int]:
         return [int(step) for _, step in STEP_LINE.findall(self.logs[group])]
 
@@ -246,8 +251,7 @@ def semi_sync(method: str, target: str, steps: int) -> None:
     group0, group1 = (final_parameters(dump / "checkpoint" / f"step-{steps}") for dump in run.dumps)
     shutil.rmtree(workdir)
     equal = sum(torch.equal(group0[key], group1[key]) for key in group0)
-    losses = parse_losses("\n".join(line.removeprefix("[default0]:") for line in run.logs[0].splitlines()
-                                     if line.startswith("[default0]:")))
+    losses = run.losses(0)
     print(f"{method}, {steps} steps, a synchronisation every 2, in {took:.0f} s: commits per group (both ranks) "
           f"{commits}, refused {refused}; after step {steps}, {equal} of {len(group0)} parameters equal across "
           f"the groups; group 0's losses {', '.join(f'{losses[step]:.5f}' for step in sorted(losses))}")

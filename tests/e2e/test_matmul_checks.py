@@ -85,12 +85,6 @@ def test_a_corrupted_matmul_is_caught_and_retrained_in_a_compiled_job(tmp_path):
     _caught_and_retrained(tmp_path, COMPILE)
 
 
-def _group_losses(log: str) -> dict[int, float]:
-    """rank 0's step -> loss in one replica group's torchrun --tee log"""
-    return parse_losses("\n".join(line.removeprefix("[default0]:") for line in log.splitlines()
-                                  if line.startswith("[default0]:")))
-
-
 @pytest.mark.e2e_long
 def test_with_torchft_committing_every_step_a_corrupted_step_is_kept_out_on_every_replica_group(tmp_path):
     """Two torchft replica groups of 2 ranks (tools/bench_failover.py), every second step checked, rank 1 of group
@@ -111,7 +105,7 @@ def test_with_torchft_committing_every_step_a_corrupted_step_is_kept_out_on_ever
     assert caught.returncodes == [0, 0] and reference.returncodes == [0, 0], caught.logs[1][-4000:]
     assert "Traceback" not in caught.logs[0] + caught.logs[1], caught.logs[0][-4000:]
     for group in (0, 1):
-        losses, expected = _group_losses(caught.logs[group]), _group_losses(reference.logs[group])
+        losses, expected = caught.losses(group), reference.losses(group)
         print(f"group {group}: caught {losses}\nreference {expected}")
         assert sorted(losses) == list(range(1, 7))
         assert {step: loss for step, loss in losses.items() if step != 4} == {

@@ -24,18 +24,25 @@ ARGS = ["--module", "llama3", "--config", "llama3_debugmodel", "--training.seq_l
 SPIKE_STEP = 8
 
 
-def test_a_spike_is_skipped_and_the_run_trains_on_as_one_that_skipped_that_batch(tmp_path):
-    registry = tmp_path / "spikes.json"  # a short window, so a 10-step run is judged from step 6
-    registry.write_text(json.dumps({"patches": {"spikes": {"options": {"window": 5, "warmup": 5}}}}))
-    dump = tmp_path / "spike"
-    spiked = torchrun([*ARGS, "--dump_folder", str(dump)], clean_env(
+def _spiked_and_skipped(tmp_path, args: list[str], options: dict):
+    """The run with rank 1's spike at SPIKE_STEP under spikes (``options``: a short window, so a 10-step run is
+    judged from step 6), and the reference whose SPIKE_STEP is made non-finite on rank 1 (kept out by
+    finite_steps: a run that skipped that batch)."""
+    registry = tmp_path / "spikes.json"
+    registry.write_text(json.dumps({"patches": {"spikes": {"options": options}}}))
+    spiked = torchrun([*args, "--dump_folder", str(tmp_path / "spike")], clean_env(
         TORCHTITAN_NPU="cpu", TORCHTITAN_NPU_PATCHES="+inject_faults,+spikes", TORCHTITAN_NPU_REGISTRY=str(registry),
         TORCHTITAN_NPU_FAULTS=f"loss_spike@{SPIKE_STEP}:rank=1"))
     assert spiked.returncode == 0, spiked.stdout[-4000:]
-    skipped = torchrun([*ARGS, "--dump_folder", str(tmp_path / "skipped")], clean_env(
+    skipped = torchrun([*args, "--dump_folder", str(tmp_path / "skipped")], clean_env(
         TORCHTITAN_NPU="cpu", TORCHTITAN_NPU_PATCHES="+inject_faults", TORCHTITAN_NPU_FAULTS=f"nan_loss@{SPIKE_STEP}:rank=1"))
     assert skipped.returncode == 0, skipped.stdout[-4000:]
+    return spiked, skipped
 
+
+def test_a_spike_is_skipped_and_the_run_trains_on_as_one_that_skipped_that_batch(tmp_path):
+    spiked, skipped = _spiked_and_skipped(tmp_path, ARGS, {"window": 5, "warmup": 5})
+    dump = tmp_path / "spike"
     spike_losses, reference = parse_losses(spiked.stdout), parse_losses(skipped.stdout)
     print(f"spike run {spike_losses}\nreference (step {SPIKE_STEP} not applied) {reference}")
     assert f"npu_inject spikes: step {SPIKE_STEP}: gradient norm spike" in spiked.stdout
@@ -63,27 +70,12 @@ def _stage_losses(stdout: str) -> dict[int, float]:
 
 @pytest.mark.e2e_long
 def test_the_loss_watch_alone_skips_a_spike_of_a_pipelined_job(tmp_path):
-    registry = tmp_path / "spikes.json"
-    registry.write_text(json.dumps({"patches": {"spikes": {"options": {"window": 5, "warmup": 5, "watch": "loss"}}}}))
-    args = [*ARGS, *PIPELINE]
-    spiked = torchrun([*args, "--dump_folder", str(tmp_path / "spike")], clean_env(
-        TORCHTITAN_NPU="cpu", TORCHTITAN_NPU_PATCHES="+inject_faults,+spikes", TORCHTITAN_NPU_REGISTRY=str(registry),
-        TORCHTITAN_NPU_FAULTS=f"loss_spike@{SPIKE_STEP}:rank=1"))
-    assert spiked.returncode == 0, spiked.stdout[-4000:]
-    skipped = torchrun([*args, "--dump_folder", str(tmp_path / "skipped")], clean_env(
-        TORCHTITAN_NPU="cpu", TORCHTITAN_NPU_PATCHES="+inject_faults", TORCHTITAN_NPU_FAULTS=f"nan_loss@{SPIKE_STEP}:rank=1"))
-    assert skipped.returncode == 0, skipped.stdout[-4000:]
+    spiked, skipped = _spiked_and_skipped(tmp_path, [*ARGS, *PIPELINE], {"window": 5, "warmup": 5, "watch": "loss"})
     spike_losses, reference = _stage_losses(spiked.stdout), _stage_losses(skipped.stdout)
     print(f"spike run {spike_losses}\nreference (step {SPIKE_STEP} not applied) {reference}")
     assert f"npu_inject spikes: step {SPIKE_STEP}: loss spike: {spike_losses[SPIKE_STEP]:.4g} is " in spiked.stdout
     assert "gradient norm spike" not in spiked.stdout
     assert {step: loss for step, loss in spike_losses.items() if step != SPIKE_STEP} == reference
-
-
-def _group_losses(log: str) -> dict[int, float]:
-    """rank 0's step -> loss in one replica group's torchrun --tee log"""
-    return parse_losses("\n".join(line.removeprefix("[default0]:") for line in log.splitlines()
-                                  if line.startswith("[default0]:")))
 
 
 @pytest.mark.e2e_long
@@ -106,7 +98,7 @@ def test_with_torchft_committing_every_step_a_spike_in_one_group_is_kept_out_on_
         assert runs[name].returncodes == [0, 0], runs[name].logs[1][-4000:]
     caught, reference = runs["caught"], runs["reference"]
     for group in (0, 1):
-        losses, expected = _group_losses(caught.logs[group]), _group_losses(reference.logs[group])
+        losses, expected = caught.losses(group), reference.losses(group)
         print(f"group {group}: caught {losses}\nreference {expected}")
         assert sorted(losses) == list(range(1, 11))
         assert {step: loss for step, loss in losses.items() if step != SPIKE_STEP} == {
