@@ -164,9 +164,8 @@ class Step:
             return
         self.skipped.append(reason)
         trainer = self.trainer
-        ft = getattr(trainer, "ft_manager", None)
-        if getattr(ft, "enabled", False) and getattr(ft, "use_async_quorum", False):
-            ft.manager.report_error(FloatingPointError(f"step {self.number}: {reason} (npu_inject)"))
+        if commits_every_step(trainer):
+            trainer.ft_manager.manager.report_error(FloatingPointError(f"step {self.number}: {reason} (npu_inject)"))
         else:
             self._shadow(trainer.optimizers)
         self._shadow(trainer.lr_schedulers)
@@ -195,6 +194,13 @@ class Step:
         self._made, self._values_read = {}, {}
         self.skipped = []
         self.batches.rewind()
+
+
+def commits_every_step(trainer) -> bool:
+    """Whether torchft commits every step (``--fault_tolerance.enable`` without a semi-sync method): the gradients
+    are averaged across the replica groups, and torchft's ``should_commit`` answers for one group only."""
+    ft = getattr(trainer, "ft_manager", None)
+    return getattr(ft, "enabled", False) and getattr(ft, "use_async_quorum", False)
 
 
 def _no_step(*args, **kwargs) -> None:

@@ -58,7 +58,7 @@ from npu_inject import selection
 from npu_inject.errors import stop_run
 from npu_inject.patching import PatchContext
 from npu_inject.rank_agreement import who
-from npu_inject.training_step import RETRY, Step, take_part
+from npu_inject.training_step import RETRY, Step, commits_every_step, take_part
 
 TARGETS = (
     "torchtitan.trainer:Trainer.train_step",
@@ -175,6 +175,12 @@ def apply(ctx: PatchContext) -> None:
     state: dict = {"ledger": None, "said": False, "verified": None, "first": True}
     strikes: dict[int, deque] = {}  # rank: the steps its products failed on
 
+    def say(line: str) -> None:
+        """In the report on every rank, logged by rank 0 (every rank reads the same table, so writes the same line)."""
+        ctx.note(line)
+        if int(os.environ.get("RANK", "0")) == 0:
+            logger.warning("npu_inject matmul_checks: %s", line)
+
     def start(trainer) -> None:
         from npu_inject.ops.matmul_check import Ledger
 
@@ -241,19 +247,16 @@ def apply(ctx: PatchContext) -> None:
                      "gradients apart from the backward?): the backward is unchecked; switch the check off "
                      "(TORCHTITAN_NPU_PATCHES=-matmul_checks) for this schedule")
         failed = {rank: row for rank, row in enumerate(table) if row[0] or row[1]}
-        ft = getattr(step.trainer, "ft_manager", None)
-        if getattr(ft, "enabled", False) and getattr(ft, "use_async_quorum", False):
-            # torchft committing every step: this attempt's gradients were averaged across the replica groups
-            # before the check, and torchft's should_commit answers for one group only, so every group learns of
-            # a failure anywhere (one more collective and host read, on checked steps) and keeps the step out.
+        across_groups = commits_every_step(step.trainer)
+        if across_groups:
+            # this attempt's gradients were averaged across the replica groups before the check, and torchft's
+            # should_commit answers for one group only, so every group learns of a failure anywhere (one more
+            # collective and host read, on checked steps) and keeps the step out.
             elsewhere = torch.full((1,), float(len(failed)), device=counts.device)
-            ft.manager.allreduce(elsewhere, reduce_op=dist.ReduceOp.SUM).wait()
+            step.trainer.ft_manager.manager.allreduce(elsewhere, reduce_op=dist.ReduceOp.SUM).wait()
             if float(elsewhere.item()) > 0 and not failed:
-                line = (f"step {step.number}: another replica group's matmul results failed their checksums: the update "
-                        "was not applied on any replica group (torchft refuses the step); its batches are skipped")
-                ctx.note(line)
-                if int(os.environ.get("RANK", "0")) == 0:
-                    logger.warning("npu_inject matmul_checks: %s", line)
+                say(f"step {step.number}: another replica group's matmul results failed their checksums: the update "
+                    "was not applied on any replica group (torchft refuses the step); its batches are skipped")
                 step.skip_update(f"matmul checksums failed in another replica group at step {step.number}")
                 return
         if not failed:
@@ -277,12 +280,10 @@ def apply(ctx: PatchContext) -> None:
             stop_run(f"npu_inject matmul_checks: {line}: {', '.join(map(who, drained))} failed {options['stop_after']} "
                      f"times in {options['window']} steps (stop_after, window): drain its device; the weights are "
                      f"those of step {step.number - 1}, the last update (verified at step {state['verified']})")
-        if getattr(ft, "enabled", False) and getattr(ft, "use_async_quorum", False):
+        if across_groups:
             # no retry: the other groups would not wait for one (measured: their next all-reduce timed out)
-            line += ": the update was not applied on any replica group (torchft refuses the step); its batches are skipped"
-            ctx.note(line)
-            if int(os.environ.get("RANK", "0")) == 0:
-                logger.warning("npu_inject matmul_checks: %s", line)
+            say(f"{line}: the update was not applied on any replica group (torchft refuses the step); its batches are "
+                "skipped")
             step.skip_update(f"matmul checksums failed on {', '.join(map(who, failed))}")
             return
         raise SilentCorruption(line)
@@ -293,9 +294,7 @@ def apply(ctx: PatchContext) -> None:
         line = f"{error}: the update was not applied; the step runs again on the same batches"
 
         def retry():
-            ctx.note(line)
-            if int(os.environ.get("RANK", "0")) == 0:  # the same table, so the same line, on every rank
-                logger.warning("npu_inject matmul_checks: %s", line)
+            say(line)
             state["ledger"].reset()
             state["ledger"].corruption.fill_(0.0)  # sdc_matmul and sdc_expert corrupt the first attempt only
             state["ledger"].expert_corruption.fill_(0.0)

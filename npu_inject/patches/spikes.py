@@ -46,7 +46,7 @@ from collections import deque
 from npu_inject import training_step
 from npu_inject.errors import stop_run
 from npu_inject.patching import PatchContext
-from npu_inject.training_step import Step, take_part
+from npu_inject.training_step import Step, commits_every_step, take_part
 
 TARGETS = (
     "torchtitan.trainer:Trainer.train_step",
@@ -125,18 +125,17 @@ def apply(ctx: PatchContext) -> None:
         holds_loss = not dims.pp_enabled or trainer.pp_has_last_stage
         loss_mesh = dims.get_optional_mesh("loss") if dims.dp_cp_enabled else None
         loss_mesh_size = loss_mesh.size() if loss_mesh is not None else 1
-        ft = getattr(trainer, "ft_manager", None)
-        across_groups = getattr(ft, "enabled", False) and getattr(ft, "use_async_quorum", False)
+        across_groups = commits_every_step(trainer)
 
         def make():
             loss = loss_of_the_step([loss for attempt, loss in shares if attempt == step.attempt], holds_loss,
                                     loss_mesh_size, trainer.device)
             if not across_groups:
                 return loss
-            # torchft committing every step: the gradients are averaged across the replica groups and
-            # should_commit answers for one group only, so every group judges the groups' average loss
+            # torchft committing every step: every group judges the groups' average loss, as it applies their
+            # averaged gradients
             averaged = loss.reshape(1).clone()
-            ft.manager.allreduce(averaged).wait()
+            trainer.ft_manager.manager.allreduce(averaged).wait()
             return averaged[0]
 
         step.read_along("loss", make)
