@@ -28,7 +28,7 @@ import math
 import torch
 
 from npu_inject.ops.reference.matmul_abft_verify import (
-    SEGMENT, segments_of, abft_correct, abft_threshold, judge, row_stats, segment_stats)
+    SEGMENT, abft_correct, abft_threshold, judge, row_stats, segment_stats, segment_widths, segments_of)
 
 # torch_npu's recommended sensitivities (torch_npu/asd/checksum.py; the operator's doc); fp16 has none there
 E_MAX = {torch.bfloat16: 0.001, torch.float16: 0.001, torch.float32: 0.00002}
@@ -170,8 +170,6 @@ def checkable(input_MK: torch.Tensor, weight_NK: torch.Tensor, bias) -> bool:
             and input_MK.shape[-1] > 1 and torch.is_grad_enabled())
 
 
-
-
 # -- grouped products: MoE's experts (torchtitan's GroupedExperts._grouped_mm) --------------------------------------
 #
 # out_RN = A_RK @ B_t[g(r)] for each row r of group g (rows sorted by expert, ``offs`` their cumulative ends); its
@@ -220,20 +218,15 @@ def inner_grouped_reference(a_RK, z_RN, groups_RG, e_max: float):
     z32_RN = torch.where(in_group_R1, z_RN.float(), 0.0)
     encoded_RS = segments_of(z32_RN, 0.0).sum(-1)
     segments = encoded_RS.shape[1]
-    columns = z_RN.shape[1]
-    if columns % SEGMENT:
-        widths_S = torch.full((segments,), float(SEGMENT), device=z_RN.device)
-        widths_S[-1] = columns - SEGMENT * (segments - 1)
-    else:
-        widths_S = torch.tensor(float(SEGMENT))
+    widths_S = segment_widths(z_RN.shape[1], z_RN.device)
     scaled_RS = encoded_RS / widths_S
     spread_RS = (segments_of(z32_RN, -math.inf).amax(-1) - scaled_RS) * (scaled_RS - segments_of(z32_RN, math.inf).amin(-1))
     groups_GR = groups_RG.t()
     b_mean_abs_GS, b_mean_sq_GS = groups_GR @ scaled_RS.abs(), groups_GR @ scaled_RS.square()
     b_spread_GS = (groups_GR @ spread_RS).abs().sqrt()
     experts = groups_RG.shape[1]
-    spread_by_group = (encoded_RS.unsqueeze(1) * groups_RG.unsqueeze(2)).reshape(rows, experts * segments)
-    expected_GKS = (a32_RK.t() @ spread_by_group).view(inner, experts, segments).permute(1, 0, 2)
+    encoded_by_group_RGS = (encoded_RS.unsqueeze(1) * groups_RG.unsqueeze(2)).reshape(rows, experts * segments)
+    expected_GKS = (a32_RK.t() @ encoded_by_group_RGS).view(inner, experts, segments).permute(1, 0, 2)
     counts_G = groups_GR.sum(1)
     a_mean_GK = (groups_GR @ a32_RK) / counts_G.clamp(min=1.0).unsqueeze(1)
     a_max_1K = torch.where(in_group_R1, a32_RK, -math.inf).amax(0, keepdim=True)
@@ -273,15 +266,15 @@ class GroupedEnter(torch.autograd.Function):
     def backward(ctx, grad_a_RK, grad_b_GKN, grad_link):
         (groups_RG,) = ctx.saved_tensors
         rows, inner, experts, columns = ctx.shapes
-        asegments_of, bsegments_of = math.ceil(inner / SEGMENT), math.ceil(columns / SEGMENT)
-        first = rows * asegments_of
-        second = experts * inner * bsegments_of
+        a_segments, b_segments = math.ceil(inner / SEGMENT), math.ceil(columns / SEGMENT)
+        first = rows * a_segments
+        second = experts * inner * b_segments
         expected_a, threshold_a, expected_b, threshold_b = torch.split(grad_link, (first, first, second, second))
         judged_R1 = groups_RG.sum(1, keepdim=True) > 0
-        failures = grouped_failures(grad_a_RK, expected_a.view(rows, asegments_of), threshold_a.view(rows, asegments_of),
+        failures = grouped_failures(grad_a_RK, expected_a.view(rows, a_segments), threshold_a.view(rows, a_segments),
                                     judged_R1)
-        failures = failures + grouped_failures(grad_b_GKN, expected_b.view(experts, inner, bsegments_of),
-                                               threshold_b.view(experts, inner, bsegments_of))
+        failures = failures + grouped_failures(grad_b_GKN, expected_b.view(experts, inner, b_segments),
+                                               threshold_b.view(experts, inner, b_segments))
         return grad_a_RK, grad_b_GKN, torch.stack([failures, torch.ones_like(failures)]), None
 
 

@@ -223,17 +223,16 @@ def _evaluate(recorded: dict[int, Any], *, profile, efficiency, world_size, expa
     layout = costmodel.Layout(world_size, pp, profile.scale_up_devices)
     traces = {stage: recorded[stage].trace for stage in range(pp)}
     step = info["steps_recorded"]
-    timing = costmodel.simulate(traces, profile, efficiency, layout,
-                                {s: _window(t, step) for s, t in traces.items()})
-    checks = costmodel.matmul_check_cost(traces, profile, efficiency, {s: _window(t, step) for s, t in traces.items()})
+    windows = {s: _window(t, step) for s, t in traces.items()}
+    timing = costmodel.simulate(traces, profile, efficiency, layout, windows)
+    checks = costmodel.matmul_check_cost(traces, profile, efficiency, windows)
     extra_groups = info["gradient_accumulation_steps"] - info["groups_recorded"]
     if extra_groups > 0:
         # The recorded step ran at most two microbatch groups: the others take as long as the last.
         last = info["groups_recorded"] - 1
-        group = costmodel.simulate(traces, profile, efficiency, layout,
-                                   {s: _group_window(t, step, last) for s, t in traces.items()})
-        group_checks = costmodel.matmul_check_cost(traces, profile, efficiency,
-                                                   {s: _group_window(t, step, last) for s, t in traces.items()})
+        group_windows = {s: _group_window(t, step, last) for s, t in traces.items()}
+        group = costmodel.simulate(traces, profile, efficiency, layout, group_windows)
+        group_checks = costmodel.matmul_check_cost(traces, profile, efficiency, group_windows)
         checks = {kind: seconds + extra_groups * group_checks[kind] for kind, seconds in checks.items()}
         timing.step_s += extra_groups * group.step_s
         timing.compute_s += extra_groups * group.compute_s

@@ -20,7 +20,7 @@ import json
 import pytest
 
 from cann_emu_child import child_json
-from test_train import emulated
+from test_train import emulated, steps_of
 from testkit import parse_losses
 
 RUN = ["--module", "llama3", "--config", "llama3_debugmodel", "--training.steps", "4", "--training.seq_len", "128",
@@ -63,7 +63,7 @@ def test_a_corrupted_matmul_is_caught_and_retrained_on_the_real_wheel(tmp_path):
     assert "step 2 attempt 1: matmul results failed their checksums on rank 1 (" in checked.stdout
     report = json.loads((tmp_path / "checked" / "npu_inject" / "report_rank0.json").read_text())
     assert not report["patches"]["matmul_checks"]["fallbacks"]  # the emulated kernel, not the torch check
-    steps = {int(step): row for step, row in counts[0]["steps"].items() if step.isdigit()}
+    steps = steps_of(counts[0])
     syncs = {step: row["syncs"].get("aclrtSynchronizeStream", 0) for step, row in steps.items()}
     launches = {step: sum(row["aclnn"].values()) for step, row in steps.items()}
     kernels = {step: row["aclnn"].get("aclnnMatmulAbftVerify", 0) for step, row in steps.items()}

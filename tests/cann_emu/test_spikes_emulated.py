@@ -14,16 +14,12 @@ from __future__ import annotations
 
 import pytest
 
-from test_train import emulated
+from test_train import emulated, steps_of
 from testkit import parse_losses
 
 RUN = ["--module", "llama3", "--config", "llama3_debugmodel", "--training.steps", "4", "--training.seq_len", "128",
        "--training.local_batch_size", "1", "--validator.no-enable", "--checkpoint.no-enable", "--debug.seed", "42",
        "--metrics.log_freq", "1"]
-
-
-def _per_step(counts: dict) -> dict[int, dict]:
-    return {int(step): row for step, row in counts["steps"].items() if step.isdigit()}
 
 
 @pytest.mark.cann_emu_long
@@ -36,7 +32,7 @@ def test_the_loss_watch_adds_one_all_reduce_and_no_host_synchronisation_per_step
     print(f"watched {losses}\nplain {reference}")
     assert losses == reference and len(losses) == 4
     for rank in (0, 1):
-        on, off = _per_step(watched_counts[rank]), _per_step(plain_counts[rank])
+        on, off = steps_of(watched_counts[rank]), steps_of(plain_counts[rank])
         for step in (2, 3, 4):  # warmed up
             syncs_on, syncs_off = on[step]["syncs"], off[step]["syncs"]
             all_reduces = on[step]["hccl"].get("HcclAllReduce", 0) - off[step]["hccl"].get("HcclAllReduce", 0)

@@ -67,6 +67,11 @@ def emulated(args: list[str], dump, timeout: int = 900, tail=(),
     return result, [json.loads(p.read_text()) for p in sorted((dump / "npu_inject").glob("cann_emu_rank*.json"))]
 
 
+def steps_of(counts: dict) -> dict[int, dict]:
+    """One rank's CANN_EMU_COUNTS per training step (step -> its counts), the rows before the first step aside."""
+    return {int(step): row for step, row in counts["steps"].items() if step.isdigit()}
+
+
 @pytest.mark.parametrize("name", PARAMS)
 def test_trains_with_the_rehearsals_losses_and_counts_every_step(name, tmp_path):
     """One test per model (its two runs are the expensive part): losses against the rehearsal, then

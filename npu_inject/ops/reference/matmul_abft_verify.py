@@ -84,16 +84,23 @@ def segment_stats(b32_KN: torch.Tensor, weighted_KN: torch.Tensor | None = None)
     encoded_KS = segments_of(weighted_RN, 0.0).sum(-1).view(*batch, inner, count)
     b_max_KS = segments_of(flat_RN, -math.inf).amax(-1).view(*batch, inner, count)
     b_min_KS = segments_of(flat_RN, math.inf).amin(-1).view(*batch, inner, count)
-    if columns % SEGMENT:
-        widths_S = torch.full((count,), float(SEGMENT), device=b32_KN.device)
-        widths_S[-1] = columns - SEGMENT * (count - 1)
-    else:
-        widths_S = torch.tensor(float(SEGMENT))  # a 0-dim CPU tensor: a scalar to the device's operators
+    widths_S = segment_widths(columns, b32_KN.device)
     scaled_KS = encoded_KS / widths_S
     b_mean_abs_S = scaled_KS.abs().sum(-2)
     b_mean_sq_S = (scaled_KS * scaled_KS).sum(-2)
     b_spread_S = ((b_max_KS - scaled_KS) * (scaled_KS - b_min_KS)).sum(-2).abs().sqrt()
     return encoded_KS, widths_S, b_mean_abs_S, b_mean_sq_S, b_spread_S
+
+
+def segment_widths(columns: int, device) -> torch.Tensor:
+    """The widths of the column segments of ``columns`` columns, [S] (the last one short), or, where every segment
+    is whole, one 0-dim CPU tensor: a scalar to the device's operators."""
+    if columns % SEGMENT == 0:
+        return torch.tensor(float(SEGMENT))
+    count = math.ceil(columns / SEGMENT)
+    widths_S = torch.full((count,), float(SEGMENT), device=device)
+    widths_S[-1] = columns - SEGMENT * (count - 1)
+    return widths_S
 
 
 def row_stats(a32_MK: torch.Tensor):
