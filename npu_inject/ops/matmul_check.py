@@ -57,6 +57,8 @@ class Ledger:
         self.device = torch.device(device)
         self.sink = torch.zeros(2, device=self.device, requires_grad=True)
         self.forward = torch.zeros(2, device=self.device)  # (failures, checks) of the forward products
+        # linear calls of a checked step that ran unchecked (a layout, dtype or stride the check does not take)
+        self.unchecked = torch.zeros(1, device=self.device)
         self.checking = False  # this step's matmuls are checked
         # sdc_matmul: 1 while the product of :attr:`corruptible` gets one wrong element. A tensor, not a Python
         # flag: an activation checkpoint's recomputation must run the graph the forward ran under torch.compile
@@ -66,13 +68,18 @@ class Ledger:
 
     def reset(self) -> None:
         self.forward.zero_()
+        self.unchecked.zero_()
         self.sink.grad = None
 
     def local_counts(self) -> torch.Tensor:
-        """(forward failures, backward failures, forward checks, backward checks) on the device."""
+        """(forward failures, backward failures, forward checks, backward checks, unchecked calls) on the device."""
         forward = self.forward
         backward = self.sink.grad if self.sink.grad is not None else torch.zeros(2, device=self.device)
-        return torch.cat([forward[:1], backward[:1], forward[1:], backward[1:]])
+        return torch.cat([forward[:1], backward[:1], forward[1:], backward[1:], self.unchecked])
+
+    def skip(self) -> None:
+        """Count one linear call of a checked step that runs unchecked (in place: traceable, as :attr:`forward`)."""
+        self.unchecked.add_(1.0)
 
     def linear(self, input_MK: torch.Tensor, weight_NK: torch.Tensor, corruptible: bool = False) -> torch.Tensor:
         """``F.linear(input, weight)``, checked; the forward verdict joins :attr:`forward`. ``corruptible``: the one
@@ -82,6 +89,19 @@ class Ledger:
         # in place: an append would be a side effect torch.compile cannot trace inside an activation checkpoint
         self.forward.add_(verdict)
         return output
+
+    def linear_tensor_parallel(self, input, weight, layout, corruptible: bool = False):
+        """``F.linear`` of DTensors (``layout`` from :func:`tensor_parallel_layout`), checked on the local shards:
+        the local products DTensor would run, so no bit changes; returns the DTensor ``F.linear`` would."""
+        from torch.distributed.tensor import DTensor
+
+        output_placements, input_grad_placements, weight_grad_placements = layout
+        output_local = self.linear(input.to_local(grad_placements=input_grad_placements),
+                                   weight.to_local(grad_placements=weight_grad_placements), corruptible)
+        shape = (*input.shape[:-1], weight.shape[0])
+        stride = tuple(math.prod(shape[dim + 1:]) for dim in range(len(shape)))
+        return DTensor.from_local(output_local, weight.device_mesh, output_placements, run_check=False,
+                                  shape=torch.Size(shape), stride=stride)
 
     def grouped_mm(self, grouped_mm, a_RK: torch.Tensor, b_GKN: torch.Tensor, offsets_G: torch.Tensor,
                    corruptible: bool = False) -> torch.Tensor:
@@ -162,12 +182,60 @@ class CheckedLinear(torch.autograd.Function):
         return grad_input.view(input_MK.shape), grad_weight, grad_sink, None, None
 
 
+def is_dtensor(tensor: torch.Tensor) -> bool:
+    """isinstance, which torch.compile traces (its hasattr on a DTensor answered False for to_local)."""
+    from torch.distributed.tensor import DTensor
+
+    return isinstance(tensor, DTensor)
+
+
 def checkable(input_MK: torch.Tensor, weight_NK: torch.Tensor, bias) -> bool:
     """Whether CheckedLinear computes this call exactly as ``F.linear`` would (else the call runs unchecked)."""
-    return (bias is None and not hasattr(weight_NK, "to_local") and not hasattr(input_MK, "to_local")
+    return (bias is None and not is_dtensor(weight_NK) and not is_dtensor(input_MK)
             and weight_NK.dim() == 2 and weight_NK.is_contiguous() and input_MK.is_contiguous()
             and input_MK.dtype == weight_NK.dtype and input_MK.dtype in E_MAX
             and input_MK.shape[-1] > 1 and torch.is_grad_enabled())
+
+
+def tensor_parallel_layout(input_MK, weight_NK):
+    """For ``F.linear`` of two DTensors on one mesh (torchtitan's DTensor backends: a tensor-parallel linear, FSDP's
+    unsharded weight, a batch sharded over the data-parallel dimensions): the placements (of the result, of the
+    input's gradient, of the weight's gradient) under which each rank's local products are the whole of the work,
+    so that checking them checks the product. Per mesh dimension, (input, weight) is one of:
+
+    * replicated, rows sharded (column-wise): result sharded on its last dimension, input gradient partial;
+    * sharded on its last dimension, columns sharded (row-wise): result partial;
+    * replicated, replicated (torchtitan's NoParallel);
+    * sharded on a leading (batch or sequence) dimension, replicated: weight gradient partial.
+
+    None for anything else (the call runs unchecked and is counted)."""
+    from torch.distributed.tensor import DTensor, Partial, Replicate, Shard
+
+    if not (isinstance(input_MK, DTensor) and isinstance(weight_NK, DTensor)):
+        return None
+    if input_MK.device_mesh != weight_NK.device_mesh or weight_NK.dim() != 2:
+        return None
+    last = input_MK.dim() - 1
+
+    def shard_dim(placement, ndim: int):
+        return placement.dim % ndim if type(placement) is Shard else None  # not _StridedShard and the like
+
+    output, input_grad, weight_grad = [], [], []
+    for x, w in zip(input_MK.placements, weight_NK.placements):
+        x_dim, w_dim = shard_dim(x, input_MK.dim()), shard_dim(w, 2)
+        if x.is_replicate() and w_dim == 0:
+            layout = Shard(last), Partial(), w
+        elif x_dim == last and w_dim == 1:
+            layout = Partial(), x, w
+        elif x.is_replicate() and w.is_replicate():
+            layout = Replicate(), Replicate(), Replicate()
+        elif x_dim is not None and x_dim < last and w.is_replicate():
+            layout = x, x, Partial()
+        else:
+            return None
+        for placements, placement in zip((output, input_grad, weight_grad), layout):
+            placements.append(placement)
+    return tuple(output), tuple(input_grad), tuple(weight_grad)
 
 
 # -- grouped products: MoE's experts (torchtitan's GroupedExperts._grouped_mm) --------------------------------------
@@ -311,7 +379,7 @@ class GroupedExit(torch.autograd.Function):
 
 def grouped_checkable(a_RK: torch.Tensor, b_GKN: torch.Tensor, offsets) -> bool:
     """Whether the checked grouped product applies to this call (else it runs unchecked)."""
-    return (offsets is not None and a_RK.dim() == 2 and b_GKN.dim() == 3 and not hasattr(a_RK, "to_local")
-            and not hasattr(b_GKN, "to_local") and a_RK.dtype == b_GKN.dtype and a_RK.dtype in E_MAX
+    return (offsets is not None and a_RK.dim() == 2 and b_GKN.dim() == 3 and not is_dtensor(a_RK)
+            and not is_dtensor(b_GKN) and a_RK.dtype == b_GKN.dtype and a_RK.dtype in E_MAX
             and a_RK.shape[1] == b_GKN.shape[1] and torch.is_grad_enabled()
             and (a_RK.requires_grad or b_GKN.requires_grad))

@@ -11,8 +11,8 @@ dtype the kernel refuses: one fallback line at the first check). Eager, compiled
 block; torch.compile keeps a second graph for the checked steps) and pipelined jobs alike.
 
 The verdicts stay on the device until the step's gradients are clipped (:mod:`npu_inject.training_step`,
-before the optimizer): then each rank's four counts (failed forward and backward verdicts, forward and
-backward checks run) are gathered over the job's ranks in one ``all_gather`` and read once, so every rank
+before the optimizer): then each rank's five counts (failed forward and backward verdicts, forward and
+backward checks run, linear calls left unchecked) are gathered over the job's ranks in one ``all_gather`` and read once, so every rank
 reaches the same decision. A step with a failed verdict is not applied: the attempt stops before the
 optimizer and the step runs again on the same batches (the owner kept them), checked again (with torchft committing
 every step, the step is kept out on every replica group instead, through torchft's should_commit, and its
@@ -21,7 +21,7 @@ products failed is named (host, device) in the log and the report; a rank that f
 (default 3) within ``window`` steps (default 100) stops every rank with one line: drain its device.
 
 Fails loudly rather than checking nothing: a checked step on which a rank's forward checks ran but none of
-its backward checks did, or on which no rank checked any matmul (every linear tensor-parallel or biased),
+its backward checks did, or on which no rank checked any matmul (every linear biased or of a forward of its own),
 stops the job; an ``sdc_matmul`` fault on a step that is not checked stops at start-up.
 
 MoE experts (torchtitan's ``GroupedExperts``): their three grouped products per call and their gradients are
@@ -31,12 +31,19 @@ functions), always with the torch check (the kernel takes one dense product), ea
 one-hot matrix, so no host read of the offsets. The weight gradient's threshold takes each input column's
 extremes over all groups' rows (wider than the kernel's, never tighter).
 
-What it does not check: tensor-parallel (DTensor) linears and experts, linears with a bias, attention's
-matmuls, and unchecked steps (a corruption there trains on; replica_check compares the replicas).
+Tensor-parallel linears (DTensors, FSDP's unsharded weights among them) are checked on each rank's local
+shards, with the local products DTensor itself would run (column-wise, row-wise and replicated layouts:
+:func:`npu_inject.ops.matmul_check.tensor_parallel_layout`); MoE experts under tensor or expert parallelism
+reach their grouped products as local tensors already.
+
+What it does not check: linears with a bias or a forward of their own (Float8Linear, dist_gemm's; named in
+the report at start-up), linear calls whose layout, dtype or strides the check does not take (counted on the
+device and named once in the log and the report), attention's matmuls (fused kernels), and unchecked steps (a
+corruption there trains on; replica_check compares the replicas).
 
 Cost on a checked step: per product, the checksum work of about three reads of the product's operands and
 result (CANN's kernel: about 8 a^2 flops for an a x a x a product; the torch check: a float32 copy of the first
-operand and some 60 small operators); one ``all_gather`` of four floats and one device-to-host copy per step.
+operand and some 60 small operators); one ``all_gather`` of five floats and one device-to-host copy per step.
 Nothing on unchecked steps. Measured on the real torch_npu over the CANN emulation (llama3 debug, 2 ranks, rank
 0): one more stream synchronisation and one more device-to-host copy on a checked step (12 and 7 against 11 and
 6), 9,940 aclnn launches against 865 (the debug model's products are small: most take the torch check). The
@@ -88,37 +95,71 @@ def install(model_parts, ledger) -> tuple[int, list[str], object]:
                 continue
             # nn.Linear and its subclasses that keep its forward (torchtitan's configurable Linear); Float8Linear
             # and the like compute otherwise
-            if not isinstance(module, torch.nn.Linear) or type(module).forward is not torch.nn.Linear.forward:
+            if not isinstance(module, torch.nn.Linear):
                 continue
-            weight = module.weight
-            mesh = getattr(weight, "device_mesh", None)
+            if type(module).forward is not torch.nn.Linear.forward:
+                skipped.append(f"{name} ({type(module).__name__}'s own forward)")
+                continue
             if module.bias is not None:
                 skipped.append(f"{name} (bias)")
                 continue
-            if mesh is not None and "tp" in (mesh.mesh_dim_names or ()):
-                skipped.append(f"{name} (tensor-parallel)")
+            put_back = _route_forward(module, _checked_forward(module, ledger, corruptible=not installed))
+            if put_back is None:
+                skipped.append(f"{name} (forward wrapped by {getattr(vars(module)['forward'], '__qualname__', '?')})")
                 continue
-            installed.append(module)
-            module.forward = _checked_forward(module, ledger, corruptible=len(installed) == 1)
+            installed.append(put_back)
 
     def restore() -> None:
-        for module in installed:
-            vars(module).pop("forward", None)
+        for put_back in installed:
+            put_back()
         for module in grouped:
             vars(module).pop("_grouped_mm", None)
 
     return len(installed), len(grouped), skipped, restore
 
 
+def _route_forward(module, checked):
+    """Make ``checked`` the function that computes ``module``'s product; returns the function that puts the
+    original back, or None where the module's forward is wrapped in a way this does not know.
+
+    torchtitan's ``Module.parallelize`` (every configurable Linear, tensor-parallel or not) sets the instance's
+    forward to ``forward_with_redistribution``, which redistributes the inputs, calls ``fn`` (the bound
+    ``nn.Linear.forward``, taken at parallelize time) and redistributes the outputs: ``checked`` takes ``fn``'s
+    place in that closure, so the redistributions still run around it."""
+    import torch
+
+    wrapper = vars(module).get("forward")
+    if wrapper is None:
+        module.forward = checked
+        return lambda: vars(module).pop("forward", None)
+    code = getattr(wrapper, "__code__", None)
+    if getattr(wrapper, "__name__", None) != "forward_with_redistribution" or "fn" not in code.co_freevars:
+        return None
+    cell = wrapper.__closure__[code.co_freevars.index("fn")]
+    inner = cell.cell_contents
+    if getattr(inner, "__func__", None) is not torch.nn.Linear.forward or inner.__self__ is not module:
+        return None  # a local_map region, or a forward of its own
+    cell.cell_contents = checked
+    return lambda: setattr(cell, "cell_contents", inner)
+
+
 def _checked_forward(module, ledger, corruptible: bool):
-    from npu_inject.ops.matmul_check import checkable
+    import torch
+
+    from npu_inject.ops.matmul_check import checkable, tensor_parallel_layout
 
     original = type(module).forward
 
     def forward(input):
         weight = module.weight  # FSDP's unsharded parameter during the forward
-        if ledger.checking and checkable(input, weight, None):
-            return ledger.linear(input, weight, corruptible)
+        if ledger.checking:
+            if checkable(input, weight, None):
+                return ledger.linear(input, weight, corruptible)
+            layout = tensor_parallel_layout(input, weight)
+            if layout is not None and checkable(input.to_local(), weight.to_local(), None):
+                return ledger.linear_tensor_parallel(input, weight, layout, corruptible)
+            if torch.is_grad_enabled():  # a validation's forward is not the step's
+                ledger.skip()
         return original(module, input)
 
     return forward
@@ -172,7 +213,7 @@ def apply(ctx: PatchContext) -> None:
     if unchecked:
         stop_run(f"npu_inject matmul_checks: TORCHTITAN_NPU_FAULTS: {unchecked[0]!r} is not a checked step (every "
                  f"{every}, from {source}), so the fault would never be caused; use a multiple of {every}")
-    state: dict = {"ledger": None, "said": False, "verified": None, "first": True}
+    state: dict = {"ledger": None, "said": False, "said_unchecked": False, "verified": None, "first": True}
     strikes: dict[int, deque] = {}  # rank: the steps its products failed on
 
     def say(line: str) -> None:
@@ -230,16 +271,23 @@ def apply(ctx: PatchContext) -> None:
         counts = ledger.local_counts()
         distributed = dist.is_available() and dist.is_initialized()
         size = dist.get_world_size() if distributed else 1
+        columns = counts.numel()
         if size > 1:
-            gathered = torch.empty(size * 4, dtype=counts.dtype, device=counts.device)
+            gathered = torch.empty(size * columns, dtype=counts.dtype, device=counts.device)
             dist.all_gather_into_tensor(gathered, counts)
         else:
             gathered = counts
-        table = gathered.view(size, 4).cpu().tolist()  # the one host read of the step's verdicts
+        table = gathered.view(size, columns).cpu().tolist()  # the one host read of the step's verdicts
         if not any(row[2] for row in table):
             stop_run(f"npu_inject matmul_checks: step {step.number} was to be checked, but no rank checked any matmul "
-                     "(the model's linears are tensor-parallel or have a bias, which the check does not cover): "
-                     "switch the check off (TORCHTITAN_NPU_PATCHES=-matmul_checks)")
+                     "(the report's 'not checked' line says which linears the check does not take): switch the check "
+                     "off (TORCHTITAN_NPU_PATCHES=-matmul_checks)")
+        unchecked = {rank: int(row[4]) for rank, row in enumerate(table) if row[4]}
+        if unchecked and not state["said_unchecked"]:
+            state["said_unchecked"] = True
+            say(f"step {step.number}: some linear calls ran unchecked (a layout, dtype or stride the check does not "
+                f"take; the others were checked): " + ", ".join(f"{count} on rank {rank}" for rank, count in
+                                                               unchecked.items()))
         lost = [rank for rank, row in enumerate(table) if row[2] and not row[3]]
         if lost:
             stop_run(f"npu_inject matmul_checks: step {step.number}: rank {lost[0]}'s forward products were checked "

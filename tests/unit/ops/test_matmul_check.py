@@ -127,7 +127,7 @@ def test_a_checked_linear_trains_bit_for_bit_as_f_linear(dtype, shape):
     y_plain.backward(grad)
     assert torch.equal(y_checked, y_plain)
     assert torch.equal(x_checked.grad, x_plain.grad) and torch.equal(w_checked.grad, w_plain.grad)
-    assert ledger.local_counts().tolist() == [0.0, 0.0, 1.0, 1.0]  # failures fwd, bwd; checks fwd, bwd
+    assert ledger.local_counts().tolist() == [0.0, 0.0, 1.0, 1.0, 0.0]  # failures fwd, bwd; checks fwd, bwd; unchecked
 
 
 class _Block(torch.nn.Module):
@@ -168,11 +168,11 @@ def test_a_compiled_checked_block_is_one_graph_counts_and_catches_as_eager(recom
             y_plain.float().sum().backward()
             counts = ledger.local_counts().tolist()
             if attempt == 1:  # the corrupted attempt: caught in the forward
-                assert counts == [1.0, 0.0, 2.0, 2.0]
+                assert counts == [1.0, 0.0, 2.0, 2.0, 0.0]
             else:
                 assert torch.equal(y_checked, y_plain)
                 assert torch.equal(checked.up.weight.grad, plain.up.weight.grad)
-                assert counts == [0.0, 0.0, 2.0, 2.0]
+                assert counts == [0.0, 0.0, 2.0, 2.0, 0.0]
             checked.zero_grad()
             plain.zero_grad()
     finally:

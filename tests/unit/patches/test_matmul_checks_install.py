@@ -37,18 +37,68 @@ def test_bias_free_linears_keeping_nn_linears_forward_are_checked_and_restored()
     model, reference = _model(), _model()
     ledger = Ledger("cpu")
     count, experts, skipped, restore = install([model], ledger)
-    assert count == 2 and experts == 0 and skipped == ["3 (bias)"]
+    assert count == 2 and experts == 0 and skipped == ["3 (bias)", "4 (OwnForward's own forward)"]
     x = torch.randn(5, 8)
     ledger.checking = True
     y = model(x)
     y.sum().backward()
     assert torch.equal(y, reference(x))
-    assert ledger.local_counts().tolist() == [0.0, 0.0, 2.0, 2.0]  # the two checked linears, forward and backward
+    assert ledger.local_counts().tolist() == [0.0, 0.0, 2.0, 2.0, 0.0]  # the two checked linears, forward and backward
     ledger.checking = False  # an unchecked step: torch's own forward, nothing counted
     ledger.reset()
-    assert torch.equal(model(x), reference(x)) and ledger.local_counts().tolist() == [0.0, 0.0, 0.0, 0.0]
+    assert torch.equal(model(x), reference(x)) and ledger.local_counts().tolist() == [0.0, 0.0, 0.0, 0.0, 0.0]
     restore()
     assert all("forward" not in vars(module) for module in model.modules())
+
+
+def test_a_call_the_check_does_not_take_runs_unchecked_and_is_counted():
+    """A transposed (non-contiguous) input: torch's own forward, and the ledger counts the call."""
+    model, reference = _model(), _model()
+    ledger = Ledger("cpu")
+    install([model[0]], ledger)
+    x = torch.randn(8, 5).t()
+    ledger.checking = True
+    assert torch.equal(model[0](x), reference[0](x))
+    assert ledger.local_counts().tolist() == [0.0, 0.0, 0.0, 0.0, 1.0]
+
+
+def _redistributing(linear, scale_in: float, shift_out: float):
+    """torchtitan's Module.parallelize, in miniature: the instance forward wraps the bound nn.Linear.forward."""
+    fn = linear.forward
+
+    def forward_with_redistribution(*args, **kwargs):
+        outputs = fn(args[0] * scale_in, **kwargs)
+        return outputs + shift_out
+
+    linear.forward = forward_with_redistribution
+    return linear
+
+
+def test_a_linear_inside_torchtitans_redistributing_forward_is_checked_with_the_redistributions_around_it():
+    """The check takes the bound forward's place inside the wrapper, so what the wrapper does to the inputs and
+    outputs still happens; restoring puts the bound forward back. A wrapper of another kind is not entered."""
+    torch.manual_seed(0)
+    model = _redistributing(torch.nn.Linear(8, 16, bias=False), 2.0, 1.0)
+    torch.manual_seed(0)
+    reference = _redistributing(torch.nn.Linear(8, 16, bias=False), 2.0, 1.0)
+    wrapper = model.forward
+    ledger = Ledger("cpu")
+    count, _, skipped, restore = install([model], ledger)
+    assert count == 1 and skipped == [] and model.forward is wrapper
+    x = torch.randn(5, 8)
+    ledger.checking = True
+    assert torch.equal(model(x), reference(x))
+    assert ledger.local_counts().tolist() == [0.0, 0.0, 1.0, 0.0, 0.0]
+    restore()
+    ledger.reset()
+    assert torch.equal(model(x), reference(x)) and ledger.local_counts().tolist() == [0.0] * 5
+
+    other = torch.nn.Linear(8, 16, bias=False)
+    other.forward = lambda input: torch.nn.Linear.forward(other, input)
+    count, _, skipped, _ = install([other], ledger)
+    assert count == 0 and skipped == [
+        " (forward wrapped by test_a_linear_inside_torchtitans_redistributing_forward_is_checked_with_the_"
+        "redistributions_around_it.<locals>.<lambda>)"]
 
 
 def _experts():
@@ -79,7 +129,7 @@ def test_moe_experts_grouped_products_are_checked_bit_for_bit_and_restored():
     assert torch.equal(y, y_reference) and torch.equal(x.grad, x_reference.grad)
     for name in ("w1_EFD", "w2_EDF", "w3_EFD"):
         assert torch.equal(getattr(experts, name).grad, getattr(reference, name).grad), name
-    assert ledger.local_counts().tolist() == [0.0, 0.0, 3.0, 3.0]
+    assert ledger.local_counts().tolist() == [0.0, 0.0, 3.0, 3.0, 0.0]
     restore()
     assert "_grouped_mm" not in vars(experts)
 
