@@ -30,10 +30,10 @@ and reads the table back once. Each verified step leaves a snapshot (option ``ro
 Cost per checked step: one read of every parameter and optimizer state on the device (the sums: about the
 bytes of the weights and Adam's two moments), one all-gather of one int64 per tensor over the replicate group,
 one device-to-host copy of the gathered table; the snapshot: a copy of the rank's local weights, buffers and
-optimizer states to host memory (pinned where there is a device, one synchronisation), which it occupies for
-good (noted once in the report: the bytes per rank), and the host batches of up to ``every`` steps. A repair adds
-one broadcast per differing tensor and one more all-gather; a rollback, the steps since the snapshot trained
-again. Nothing on other steps.
+optimizer states to host memory (pinned where there is a device; queued on the step's stream, no
+synchronisation; the same buffers each time), which it occupies for good (noted once in the report: the bytes
+per rank), and the host batches of up to ``every`` steps. A repair adds one broadcast per differing tensor
+and one more all-gather; a rollback, the steps since the snapshot trained again. Nothing on other steps.
 
 torchft replica groups (``--fault_tolerance.enable``; the replicas are the groups, outside torchtitan's mesh)
 are compared through torchft's own all-reduce (its managed process group: each group writes its row of
@@ -92,11 +92,15 @@ def _optimizers(trainer) -> list:
 
 class Snapshot:
     """What a rollback needs, as a verified step left it: every parameter's, buffer's and optimizer state's local
-    tensor copied to host memory (pinned where there is a device: one synchronisation for all), the learning-rate
-    schedulers' state, torchtitan's step and token counters. Lives in host memory: the bytes of the rank's shards
-    of the weights and optimizer states (``nbytes``), replaced at each verified check."""
+    tensor copied to host memory, the learning-rate schedulers' state, torchtitan's step and token counters.
+    Lives in host memory: the bytes of the rank's shards of the weights and optimizer states (``nbytes``), the
+    same buffers at each verified check (``previous``'s, pinned where there is a device).
 
-    def __init__(self, trainer, step: int) -> None:
+    No synchronisation: the copies are queued on the stream that computes the step, so the next update cannot
+    overwrite a tensor before its copy has read it, and :meth:`restore`'s copies back are queued behind them;
+    the host never reads the copies itself."""
+
+    def __init__(self, trainer, step: int, previous: "Snapshot | None" = None) -> None:
         import copy
 
         import torch
@@ -105,14 +109,14 @@ class Snapshot:
         self.tensors = [tensor for _, tensor in replicated_state(trainer)]
         for part in trainer.model_parts:
             self.tensors.extend(local(buffer.detach()) for buffer in part.buffers())
-        pin = any(tensor.device.type != "cpu" for tensor in self.tensors)
-        self.copies = []
-        for tensor in self.tensors:
-            host = torch.empty(tensor.shape, dtype=tensor.dtype, device="cpu", pin_memory=pin and tensor.device.type != "cpu")
+        reusable = previous is not None and len(previous.copies) == len(self.tensors) and all(
+            host.shape == tensor.shape and host.dtype == tensor.dtype
+            for host, tensor in zip(previous.copies, self.tensors))
+        self.copies = previous.copies if reusable else [
+            torch.empty(tensor.shape, dtype=tensor.dtype, device="cpu", pin_memory=tensor.device.type != "cpu")
+            for tensor in self.tensors]
+        for host, tensor in zip(self.copies, self.tensors):
             host.copy_(tensor, non_blocking=True)
-            self.copies.append(host)
-        if pin:
-            torch.accelerator.synchronize()
         self.schedulers = copy.deepcopy(trainer.lr_schedulers.state_dict())
         # the schedulers' state_dict holds their counters, not the learning rate they last wrote into the groups
         self.groups = [[copy.deepcopy({key: value for key, value in group.items() if key != "params"})
@@ -202,7 +206,7 @@ def apply(ctx: PatchContext) -> None:
         state["verified"] = step.number
         unverified.clear()
         if options["rollback"]:
-            snapshot = state["snapshot"] = Snapshot(step.trainer, step.number)
+            snapshot = state["snapshot"] = Snapshot(step.trainer, step.number, state["snapshot"])
             if not state["said_snapshot"]:
                 state["said_snapshot"] = True
                 ctx.note(f"rollback snapshot at each verified step: {len(snapshot.tensors)} tensors, "

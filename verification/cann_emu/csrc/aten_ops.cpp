@@ -278,6 +278,9 @@ CANN_EMU_INPLACE_BINARY(aclnnInplaceDiv, at::div_out)
 // ops-math math/logical_and: selfRef = selfRef && other, each cast to BOOL and the result back to selfRef's dtype
 CANN_EMU_INPLACE_BINARY(aclnnInplaceLogicalAnd, at::logical_and_out)
 CANN_EMU_INPLACE_SCALAR(aclnnInplaceMuls, at::mul_out)
+// ops-math math/bitwise_xor (aclnnInplaceBitwiseXorScalar): selfRef ^= other, integers and BOOL (inject_faults'
+// bitflip_param flips one bit of a float parameter through its integer view)
+CANN_EMU_INPLACE_SCALAR(aclnnInplaceBitwiseXorScalar, at::bitwise_xor_out)
 CANN_EMU_INPLACE_SCALAR(aclnnInplaceDivs, at::div_out)
 
 // ---- with alpha (hicann/ops-math math/sub, math/add: aclnnSub, aclnnSubs, aclnnAdds, their in-place forms,
