@@ -20,11 +20,11 @@ import pytest
 from testkit import clean_env, parse_losses, torchrun
 
 ARGS = ["--module", "llama3", "--config", "llama3_debugmodel", "--training.seq_len", "128",
-        "--training.local_batch_size", "1", "--validator.no-enable", "--debug.seed", "42", "--metrics.log_freq", "1",
-        "--parallelism.data_parallel_shard_degree", "1"]
+        "--training.local_batch_size", "1", "--validator.no-enable", "--debug.seed", "42", "--metrics.log_freq", "1"]
 
 
-def _run(tmp_path, name: str, faults: str, stop_after: int = 3, replicas: int = 3, every: int = 1, steps: int = 4):
+def _run(tmp_path, name: str, faults: str, stop_after: int = 3, replicas: int = 3, every: int = 1, steps: int = 4,
+         shards: int = 1):
     registry = tmp_path / f"{name}.json"
     registry.write_text(json.dumps({"patches": {"replica_check": {"options": {"every": every,
                                                                               "stop_after": stop_after}}}}))
@@ -32,8 +32,9 @@ def _run(tmp_path, name: str, faults: str, stop_after: int = 3, replicas: int = 
                     TORCHTITAN_NPU_REGISTRY=str(registry))
     if faults:
         env["TORCHTITAN_NPU_FAULTS"] = faults
-    args = [*ARGS, "--parallelism.data_parallel_replicate_degree", str(replicas), "--training.steps", str(steps)]
-    return torchrun([*args, "--dump_folder", str(tmp_path / name)], env, nproc=replicas)
+    args = [*ARGS, "--parallelism.data_parallel_replicate_degree", str(replicas), "--parallelism.data_parallel_shard_degree",
+            str(shards), "--training.steps", str(steps)]
+    return torchrun([*args, "--dump_folder", str(tmp_path / name)], env, nproc=replicas * shards)
 
 
 @pytest.mark.e2e_long
@@ -67,21 +68,33 @@ def test_a_rank_overruled_stop_after_times_stops_every_rank_naming_it(tmp_path):
     assert "the last verified step is 2" in line, line
 
 
-def test_two_replicas_that_drift_apart_roll_back_to_the_last_verified_step_and_train_on_as_without_the_flip(tmp_path):
-    flipped = _run(tmp_path, "two", "bitflip_param@4:rank=1", replicas=2, every=3, steps=6)
-    clean = _run(tmp_path, "two_clean", "", replicas=2, every=3, steps=6)
+def _two_replicas_roll_back(tmp_path, shards: int):
+    flipped = _run(tmp_path, "two", "bitflip_param@4:rank=1", replicas=2, every=3, steps=6, shards=shards)
+    clean = _run(tmp_path, "two_clean", "", replicas=2, every=3, steps=6, shards=shards)
     assert flipped.returncode == 0, flipped.stdout[-4000:]
     assert clean.returncode == 0, clean.stdout[-4000:]
     losses, reference = parse_losses(flipped.stdout), parse_losses(clean.stdout)  # the last logged line of each step
     print(f"flipped at 4, rolled back at 6 {losses}\nwithout the flip {reference}")
     assert losses == reference and len(reference) == 6
-    line = ("npu_inject replica_check: step 6: the replicas' tok_embeddings.weight differ (1 of 180 tensors): rank 0 (")
+    first = 0 if shards == 1 else 1  # rank 1's replica group: ranks 0 and 1 (DDP), ranks 1 and 3 (HSDP's 2 x 2)
+    line = (f"npu_inject replica_check: step 6: the replicas' tok_embeddings.weight differ (1 of 180 tensors): "
+            f"rank {first} (")
     assert line in flipped.stdout, flipped.stdout[-3000:]
     assert ("disagree and no majority says which is wrong; every rank rolled back to step 3 (the last verified) and "
             "trained steps 4..6 again on the same batches; the replicas agree") in flipped.stdout
     notes = json.loads((tmp_path / "two" / "npu_inject" / "report_rank0.json").read_text())["patches"][
         "replica_check"]["notes"]
     assert any(note.startswith("rollback snapshot at each verified step: ") for note in notes), notes
+
+
+def test_two_replicas_that_drift_apart_roll_back_to_the_last_verified_step_and_train_on_as_without_the_flip(tmp_path):
+    _two_replicas_roll_back(tmp_path, shards=1)
+
+
+@pytest.mark.e2e_long
+def test_two_hsdp_replicas_of_two_shards_that_drift_apart_roll_back_as_ddp_replicas_do(tmp_path):
+    """HSDP: 4 ranks, 2 replicas of 2 FSDP shards; rank 1's shard is compared with its counterpart rank 3's."""
+    _two_replicas_roll_back(tmp_path, shards=2)
 
 
 @pytest.mark.e2e_long
