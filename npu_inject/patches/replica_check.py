@@ -28,8 +28,10 @@ and reads the table back once. Each verified step leaves a snapshot (option ``ro
   majority, every rank stops with one line naming the tensor, both ranks, and the last verified step.
 
 Cost per checked step: one read of every parameter and optimizer state on the device (the sums: about the
-bytes of the weights and Adam's two moments), one all-gather of one int64 per tensor over the replicate group,
-one device-to-host copy of the gathered table; the snapshot: a copy of the rank's local weights, buffers and
+bytes of the weights and Adam's two moments), one all-gather of one int64 per tensor over the replicate group
+(and, where the job has several replicate groups, as HSDP's shards or a pipeline's stages, one all-reduce of one
+int64 over the job: whether any group differs, so that every rank rolls back together), one device-to-host
+copy of the gathered table; the snapshot: a copy of the rank's local weights, buffers and
 optimizer states to host memory (pinned where there is a device; queued on the step's stream, no
 synchronisation; the same buffers each time), which it occupies for good (noted once in the report: the bytes
 per rank), and the host batches of up to ``every`` steps. A repair adds one broadcast per differing tensor
@@ -237,11 +239,28 @@ def apply(ctx: PatchContext) -> None:
         mine = fingerprints([tensor for _, tensor in named])
         gathered = [torch.empty_like(mine) for _ in members]
         dist.all_gather(gathered, mine, group=group)
-        table = torch.stack(gathered).cpu().tolist()  # the one host read
+        stacked = torch.stack(gathered)
+        elsewhere = 0
+        if dist.get_world_size() > len(members):
+            # other replicate groups (HSDP's other shards, other pipeline stages or TP ranks) hold the rest of the
+            # model and must roll back with this one: whether any group differs, in one all-reduce over the job,
+            # read with the table
+            differs = (stacked != stacked[:1]).any().to(torch.int64).reshape(1)
+            dist.all_reduce(differs, op=dist.ReduceOp.MAX)
+            read = torch.cat([stacked.reshape(-1), differs]).cpu().tolist()  # the one host read
+            table = [read[row * mine.numel():(row + 1) * mine.numel()] for row in range(len(members))]
+            elsewhere = read[-1]
+        else:
+            table = stacked.cpu().tolist()  # the one host read
         found = disagreement(table, members)
         if found is None:
+            if elsewhere and state["snapshot"] is not None:
+                roll_back_along(step, state["snapshot"], group, members)
+                return
             verified(step)
-            ctx.note(f"step {step.number}: {len(named)} tensors agree across {len(members)} replicas")
+            ctx.note(f"step {step.number}: {len(named)} tensors agree across {len(members)} replicas"
+                     + ("; another replica group's differ and repair themselves from their majority (no snapshot "
+                        "to roll back to yet)" if elsewhere else ""))
             return
         column, wrong, right = found
         differing = [index for index in range(len(table[0])) if len({row[index] for row in table}) > 1]
@@ -324,9 +343,6 @@ def apply(ctx: PatchContext) -> None:
         logger.warning("npu_inject replica_check: %s", line)
 
     def rollback(step: Step, what: str, snapshot: Snapshot, sources, members) -> None:
-        import torch
-        import torch.distributed as dist
-
         # the minority where there is a majority, both sides where there is none
         culprits = sorted({rank for source, wrong in sources for rank in (wrong if source is not None else members)})
         side = ("disagreed with the majority" if all(source is not None for source, _ in sources)
@@ -338,24 +354,47 @@ def apply(ctx: PatchContext) -> None:
             stop_run(f"npu_inject replica_check: {what}: {', '.join(map(who, drained))} {side} "
                      f"{options['stop_after']} times (stop_after): drain its device; the last verified step is "
                      f"{snapshot.step}")
-        retrained = [number for number, _, _ in unverified]
-        snapshot.restore(step.trainer)
-        for number, taken, skipped in unverified:
-            OWNER.retrain(step, number, taken, skipped)
-        trainer = step.trainer
-        group = trainer.parallel_dims.get_optional_mesh("dp_replicate").get_group()
-        named = replicated_state(trainer)
-        mine = fingerprints([tensor for _, tensor in named])
-        again = [torch.empty_like(mine) for _ in members]
-        dist.all_gather(again, mine, group=group)
-        if disagreement(torch.stack(again).cpu().tolist(), members) is not None:
+        group = step.trainer.parallel_dims.get_optional_mesh("dp_replicate").get_group()
+        retrained = retrain_from(step, snapshot, group, members)
+        if retrained is None:
             stop_run(f"npu_inject replica_check: {what}: the replicas still differ after rolling back to step "
-                     f"{snapshot.step} and training steps {retrained[0]}..{retrained[-1]} again: drain "
-                     f"{', '.join(map(who, culprits))}; the last verified step is {snapshot.step}")
+                     f"{snapshot.step} and training the steps since again: drain {', '.join(map(who, culprits))}; "
+                     f"the last verified step is {snapshot.step}")
         line = (f"{what}: {', '.join(map(who, culprits))} {side}; every rank rolled back to step {snapshot.step} "
                 f"(the last verified) and trained steps {retrained[0]}..{retrained[-1]} again on the same batches; "
                 f"the replicas agree (strike {max(strikes[rank] for rank in culprits)} of {options['stop_after']} "
                 "before a rank is drained)")
+        ctx.note(line)
+        logger.warning("npu_inject replica_check: %s", line)
+        verified(step)
+
+    def retrain_from(step: Step, snapshot: Snapshot, group, members) -> list[int] | None:
+        """Put the snapshot back, train the steps since again on their batches, compare again: the steps
+        retrained, or None when the replicas still differ."""
+        import torch
+        import torch.distributed as dist
+
+        retrained = [number for number, _, _ in unverified]
+        snapshot.restore(step.trainer)
+        for number, taken, skipped in unverified:
+            OWNER.retrain(step, number, taken, skipped)
+        mine = fingerprints([tensor for _, tensor in replicated_state(step.trainer)])
+        again = [torch.empty_like(mine) for _ in members]
+        dist.all_gather(again, mine, group=group)
+        return None if disagreement(torch.stack(again).cpu().tolist(), members) is not None else retrained
+
+    def roll_back_along(step: Step, snapshot: Snapshot, group, members) -> None:
+        """Another replica group's replicas differ and roll back: this group's ranks, which hold the rest of the
+        model (FSDP's other shards, other stages), roll back and train the same steps again with them."""
+        retrained = retrain_from(step, snapshot, group, members)
+        if retrained is None:
+            stop_run(f"npu_inject replica_check: step {step.number}: this replica group's replicas differ after "
+                     f"rolling back with another group's to step {snapshot.step}: drain "
+                     f"{', '.join(map(who, members))} after checking their devices; the last verified step is "
+                     f"{snapshot.step}")
+        line = (f"step {step.number}: another replica group's replicas differ (its ranks name the tensor and the "
+                f"rank); every rank rolled back to step {snapshot.step} (the last verified) and trained steps "
+                f"{retrained[0]}..{retrained[-1]} again on the same batches; this group's replicas agree")
         ctx.note(line)
         logger.warning("npu_inject replica_check: %s", line)
         verified(step)
