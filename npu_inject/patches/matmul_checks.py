@@ -12,8 +12,8 @@ block; torch.compile keeps a second graph for the checked steps) and pipelined j
 
 The verdicts stay on the device until the step's gradients are clipped (:mod:`npu_inject.training_step`,
 before the optimizer): then each rank's five counts (failed forward and backward verdicts, forward and
-backward checks run, linear calls left unchecked) are gathered over the job's ranks in one ``all_gather`` and read once, so every rank
-reaches the same decision. A step with a failed verdict is not applied: the attempt stops before the
+backward checks run, linear calls left unchecked) are gathered over the job's ranks in one ``all_gather`` and
+read once, so every rank reaches the same decision. A step with a failed verdict is not applied: the attempt stops before the
 optimizer and the step runs again on the same batches (the owner kept them), checked again (with torchft committing
 every step, the step is kept out on every replica group instead, through torchft's should_commit, and its
 batches skipped: the other groups already averaged the attempt's gradients and would not wait). The rank whose
@@ -78,10 +78,11 @@ class SilentCorruption(RuntimeError):
     """A checked step's matmul result failed its checksum on some rank (the step is retried)."""
 
 
-def install(model_parts, ledger) -> tuple[int, list[str], object]:
+def install(model_parts, ledger) -> tuple[int, int, list[str], object]:
     """Route every bias-free ``nn.Linear`` of ``model_parts`` through the ledger's checked linear while it checks.
 
-    Returns (how many are checked, why the others are not, the function that puts the forwards back)."""
+    Returns (how many linears are checked, how many MoE experts, why the others are not, the function that
+    puts the forwards back)."""
     import torch
 
     from torchtitan.models.common.moe import GroupedExperts

@@ -24,8 +24,8 @@ norm; ``loss_ratio``, default 1.5, for the loss, whose spikes are smaller multip
 ``threshold`` deviations above it (default 8); both, so that neither a quiet window (a deviation near zero)
 nor a noisy one makes ordinary steps spikes. The norm's ratio is measured: deepseek_v3 debug's 300 faultless
 steps on the rehearsal (tools/bench_quiet_checks.py) jump to 5.9 times the window's median (step 18) and 4.5
-times (step 169, 27 deviations), which a ratio of 3 skipped; an injected ``loss_spike`` is 92 times. Nothing is judged before ``warmup`` applied steps (default 10):
-the first steps' values fall fast. A spike's update is kept out (as finite_steps keeps out a non-finite one:
+times (step 169, 27 deviations), which a ratio of 3 skipped; an injected ``loss_spike`` is 92 times. Nothing
+is judged before ``warmup`` applied steps (default 10): the first steps' values fall fast. A spike's update is kept out (as finite_steps keeps out a non-finite one:
 parameters, optimizer state and learning rate stay those of the last applied step), the step is logged on
 rank 0 and noted in the report, and its values do not enter the windows. After ``stop_after`` spikes in a row
 (default 3) every rank stops with one line: a run whose values rose for good is not a spike, and skipping

@@ -58,10 +58,13 @@ def test_replica_checks_add_at_most_one_host_synchronisation_per_checked_step(tm
                 summed[name] = summed.get(name, 0) + count
         return summed
 
+    def more(on: dict, off: dict) -> dict[str, int]:
+        """What ``on`` counted more (or less) than ``off``, by name; the watchdog's error polls aside."""
+        return {name: count - off.get(name, 0) for name, count in on.items()
+                if count != off.get(name, 0) and name != "HcclGetCommAsyncError"}
+
     for rank in (0, 1):
-        extra = {kind: {name: count - total(plain_counts[rank], kind).get(name, 0)
-                        for name, count in total(checked_counts[rank], kind).items()
-                        if count != total(plain_counts[rank], kind).get(name, 0) and name != "HcclGetCommAsyncError"}
+        extra = {kind: more(total(checked_counts[rank], kind), total(plain_counts[rank], kind))
                  for kind in ("syncs", "hccl", "aclnn")}
         print(f"rank {rank}, the run's 2 checked steps: host waits {extra['syncs']}, collectives {extra['hccl']}, "
               f"aclnn launches +{sum(extra['aclnn'].values())}")

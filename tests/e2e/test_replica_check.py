@@ -32,8 +32,8 @@ def _run(tmp_path, name: str, faults: str, stop_after: int = 3, replicas: int = 
                     TORCHTITAN_NPU_REGISTRY=str(registry))
     if faults:
         env["TORCHTITAN_NPU_FAULTS"] = faults
-    args = [*ARGS, "--parallelism.data_parallel_replicate_degree", str(replicas), "--parallelism.data_parallel_shard_degree",
-            str(shards), "--training.steps", str(steps)]
+    args = [*ARGS, "--parallelism.data_parallel_replicate_degree", str(replicas),
+            "--parallelism.data_parallel_shard_degree", str(shards), "--training.steps", str(steps)]
     return torchrun([*args, "--dump_folder", str(tmp_path / name)], env, nproc=replicas * shards)
 
 
