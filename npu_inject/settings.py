@@ -41,6 +41,13 @@ FAULT_KINDS = {
     "hang_in_forward": "as hang, but in the rank's forward: its peers wait inside a collective until its timeout",
     "uce_in_forward": "a device memory error (UCE) in the rank's forward, as the device reports it (the CANN "
                       "emulation only): in memory the step's temporaries use, which uce_repair repairs",
+    "uce_in_state": "as uce_in_forward, on the memory of the rank's first parameter (the job's state, which no step "
+                    "retry repairs; the CANN emulation only)",
+    "uce_in_update": "as uce_in_forward, as step K's optimizer begins (its update may be cut; the CANN emulation only)",
+    "link_error": "the rank's next HCCL collective after step K's forward began fails as a broken link does (the CANN "
+                  "emulation only): its peers wait in that collective (what step_repair repairs)",
+    "stuck_collective": "the rank's next HCCL collective after step K's forward began never completes, stuck on the "
+                        "device until stop_device (the CANN emulation only; what step_repair repairs)",
 }
 FAULT_FORM = "KIND@STEP or KIND@STEP:rank=R, comma-separated"
 

@@ -1,4 +1,4 @@
-"""What the patches that recover a failed step on an NPU share (uce_repair, torchft_recover).
+"""What the patches that recover a failed step on an NPU share (uce_repair, step_repair, torchft_recover).
 
 torch is imported by the functions only: the runtime core imports this module's names without it.
 """
@@ -6,6 +6,13 @@ torch is imported by the functions only: the runtime core imports this module's 
 from __future__ import annotations
 
 UCE_MARK = "UCE ERROR"  # torch_npu's task queue (NPUQueue.cpp deviceErrorMap, RepoStatus::UCE_EXIT)
+FORCE_STOP = "FORCE STOP"  # torch_npu's error for work ended by stop_device (ACL_ERROR_RT_DEVICE_TASK_ABORT 107022)
+QUEUE_ENDED = "The Inner error is reported as above"  # torch_npu's task queue thread has exited
+
+
+def names_hccl(text: str) -> bool:
+    """Whether an error's text names an HCCL call (a failed or cut collective)."""
+    return "Hccl" in text or "HCCL" in text
 
 
 def reset_fsdp(model_parts) -> None:
@@ -18,3 +25,42 @@ def reset_fsdp(model_parts) -> None:
         root = next((module for module in part.modules() if isinstance(module, FSDPModule)), None)
         if root is not None:
             root.reset_iter_state()
+
+
+def reset_pipeline(trainer) -> None:
+    """A pipeline schedule as before a step that failed midway: each stage's runtime state (the microbatches'
+    activations and gradients kept between actions) cleared, and the losses the schedule had gathered of the
+    failed step dropped (torch clears those only when a step completes)."""
+    schedule = getattr(trainer, "pp_schedule", None)
+    if schedule is None:
+        return
+    stages = getattr(schedule, "_stages", None) or [getattr(schedule, "_stage", None)]
+    for stage in stages:
+        if stage is not None:
+            stage.clear_runtime_states()
+    losses = getattr(schedule, "_internal_losses", None)
+    if isinstance(losses, list):
+        losses.clear()
+
+
+def npu_backends() -> list:
+    """torch_npu's HCCL backend of every process group of the job."""
+    import torch
+    from torch.distributed import distributed_c10d
+
+    npu = torch.device("npu")
+    return [group._get_backend(npu) for group in list(distributed_c10d._pg_map) if npu in group._device_types]
+
+
+def drop_hccl_comms(reason: str) -> int:
+    """Destroy every HCCL communicator of the job's process groups (torch_npu makes new ones at each group's next
+    collective) and delete the store keys they were made through, so that no rank's new communicator reads a
+    stale one; every rank must do this before any rank's next collective. Returns the groups dropped.
+
+    Destroyed rather than resumed: a communicator a call was cut in or failed on carries the failure (the CANN
+    emulation refuses to resume one; whether real HCCL resumes one after a link error is not documented)."""
+    backends = npu_backends()
+    for backend in backends:
+        backend._delete_tcpstore_key()
+        backend.abort_hccl_comm(reason)
+    return len(backends)

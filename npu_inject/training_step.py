@@ -41,6 +41,7 @@ ORDER = (
     "torchft_leave",
     "replica_check",
     "uce_repair",
+    "step_repair",
     "torchft_recover",
     "inject_faults",
     "matmul_checks",

@@ -36,7 +36,16 @@ comma-separated; a bad item stops at start-up naming it.
   (``verification/cann_emu``) only: a 64 MiB block is taken from torch_npu's allocator and given back (memory
   only the step's temporaries use), the emulation marks it bad, and the next kernel fails as the device
   reports a UCE (ACL_ERROR_RT_DEVICE_MEM_ERROR, then ``aclrtGetMemUceInfo``). torch_npu stops its task queue
-  ("UCE ERROR"); :mod:`npu_inject.patches.uce_repair` repairs it. Once per run, every attempt.
+  ("UCE ERROR"); :mod:`npu_inject.patches.uce_repair` repairs it (:mod:`npu_inject.patches.step_repair` with
+  several ranks). Once per run, every attempt.
+* ``uce_in_state@K``: the same on the memory of the rank's first parameter (the job's state: not repairable in the
+  job); ``uce_in_update@K``: the same as step K's optimizer begins (its update may be cut: not repairable).
+
+* ``link_error@K``, ``stuck_collective@K``: on the CANN emulation only, the rank's next HCCL collective after
+  its forward of step K began fails as a broken link does (HCCL_E_TCP_TRANSFER, on the communicator for good), or
+  never completes until the device is stopped (``cann_emu_inject_hccl_fault``); the peers wait in the same
+  collective. :mod:`npu_inject.patches.step_repair` repairs both. Once per run; an item given twice fails the
+  retried attempt too (a second fault in the same step).
 
 ``kill`` and ``hang`` (and their ``_in_forward`` forms) fire as the first step at or after K starts (a rank healed from a torchft peer
 jumps to the peer's step), in the launcher's first attempt only (torchrun's TORCHELASTIC_RESTART_COUNT
@@ -143,6 +152,7 @@ def stop(kind: str, step: int) -> None:
     threading.Event().wait()
 
 
+UCE_KINDS = ("uce_in_forward", "uce_in_state", "uce_in_update")
 UCE_BLOCK_BYTES = 64 << 20  # its own segment of torch_npu's allocator, released whole by empty_cache
 
 
@@ -158,19 +168,36 @@ def _mem_uce_injector():
                  "on purpose; a real device's libascendcl has no such entry")
 
 
-def _cause_mem_uce(inject, device, step: int, rank: int) -> None:
+HCCL_FAULT_MODES = {"link_error": 1, "stuck_collective": 2}  # cann_emu_inject_hccl_fault's modes
+
+
+def _hccl_fault_injector():
+    """The CANN emulation's entry that makes the next HCCL call fail or stick (``cann_emu_inject_hccl_fault``)."""
+    import ctypes
+
+    try:
+        return ctypes.CDLL("libhccl.so").cann_emu_inject_hccl_fault
+    except (OSError, AttributeError):
+        stop_run("npu_inject inject_faults: link_error and stuck_collective need the CANN emulation "
+                 "(verification/cann_emu: eval \"$(python verification/cann_emu/env.py)\"): only there can an HCCL "
+                 "collective be failed on purpose; a real device's libhccl has no such entry")
+
+
+def _cause_mem_uce(inject, device, step: int, rank: int, held=None) -> None:
+    """Mark device memory bad: a fresh 64 MiB block given back at once (memory of the step's temporaries), or the
+    memory of the tensor ``held`` (the job's state)."""
     import ctypes
 
     import torch
 
-    torch.accelerator.synchronize()  # the step's forward meets it, not work queued before
-    block = torch.empty(UCE_BLOCK_BYTES, dtype=torch.uint8, device=device)
+    torch.accelerator.synchronize()  # the step's own work meets it, not work queued before
+    block = torch.empty(UCE_BLOCK_BYTES, dtype=torch.uint8, device=device) if held is None else held
     print(f"npu_inject inject_faults: step {step}: device memory error (UCE) at {block.data_ptr():#x} on rank {rank}",
           file=sys.stderr, flush=True)
     status = inject(ctypes.c_void_p(block.data_ptr()), ctypes.c_size_t(block.nbytes))
     if status != 0:
         stop_run(f"npu_inject inject_faults: the CANN emulation refused the memory error (status {status})")
-    # the block goes back to the allocator's cache here: memory of the step's temporaries
+    # a fresh block goes back to the allocator's cache here: memory of the step's temporaries
 
 
 def apply(ctx: PatchContext) -> None:
@@ -184,10 +211,12 @@ def apply(ctx: PatchContext) -> None:
     stops = {fault.step: fault.kind for fault in mine
              if fault.kind in ("kill", "hang", "kill_in_forward", "hang_in_forward") and first_attempt}
 
-    uce_steps = {fault.step for fault in mine if fault.kind == "uce_in_forward"}
+    uce_steps = {(fault.step, fault.kind) for fault in mine if fault.kind in UCE_KINDS}
     flip_steps = {fault.step for fault in mine if fault.kind == "bitflip_param"}
     sdc_steps = {(fault.step, fault.kind) for fault in mine if fault.kind in ("sdc_matmul", "sdc_expert")}
     inject_uce = _mem_uce_injector() if uce_steps else None
+    hccl_faults = [(fault.step, fault.kind) for fault in mine if fault.kind in HCCL_FAULT_MODES]
+    inject_hccl = _hccl_fault_injector() if hccl_faults else None
 
     def trainer_init(original, trainer, config, *args, **kwargs):
         world_size, size_from = job_world_size(config.comm.mode)
@@ -196,19 +225,53 @@ def apply(ctx: PatchContext) -> None:
             stop_run(problem)
         return original(trainer, config, *args, **kwargs)
 
+    def arm_uce(step: Step, kind: str) -> None:
+        trainer, number = step.trainer, step.trainer.step
+
+        def cause_uce(*args):
+            handle.remove()
+            held = None
+            if kind == "uce_in_state":  # the local memory of the rank's first parameter
+                held = next(trainer.model_parts[0].parameters())
+                held = held.to_local() if hasattr(held, "to_local") else held
+            _cause_mem_uce(inject_uce, trainer.device, number, rank, held)
+            ctx.note(f"step {number}: device memory error (UCE) injected on rank {rank} ({kind})")
+
+        if kind == "uce_in_update":  # the next kernel is the optimizer's first
+            from torch.optim.optimizer import register_optimizer_step_pre_hook
+
+            handle = register_optimizer_step_pre_hook(cause_uce)
+        else:
+            handle = trainer.model_parts[0].register_forward_pre_hook(cause_uce)
+        step.on_exit(handle.remove)
+
+    def arm_hccl_fault(step: Step, kind: str, times: int) -> None:
+        """The rank's next collective after the forward of each of ``times`` attempts of the step began fails."""
+        number, left = step.trainer.step, [times]
+
+        def cause_hccl_fault(module, args):
+            left[0] -= 1
+            if left[0] == 0:
+                hook.remove()
+            announce(kind, number)
+            status = inject_hccl(HCCL_FAULT_MODES[kind])
+            if status != 0:
+                stop_run(f"npu_inject inject_faults: the CANN emulation refused {kind} (status {status})")
+            ctx.note(f"step {number}: {kind} injected on rank {rank}")
+
+        hook = step.trainer.model_parts[0].register_forward_pre_hook(cause_hccl_fault)
+        step.on_exit(hook.remove)
+
     def before_step(step: Step) -> None:
         trainer = step.trainer
-        if trainer.step in uce_steps:  # once: the step retried after the repair runs clean
-            uce_steps.discard(trainer.step)
-            number = trainer.step
-
-            def cause_uce(module, args):
-                handle.remove()
-                _cause_mem_uce(inject_uce, trainer.device, number, rank)
-                ctx.note(f"step {number}: device memory error (UCE) injected on rank {rank}")
-
-            handle = trainer.model_parts[0].register_forward_pre_hook(cause_uce)
-            step.on_exit(handle.remove)
+        for number, kind in sorted(uce_steps):  # once: the step retried after the repair runs clean
+            if number == trainer.step:
+                uce_steps.discard((number, kind))
+                arm_uce(step, kind)
+        due_hccl = [kind for number, kind in hccl_faults if number == trainer.step]
+        for kind in dict.fromkeys(due_hccl):  # an item given twice fails the step's retry too
+            arm_hccl_fault(step, kind, due_hccl.count(kind))
+        hccl_faults[:] = [(number, kind) for number, kind in hccl_faults if number != trainer.step]
         # the first step at or after K: a rank that healed from a torchft peer may jump past K
         due = [number for number in stops if number <= trainer.step]
         kind = stops.pop(min(due)) if due else None

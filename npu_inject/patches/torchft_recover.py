@@ -44,7 +44,7 @@ import logging
 
 from npu_inject.errors import stop_run
 from npu_inject.patching import PatchContext
-from npu_inject.step_recovery import UCE_MARK, reset_fsdp
+from npu_inject.step_recovery import FORCE_STOP, QUEUE_ENDED, UCE_MARK, names_hccl, reset_fsdp
 from npu_inject.training_step import DISCARD, Step, take_part
 
 TARGETS = (
@@ -52,8 +52,6 @@ TARGETS = (
 )
 
 logger = logging.getLogger("npu_inject")
-FORCE_STOP = "FORCE STOP"  # torch_npu's error for work ended by stop_device (ACL_ERROR_RT_DEVICE_TASK_ABORT 107022)
-QUEUE_ENDED = "The Inner error is reported as above"  # torch_npu's task queue thread has exited
 
 
 def torchft_group(trainer):
@@ -71,7 +69,7 @@ def failure_of(group, text: str, issued_before: int) -> str | None:
         return None
     if group.stopped_device is not None and FORCE_STOP in text:
         return "stopped"
-    if group.issued > issued_before and ("Hccl" in text or "HCCL" in text):
+    if group.issued > issued_before and names_hccl(text):
         return "failed"
     return None
 

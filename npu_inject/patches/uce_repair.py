@@ -32,10 +32,9 @@ FSDP's "Expects to be in one of (SHARDED, SHARDED_POST_FORWARD), not UNSHARDED":
 error at a later operator, after FSDP had unsharded the group, where a synchronous launch reports it at the
 failed operator itself (which is why only synchronous launches had retried correctly before).
 
-What this does not do: a job of several ranks needs every rank to stop and retry the step together (a rank
-that repairs alone meets its peers in different collectives). This patch repairs a rank's step only when
-the job has one rank; with more, the rank stops with the line and its peers fail at their next collective
-(the whole-job stop-and-retry is not built).
+A job of several ranks needs every rank to stop and retry the step together (a rank that repairs alone meets
+its peers in different collectives): that is :mod:`npu_inject.patches.step_repair`'s, which this patch leaves
+such a UCE to; with step_repair switched off, the rank stops with one line.
 """
 
 from __future__ import annotations
@@ -47,7 +46,7 @@ import os
 from npu_inject.errors import stop_run
 from npu_inject.patching import PatchContext
 from npu_inject.step_recovery import UCE_MARK, reset_fsdp
-from npu_inject.training_step import RETRY, Step, take_part
+from npu_inject.training_step import OWNER, RETRY, Step, take_part
 
 TARGETS = (
     "torchtitan.trainer:Trainer.train_step",
@@ -82,6 +81,9 @@ def apply(ctx: PatchContext) -> None:
     def on_failure(step: Step, error: Exception):
         if not isinstance(error, RuntimeError) or UCE_MARK not in str(error):
             return None
+        torchft = getattr(getattr(step.trainer, "ft_manager", None), "enabled", False)
+        if world_size > 1 and not torchft and "step_repair" in OWNER.phase_order()["on_failure"]:
+            return None  # every rank repairs and retries together
         first_line = str(error).splitlines()[0]
         if step.attempt > 0:
             stop_run(f"npu_inject uce_repair: step {step.number}: a second device memory error (UCE) in the same step "
@@ -101,7 +103,7 @@ def apply(ctx: PatchContext) -> None:
         if world_size > 1:
             stop_run(f"npu_inject uce_repair: step {number}: a device memory error (UCE) in temporary memory on rank "
                      f"{os.environ.get('RANK', '0')} of {world_size}: retrying the step needs every rank to stop and "
-                     "retry together, which is not built; resume from the last checkpoint")
+                     "retry together, which is step_repair's (switched off); resume from the last checkpoint")
         torch_npu.npu.restart_device(device)
         reset_fsdp(step.trainer.model_parts)  # FSDP as it was before the step: sharded, no trackers of the failed one
         ctx.note(f"step {number}: device memory error (UCE) in temporary memory repaired "

@@ -135,3 +135,4 @@ def test_revert_restores_train_step(applied):
     assert OWNER.participants == [] and Trainer.train_step is original
     applied.revert("step_owner")
     assert Trainer.train_step is not original
+

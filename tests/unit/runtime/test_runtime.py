@@ -209,7 +209,7 @@ def test_fallbacks_and_notes_recorded_inside_a_compiled_function_cause_no_recomp
 @pytest.mark.parametrize("faults, message", [
     ("nan_los@3", "unknown fault 'nan_los' (known: nan_loss, loss_spike, bitflip_param, sdc_matmul, sdc_expert, kill, hang, "
      "kill_in_forward, "
-     "hang_in_forward, uce_in_forward)"),
+     "hang_in_forward, uce_in_forward, uce_in_state, uce_in_update, link_error, stuck_collective)"),
     ("nan_loss@0", "the step must be a training step >= 1"),
     ("nan_loss", "the step must be a training step >= 1"),
     ("nan_loss@3:rnk=1", "'rnk=1' is not rank=R"),

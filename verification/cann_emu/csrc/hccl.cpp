@@ -187,6 +187,27 @@ void* cann_emu::hccl_comm_named(const char* name) {
 
 namespace {
 
+// A fault armed by cann_emu_inject_hccl_fault, taken by the next collective or point-to-point call of this
+// process: 1, the call fails as a broken link does (HCCL_E_TCP_TRANSFER, sticky; the peers wait for data that
+// never comes); 2, the call never completes (it waits until aclrtDeviceTaskAbort, as a collective stuck on the
+// device does; the peers wait too). The emulation's own entries: real CANN has none.
+std::atomic<int> g_injected_fault{0};
+
+void take_injected_fault(const char* api, const Comm& c) {
+    int mode = g_injected_fault.exchange(0);
+    if (mode == 1)
+        raise(HCCL_E_TCP_TRANSFER, std::string(api) + " #" + std::to_string(c.seq + 1) + ": the link to the peers "
+              "of " + c.label() + " failed (link error, injected by cann_emu_inject_hccl_fault)");
+    if (mode == 2) {
+        std::fprintf(stderr, "cann_emu: %s on %s stuck on the device (injected) until aclrtDeviceTaskAbort\n", api,
+                     c.label().c_str());
+        for (;;) {
+            check_aborted(std::string(api) + " (stuck, injected)");
+            ::usleep(kAbortPollMs * 1000);
+        }
+    }
+}
+
 // Runs one call on a communicator: argument failures leave it usable; every other failure sticks.
 template <typename F>
 HcclResult run_on_comm(const char* api, HcclComm handle, F& body) {
@@ -199,6 +220,7 @@ HcclResult run_on_comm(const char* api, HcclComm handle, F& body) {
         return fail(e, std::string(api) + " on " + c->label() + ": the communicator failed earlier: " + c->error_msg);
     }
     try {
+        take_injected_fault(api, *c);
         body(*c);
         return HCCL_SUCCESS;
     } catch (const Invalid& e) {
@@ -340,6 +362,7 @@ struct P2P {
     uint64_t count;
     int dtype;
     uint32_t peer;
+    void* stream = nullptr;  // the stream it was called on (a grouped one runs at HcclGroupEnd)
 };
 thread_local int t_group_depth = 0;
 thread_local std::vector<P2P> t_group_ops;
@@ -398,11 +421,14 @@ void check_p2p(Comm& c, const void* buf, uint64_t count, int dtype, uint32_t pee
 // Point-to-point now, or at HcclGroupEnd inside a group.
 HcclResult p2p(const char* api, HcclComm handle, bool send, void* buf, uint64_t count, int dtype, uint32_t peer,
                aclrtStream stream) {
-    return on_comm(api, handle, stream, false, [&](Comm& c) {
+    // Outside a group the call is queued on its stream like a collective (a device runs it while the host goes
+    // on); inside one it is collected in this thread until HcclGroupEnd.
+    bool grouped = t_group_depth > 0;
+    return on_comm(api, handle, stream, !grouped, [=](Comm& c) {
         check_p2p(c, buf, count, dtype, peer, send ? "destRank" : "srcRank");
         count_hccl_bytes(api, count * dtype_bytes(dtype));
-        P2P op{&c, send, static_cast<char*>(buf), count, dtype, peer};
-        if (t_group_depth > 0) t_group_ops.push_back(op);
+        P2P op{&c, send, static_cast<char*>(buf), count, dtype, peer, stream};
+        if (grouped) t_group_ops.push_back(op);
         else run_p2p({op}, api);
     });
 }
@@ -615,6 +641,15 @@ CANN_API HcclResult HcclCommInitRootInfoConfig(uint32_t nranks, const void* root
                                                const void* config, HcclComm* comm) {
     count_hccl("HcclCommInitRootInfoConfig");
     return init_api("HcclCommInitRootInfoConfig", nranks, root_info, rank, config, comm);
+}
+
+// Arms a fault for this process's next HCCL call (see take_injected_fault): 1 link error, 2 stuck; 0 disarms.
+CANN_API HcclResult cann_emu_inject_hccl_fault(int mode) {
+    if (mode < 0 || mode > 2)
+        return fail(HCCL_E_PARA, "cann_emu_inject_hccl_fault: mode " + std::to_string(mode) + " is not 0 (none), 1 "
+                    "(link error) or 2 (stuck until aclrtDeviceTaskAbort)");
+    g_injected_fault.store(mode);
+    return HCCL_SUCCESS;
 }
 
 // Stops the device's tasks: the HCCL calls blocked in this process, and (CANN_EMU_ASYNC_STREAMS=1) the work queued
@@ -1031,13 +1066,9 @@ CANN_API HcclResult HcclGroupStart() {
     ++t_group_depth;
     return HCCL_SUCCESS;
 }
-CANN_API HcclResult HcclGroupEnd() {
-    count_hccl("HcclGroupEnd");
-    if (t_group_depth == 0) return fail(HCCL_E_PARA, "HcclGroupEnd: no HcclGroupStart is open on this thread");
-    if (--t_group_depth > 0 || t_group_ops.empty()) return HCCL_SUCCESS;
-    if (int rc = drain_device(current_device())) return HcclResult(rc);  // the group runs after the streams' work
-    std::vector<P2P> ops;
-    ops.swap(t_group_ops);
+// Runs a group's Send/Recv together, every communicator of the group locked; a failure sticks to all of them.
+HcclResult run_group(const std::vector<P2P>& ops) {
+    start_call();
     std::vector<Comm*> comms;
     for (const P2P& op : ops) comms.push_back(op.comm);
     std::sort(comms.begin(), comms.end());
@@ -1053,6 +1084,7 @@ CANN_API HcclResult HcclGroupEnd() {
         }
     }
     try {
+        take_injected_fault("HcclGroupEnd", *comms.front());
         run_p2p(ops, "HcclGroupEnd (" + std::to_string(ops.size()) + " grouped Send/Recv)");
         return HCCL_SUCCESS;
     } catch (const Failure& e) {
@@ -1062,4 +1094,20 @@ CANN_API HcclResult HcclGroupEnd() {
         for (Comm* c : comms) c->set_error(e.code, msg);
         return fail(e.code, msg);
     }
+}
+
+// A group whose calls were all made on one stream is queued on it (CANN_EMU_ASYNC_STREAMS=1), as a device runs
+// it while the host goes on, its failure reported at the stream's next synchronisation; otherwise it runs now,
+// after every stream's earlier work.
+CANN_API HcclResult HcclGroupEnd() {
+    count_hccl("HcclGroupEnd");
+    if (t_group_depth == 0) return fail(HCCL_E_PARA, "HcclGroupEnd: no HcclGroupStart is open on this thread");
+    if (--t_group_depth > 0 || t_group_ops.empty()) return HCCL_SUCCESS;
+    std::vector<P2P> ops;
+    ops.swap(t_group_ops);
+    bool one_stream = std::all_of(ops.begin(), ops.end(), [&](const P2P& op) { return op.stream == ops.front().stream; });
+    if (config().async_streams && one_stream)
+        return HcclResult(launch(ops.front().stream, "HcclGroupEnd", [ops]() { return int(run_group(ops)); }, true));
+    if (int rc = drain_device(current_device())) return HcclResult(rc);  // the group runs after the streams' work
+    return run_group(ops);
 }

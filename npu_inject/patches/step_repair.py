@@ -1,0 +1,276 @@
+"""A device fault on one NPU of a job of several repaired inside the job: every rank stops, repairs and retries the step.
+
+Module ``torchtitan.trainer``: the patch takes part in ``Trainer.train_step`` (:mod:`npu_inject.training_step`:
+before the step, before its optimizer, after it, and on its failure, where the step is retried on the batches the
+owner kept). NPU target, torch_npu 2.14's recovery calls; a job of one rank is uce_repair's, a torchft job's
+failures torchft_recover's (both said in the report).
+
+The faults repaired: a device memory error (UCE) in memory of the step's temporaries (``check_uce_in_memory`` 2,
+as uce_repair does for one rank), an HCCL collective that fails (a flapping link, a NIC reset: the error names an
+HCCL call), and a collective that never completes (stuck on the device: the step outlives ``stuck_after``
+seconds, by default torchtitan's ``--comm.train_timeout_seconds``, counted from the process's second step). The
+rank that meets one publishes it in torchrun's store (:mod:`npu_inject.repair_channel`), whose watcher thread on
+every rank stops its device (``torch_npu.npu.stop_device``): the rank waiting in a collective on the failed one
+is freed ("FORCE STOP") and its queued work dropped, as the failed rank's is. Each rank then restarts its device
+(``restart_device``, which repairs the UCE's memory), destroys its HCCL communicators and the store keys they were
+made through (torch_npu makes new ones at the retry's first collective, after every rank has dropped its own),
+writes its report and waits for every rank's; when all say they can retry, FSDP and the pipeline schedule are
+reset to before the step and every rank trains the step again on the same batches. No process restarts, no
+checkpoint is read.
+
+Layouts: the retry is trusted where the CANN emulation showed every later loss equal to the run without the fault
+(FSDP or DDP, every fault; FSDP x TP, a failed or stuck collective); elsewhere (PP, CP, EP, a UCE under TP) every
+rank stops with one line saying so (:func:`unverified_layout`).
+
+What stops every rank, with the same line naming the rank and the cause (torchrun's restart and the last
+checkpoint take over): a fault after the step's optimizer began on any rank (its update may be applied on some
+ranks and not others), a UCE in the job's state or outside torch_npu's pool, a second fault in the same step, a
+fault met as a step began (the previous step's update was in flight), torch_npu's task queue ended, and a rank
+that writes no report within ``stuck_after`` seconds (a process gone or stuck on the host).
+
+The cost when nothing fails: two device synchronisations per step, one before the optimizer (a fault in the
+step's forward or backward is reported before the update begins, so the step can be retried) and one as the next
+step begins (a fault in this step's update is not mistaken for the next step's); no collective, no store round
+trip on the training thread (each rank's watcher thread looks at the store every ``poll`` seconds, default 1).
+torch_npu's watchdog must not end the process on a failed collective first: ``TORCH_HCCL_ASYNC_ERROR_HANDLING`` is set to 0 where unset (set to
+another value, collective failures are not repaired: said in the report).
+"""
+
+from __future__ import annotations
+
+import gc
+import logging
+import os
+import time
+
+from npu_inject.errors import stop_run
+from npu_inject.patching import PatchContext
+from npu_inject.repair_channel import RepairChannel, Watcher
+from npu_inject.step_recovery import (FORCE_STOP, QUEUE_ENDED, UCE_MARK, drop_hccl_comms, names_hccl, reset_fsdp,
+                                      reset_pipeline)
+from npu_inject.training_step import RETRY, Step, take_part
+
+TARGETS = (
+    "torchtitan.trainer:Trainer.train_step",
+)
+
+logger = logging.getLogger("npu_inject")
+TEMPORARY = 2  # check_uce_in_memory: the error lies in memory given back once the step's tensors are freed
+WHERE = {0: "no memory error recorded by torch_npu", 1: "memory outside torch_npu's pool",
+         3: "memory holding the job's state (weights, gradients or optimizer states)"}
+ERROR_HANDLING = "TORCH_HCCL_ASYNC_ERROR_HANDLING"
+
+
+def fault_kind(text: str) -> str | None:
+    """What a step's error says happened on the device: "uce", "stopped" (this rank's device was stopped: a peer's
+    fault or a stuck step), "collective" (an HCCL call failed), "queue_ended"; None: not a device fault."""
+    if UCE_MARK in text:
+        return "uce"
+    if QUEUE_ENDED in text:
+        return "queue_ended"
+    if FORCE_STOP in text:
+        return "stopped"
+    if names_hccl(text):
+        return "collective"
+    return None
+
+
+def chain_text(error: BaseException) -> str:
+    """An error's text with that of the errors it was raised from (a pipeline stage re-raises a kernel's error
+    under its own message)."""
+    texts, seen = [], set()
+    while error is not None and id(error) not in seen:
+        seen.add(id(error))
+        texts.append(str(error))
+        error = error.__cause__ or error.__context__
+    return "\n".join(texts)
+
+
+def unverified_layout(parallel_dims, kind: str) -> str:
+    """Why a retry of this job's layout after a fault of ``kind`` is not trusted (an empty string: trusted).
+
+    Trusted where the emulation showed every later loss equal to the run without the fault (FSDP and DDP for each
+    kind; FSDP x TP for a failed or stuck collective). Not elsewhere: under PP 2 a UCE's retry trained on to
+    different losses (step 4: 7.0199 against 7.01853), under FSDP x TP a UCE's retry desynchronised FSDP's
+    collectives; context and expert parallelism were not tried. A retry that may train wrong is worse than a stop."""
+    if parallel_dims is None:
+        return ""
+    for name in ("pp", "cp", "ep"):
+        if getattr(parallel_dims, f"{name}_enabled", False):
+            return f"a retry under {name.upper()} is not verified to train as the job would have (stops instead)"
+    if kind == "uce" and getattr(parallel_dims, "tp_enabled", False):
+        return "a UCE's retry under TP desynchronised FSDP's collectives on the emulation (stops instead)"
+    return ""
+
+
+def verdict(reports: dict[int, dict], missing: list[int], fault: dict, timeout_s: float) -> str | None:
+    """The line every rank stops with, or None when every rank can retry the step; the same on every rank (it
+    reads only what every rank reads)."""
+    cause = f"rank {fault['rank']}'s {fault['kind']} in step {fault['step']} ({fault['why']})"
+    head = f"npu_inject step_repair: step {fault['step']}:"
+    if missing:
+        return (f"{head} rank(s) {', '.join(map(str, missing))} wrote no report within {timeout_s:g} s after "
+                f"{cause}: a process is gone or stuck on the host; every rank stops: torchrun's restart and the last "
+                "checkpoint take over")
+    for rank in sorted(reports, key=lambda rank: rank != fault["rank"]):  # the faulted rank's first
+        if reports[rank]["problem"]:
+            return (f"{head} not repairable in the job: rank {rank}: {reports[rank]['problem']}; every rank stops: "
+                    f"resume from the last checkpoint (after {cause})")
+    steps = sorted({report["step"] for report in reports.values()})
+    if len(steps) > 1:
+        return (f"{head} ranks stopped in different steps ({', '.join(map(str, steps))}); every rank stops: resume "
+                f"from the last checkpoint (after {cause})")
+    return None
+
+
+def apply(ctx: PatchContext) -> None:
+    import threading
+
+    import torch
+    import torch_npu
+
+    rank, world_size = int(os.environ.get("RANK", "0")), int(os.environ.get("WORLD_SIZE", "1"))
+    if world_size == 1:
+        ctx.note("one rank: a device memory error is uce_repair's to repair; nothing else to agree on")
+    chosen = os.environ.get(ERROR_HANDLING, os.environ.get("HCCL_ASYNC_ERROR_HANDLING"))
+    if chosen is None:
+        os.environ[ERROR_HANDLING] = "0"  # torch_npu's watchdog would end the process on a failed collective
+    elif chosen != "0" and world_size > 1:
+        ctx.fallback(f"{ERROR_HANDLING} (or HCCL_ASYNC_ERROR_HANDLING) is {chosen}: torch_npu's watchdog ends the "
+                     "process on a failed collective before it can be repaired; UCEs and stuck collectives are still "
+                     f"repaired (unset it, or set 0, for collective failures too)")
+    poll_s = float(ctx.options.get("poll", 1.0))
+    lock = threading.Lock()
+    state = {"channel": None, "watcher": None, "stopped": -1, "started": None, "steps": 0, "deadline": None}
+
+    def active(trainer) -> bool:  # a torchft job's failures are torchft_recover's
+        return world_size > 1 and not getattr(getattr(trainer, "ft_manager", None), "enabled", False)
+
+    def stop_device_once(generation: int) -> None:
+        with lock:  # the watcher and the training thread may both come; a repair done is not stopped again
+            if state["stopped"] == generation or generation != state["channel"].generation:
+                return
+            state["stopped"] = generation
+        torch_npu.npu.stop_device(state["device"])
+
+    def overdue() -> dict | None:
+        started, deadline = state["started"], state["deadline"]
+        if started is None or deadline is None or time.monotonic() - started < deadline:
+            return None
+        return {"rank": rank, "step": state["step"], "attempt": state["attempt"], "kind": "stuck",
+                "why": f"the step ran over {deadline:g} s (stuck_after): a collective that never completes"}
+
+    def start(trainer) -> None:
+        from torch.distributed import distributed_c10d
+
+        store = distributed_c10d._get_default_store()
+        state["device"] = trainer.device.index or 0
+        stuck_after = float(ctx.options.get("stuck_after", 0)) or float(trainer.config.comm.train_timeout_seconds)
+        state["stuck_after"] = stuck_after
+        state["report_within"] = max(60.0, stuck_after)  # every rank's stop, restart and communicators dropped
+        state["channel"] = RepairChannel(store, rank, world_size)
+        watcher = Watcher(RepairChannel(store.clone(), rank, world_size),
+                          on_fault=lambda generation, fault: stop_device_once(generation),
+                          overdue=overdue, poll_s=poll_s)
+        watcher.start()
+        ctx.add_cleanup(watcher.close)
+        state["watcher"] = watcher
+        ctx.note(f"{world_size} ranks: a repairable device fault on any rank stops every rank's device and retries "
+                 f"the step (stuck after {stuck_after:g} s)")
+
+    def stop_everywhere(step: Step, kind: str, why: str, problem: str):
+        """Publish a fault that cannot be repaired and stop, with the line every rank stops with."""
+        channel = state["channel"]
+        fault = channel.publish({"rank": rank, "step": step.number, "attempt": step.attempt, "kind": kind, "why": why})
+        stop_device_once(channel.generation)
+        reports, missing = channel.reports({"step": step.number, "problem": problem}, state["report_within"])
+        stop_run(verdict(reports, missing, fault, state["report_within"]) or f"npu_inject step_repair: {problem}")
+
+    def before_step(step: Step) -> None:
+        if not active(step.trainer):
+            if world_size > 1 and not state["steps"]:
+                state["steps"] = 1
+                ctx.note("a torchft job: a failed or stopped collective is torchft_recover's (the replica group "
+                         "discards the step), a UCE stops the rank (torchft heals it)")
+            return
+        if state["channel"] is None:
+            if not torch.distributed.is_initialized():  # torchtitan's fake comm modes: nothing to agree through
+                if not state["steps"]:
+                    state["steps"] = 1
+                    ctx.fallback(f"WORLD_SIZE {world_size} without a default process group: no store to agree "
+                                 "through; device faults are not repaired")
+                return
+            start(step.trainer)
+        try:
+            torch.accelerator.synchronize()  # the previous step's update has run: a fault from here on is this step's
+        except RuntimeError as exc:
+            why = " ".join(str(exc).split())[:200]
+            stop_everywhere(step, fault_kind(chain_text(exc)) or "error", why,
+                            f"a device fault met as step {step.number} began ({fault_kind(chain_text(exc))}): the previous "
+                            "step's optimizer update was in flight and may be cut")
+        state["steps"] += 1
+        state["step"], state["attempt"] = step.number, step.attempt
+        state["deadline"] = state["stuck_after"] if state["steps"] > 1 else None  # the first step compiles, warms up
+        state["started"] = time.monotonic()
+
+    def before_optimizer(step: Step) -> None:
+        if state["channel"] is not None and active(step.trainer):
+            torch.accelerator.synchronize()  # a fault in the forward or backward is reported before the update
+
+    def after_step(step: Step) -> None:
+        state["started"] = None
+
+    def on_failure(step: Step, error: Exception):
+        if state["channel"] is None or not isinstance(error, RuntimeError) or not active(step.trainer):
+            return None
+        text = chain_text(error)
+        kind = fault_kind(text)
+        if kind is None:
+            return None
+        state["started"] = None
+        innermost = text.split("\n")[-1] if kind != "stopped" else text  # the kernel's or HCCL's own words
+        why = " ".join(innermost.split())[:200]
+        mine = {"rank": rank, "step": step.number, "attempt": step.attempt, "kind": kind, "why": why}
+        fault = state["channel"].publish(mine)  # the peers' watchers stop their devices now
+        return lambda: repair(step, kind, fault)
+
+    def repair(step: Step, kind: str, fault: dict):
+        channel = state["channel"]
+        stop_device_once(channel.generation)
+        gc.collect()  # the failed attempt's tensors go back to the allocator
+        problem = ""
+        if kind == "queue_ended":
+            problem = "torch_npu's task queue ended"
+        elif step.update_began:
+            problem = (f"the fault ({kind}) came after the step's optimizer update began: the weights or optimizer "
+                       "states may hold part of it")
+        elif step.attempt > 0:
+            problem = f"a second device fault ({kind}) in the same step after a repair: the device or link is failing"
+        elif kind == "uce":
+            where = torch_npu.npu.check_uce_in_memory(state["device"])
+            if where != TEMPORARY:
+                problem = f"a device memory error (UCE) in {WHERE.get(where, f'memory of kind {where}')}"
+        if not problem:
+            problem = unverified_layout(getattr(step.trainer, "parallel_dims", None), fault["kind"])
+        began = time.monotonic()
+        if not problem:
+            torch_npu.npu.restart_device(state["device"])
+            drop_hccl_comms("npu_inject step_repair")
+        reports, missing = channel.reports({"step": step.number, "problem": problem}, state["report_within"])
+        line = verdict(reports, missing, fault, state["report_within"])
+        if line is not None:
+            stop_run(line)
+        reset_fsdp(step.trainer.model_parts)
+        reset_pipeline(step.trainer)
+        channel.generation += 1
+        state["watcher"].follow(channel.generation)
+        waited = time.monotonic() - began
+        state["attempt"], state["started"] = step.attempt + 1, time.monotonic()  # the retry's own clock
+        note = (f"step {step.number}: rank {fault['rank']}'s {fault['kind']} repaired on every rank (devices stopped "
+                f"and restarted, HCCL communicators made anew, {waited:.1f} s), step trained again on the same batches")
+        ctx.note(note)
+        logger.warning("npu_inject step_repair: %s (%s)", note, fault["why"])
+        return RETRY
+
+    take_part(ctx, before_step=before_step, before_optimizer=before_optimizer, after_step=after_step,
+              on_failure=on_failure)
