@@ -3,8 +3,8 @@
 A rank that meets a device fault publishes it (the first fault of a repair generation stands; later ones read
 it); every rank's watcher thread looks at that key every second or so and stops its own device when it appears,
 so that a rank whose collective waits on the failed one is freed within a second; after each rank has stopped,
-restarted and dropped its communicators it writes its report and waits for every rank's, and all ranks read the
-same reports and so reach the same verdict. The store is the job's TCPStore (torchrun's, rank 0's agent serves
+restarted and dropped its communicators it writes its report and waits for every rank's; the first verdict
+published stands for every rank. The store is the job's TCPStore (torchrun's, rank 0's agent serves
 it), which does not depend on the failed communicator. While no fault happens the only traffic is each watcher's
 look, one small store request per ``poll_s`` per rank.
 
@@ -62,6 +62,12 @@ class RepairChannel:
         values = self.store.multi_get(list(present.values())) if present else []
         reports = {rank: json.loads(value) for rank, value in zip(present, values)}
         return reports, [rank for rank in range(self.world) if rank not in reports]
+
+    def settle(self, line: str | None) -> str | None:
+        """Publish this rank's verdict (a stop line, or None: retry) unless one stands; returns the one that stands,
+        so that a rank whose reports came late (a peer gave up waiting for it) stops with its peers' line."""
+        stood = self.store.compare_set(self.key("verdict"), "", json.dumps({"line": line}))
+        return json.loads(stood)["line"]
 
 
 @dataclass

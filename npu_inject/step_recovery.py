@@ -8,6 +8,9 @@ from __future__ import annotations
 UCE_MARK = "UCE ERROR"  # torch_npu's task queue (NPUQueue.cpp deviceErrorMap, RepoStatus::UCE_EXIT)
 FORCE_STOP = "FORCE STOP"  # torch_npu's error for work ended by stop_device (ACL_ERROR_RT_DEVICE_TASK_ABORT 107022)
 QUEUE_ENDED = "The Inner error is reported as above"  # torch_npu's task queue thread has exited
+TEMPORARY = 2  # check_uce_in_memory: the error lies in memory given back once the step's tensors are freed
+WHERE = {0: "no memory error recorded by torch_npu", 1: "memory outside torch_npu's pool",
+         3: "memory holding the job's state (weights, gradients or optimizer states)"}
 
 
 def names_hccl(text: str) -> bool:

@@ -156,31 +156,19 @@ UCE_KINDS = ("uce_in_forward", "uce_in_state", "uce_in_update")
 UCE_BLOCK_BYTES = 64 << 20  # its own segment of torch_npu's allocator, released whole by empty_cache
 
 
-def _mem_uce_injector():
-    """The CANN emulation's entry that marks device memory bad (``cann_emu_inject_mem_uce``), or a stop."""
+def _emulation_entry(library: str, symbol: str, kinds: str, what: str):
+    """The CANN emulation's entry ``symbol`` of ``library`` that causes ``kinds``, or a stop naming them."""
     import ctypes
 
     try:
-        return ctypes.CDLL("libascendcl.so").cann_emu_inject_mem_uce
+        return getattr(ctypes.CDLL(library), symbol)
     except (OSError, AttributeError):
-        stop_run("npu_inject inject_faults: uce_in_forward needs the CANN emulation (verification/cann_emu: "
-                 "eval \"$(python verification/cann_emu/env.py)\"): only there can a device memory error be caused "
-                 "on purpose; a real device's libascendcl has no such entry")
+        stop_run(f"npu_inject inject_faults: {kinds} needs the CANN emulation (verification/cann_emu: "
+                 f"eval \"$(python verification/cann_emu/env.py)\"): only there can {what} be caused on purpose; a "
+                 f"real device's {library} has no such entry")
 
 
 HCCL_FAULT_MODES = {"link_error": 1, "stuck_collective": 2}  # cann_emu_inject_hccl_fault's modes
-
-
-def _hccl_fault_injector():
-    """The CANN emulation's entry that makes the next HCCL call fail or stick (``cann_emu_inject_hccl_fault``)."""
-    import ctypes
-
-    try:
-        return ctypes.CDLL("libhccl.so").cann_emu_inject_hccl_fault
-    except (OSError, AttributeError):
-        stop_run("npu_inject inject_faults: link_error and stuck_collective need the CANN emulation "
-                 "(verification/cann_emu: eval \"$(python verification/cann_emu/env.py)\"): only there can an HCCL "
-                 "collective be failed on purpose; a real device's libhccl has no such entry")
 
 
 def _cause_mem_uce(inject, device, step: int, rank: int, held=None) -> None:
@@ -214,9 +202,11 @@ def apply(ctx: PatchContext) -> None:
     uce_steps = {(fault.step, fault.kind) for fault in mine if fault.kind in UCE_KINDS}
     flip_steps = {fault.step for fault in mine if fault.kind == "bitflip_param"}
     sdc_steps = {(fault.step, fault.kind) for fault in mine if fault.kind in ("sdc_matmul", "sdc_expert")}
-    inject_uce = _mem_uce_injector() if uce_steps else None
+    inject_uce = _emulation_entry("libascendcl.so", "cann_emu_inject_mem_uce", "uce_in_forward",
+                                  "a device memory error") if uce_steps else None
     hccl_faults = [(fault.step, fault.kind) for fault in mine if fault.kind in HCCL_FAULT_MODES]
-    inject_hccl = _hccl_fault_injector() if hccl_faults else None
+    inject_hccl = _emulation_entry("libhccl.so", "cann_emu_inject_hccl_fault", "link_error or stuck_collective",
+                                   "an HCCL collective's failure") if hccl_faults else None
 
     def trainer_init(original, trainer, config, *args, **kwargs):
         world_size, size_from = job_world_size(config.comm.mode)

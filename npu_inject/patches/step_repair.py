@@ -1,4 +1,4 @@
-"""A device fault on one NPU of a job of several repaired inside the job: every rank stops, repairs and retries the step.
+"""One NPU's device fault repaired inside a job of several ranks: every rank stops, repairs and retries the step.
 
 Module ``torchtitan.trainer``: the patch takes part in ``Trainer.train_step`` (:mod:`npu_inject.training_step`:
 before the step, before its optimizer, after it, and on its failure, where the step is retried on the batches the
@@ -32,8 +32,8 @@ The cost when nothing fails: two device synchronisations per step, one before th
 step's forward or backward is reported before the update begins, so the step can be retried) and one as the next
 step begins (a fault in this step's update is not mistaken for the next step's); no collective, no store round
 trip on the training thread (each rank's watcher thread looks at the store every ``poll`` seconds, default 1).
-torch_npu's watchdog must not end the process on a failed collective first: ``TORCH_HCCL_ASYNC_ERROR_HANDLING`` is set to 0 where unset (set to
-another value, collective failures are not repaired: said in the report).
+torch_npu's watchdog must not end the process on a failed collective first: ``TORCH_HCCL_ASYNC_ERROR_HANDLING`` is
+set to 0 where unset (set to another value, collective failures are not repaired: said in the report).
 """
 
 from __future__ import annotations
@@ -46,8 +46,8 @@ import time
 from npu_inject.errors import stop_run
 from npu_inject.patching import PatchContext
 from npu_inject.repair_channel import RepairChannel, Watcher
-from npu_inject.step_recovery import (FORCE_STOP, QUEUE_ENDED, UCE_MARK, drop_hccl_comms, names_hccl, reset_fsdp,
-                                      reset_pipeline)
+from npu_inject.step_recovery import (FORCE_STOP, QUEUE_ENDED, TEMPORARY, UCE_MARK, WHERE, drop_hccl_comms, names_hccl,
+                                      reset_fsdp, reset_pipeline)
 from npu_inject.training_step import RETRY, Step, take_part
 
 TARGETS = (
@@ -55,9 +55,6 @@ TARGETS = (
 )
 
 logger = logging.getLogger("npu_inject")
-TEMPORARY = 2  # check_uce_in_memory: the error lies in memory given back once the step's tensors are freed
-WHERE = {0: "no memory error recorded by torch_npu", 1: "memory outside torch_npu's pool",
-         3: "memory holding the job's state (weights, gradients or optimizer states)"}
 ERROR_HANDLING = "TORCH_HCCL_ASYNC_ERROR_HANDLING"
 
 
@@ -184,7 +181,8 @@ def apply(ctx: PatchContext) -> None:
         fault = channel.publish({"rank": rank, "step": step.number, "attempt": step.attempt, "kind": kind, "why": why})
         stop_device_once(channel.generation)
         reports, missing = channel.reports({"step": step.number, "problem": problem}, state["report_within"])
-        stop_run(verdict(reports, missing, fault, state["report_within"]) or f"npu_inject step_repair: {problem}")
+        line = channel.settle(verdict(reports, missing, fault, state["report_within"]))
+        stop_run(line or f"npu_inject step_repair: {problem}")
 
     def before_step(step: Step) -> None:
         if not active(step.trainer):
@@ -204,10 +202,10 @@ def apply(ctx: PatchContext) -> None:
         try:
             torch.accelerator.synchronize()  # the previous step's update has run: a fault from here on is this step's
         except RuntimeError as exc:
-            why = " ".join(str(exc).split())[:200]
-            stop_everywhere(step, fault_kind(chain_text(exc)) or "error", why,
-                            f"a device fault met as step {step.number} began ({fault_kind(chain_text(exc))}): the previous "
-                            "step's optimizer update was in flight and may be cut")
+            kind = fault_kind(chain_text(exc)) or "error"
+            stop_everywhere(step, kind, " ".join(str(exc).split())[:200],
+                            f"a device fault met as step {step.number} began ({kind}): the previous step's optimizer "
+                            "update was in flight and may be cut")
         state["steps"] += 1
         state["step"], state["attempt"] = step.number, step.attempt
         state["deadline"] = state["stuck_after"] if state["steps"] > 1 else None  # the first step compiles, warms up
@@ -255,9 +253,9 @@ def apply(ctx: PatchContext) -> None:
         began = time.monotonic()
         if not problem:
             torch_npu.npu.restart_device(state["device"])
-            drop_hccl_comms("npu_inject step_repair")
+        drop_hccl_comms("npu_inject step_repair")  # also frees a peer blocked on them when this rank stops
         reports, missing = channel.reports({"step": step.number, "problem": problem}, state["report_within"])
-        line = verdict(reports, missing, fault, state["report_within"])
+        line = channel.settle(verdict(reports, missing, fault, state["report_within"]))
         if line is not None:
             stop_run(line)
         reset_fsdp(step.trainer.model_parts)

@@ -45,7 +45,7 @@ import os
 
 from npu_inject.errors import stop_run
 from npu_inject.patching import PatchContext
-from npu_inject.step_recovery import UCE_MARK, reset_fsdp
+from npu_inject.step_recovery import TEMPORARY, UCE_MARK, WHERE, reset_fsdp
 from npu_inject.training_step import OWNER, RETRY, Step, take_part
 
 TARGETS = (
@@ -53,9 +53,6 @@ TARGETS = (
 )
 
 logger = logging.getLogger("npu_inject")
-TEMPORARY = 2  # check_uce_in_memory: the error lies in memory given back once the step's tensors are freed
-WHERE = {0: "no memory error recorded by torch_npu", 1: "memory outside torch_npu's pool",
-         3: "memory holding the job's state (weights, gradients or optimizer states)"}
 
 
 def apply(ctx: PatchContext) -> None:

@@ -1,4 +1,4 @@
-"""Issue 58: one rank's device fault repaired inside a job of several, on the real torch_npu 2.14.0 over the CANN emulation.
+"""Issue 58: one rank's device fault repaired inside a job of several ranks, on the real torch_npu over the CANN emulation.
 
 Each faulted run is upstream llama3 debug under torchrun with ``--max-restarts 0`` (a restart would end the run):
 ``step_repair`` must bring every rank through the fault and train every step to the loss of the same run without
@@ -146,8 +146,9 @@ def test_other_layouts_a_fault_on_one_rank_is_repaired_in_the_job(tmp_path, layo
 
 
 @pytest.mark.cann_emu_long
-@pytest.mark.parametrize("layout, faults", [("pp", "uce_in_forward@3:rank=0"), ("pp", "link_error@3:rank=1"),
-                                            ("pp", "stuck_collective@3:rank=1"), ("fsdp_x_tp", "uce_in_forward@3:rank=3")])
+@pytest.mark.parametrize("layout, faults", [
+    ("pp", "uce_in_forward@3:rank=0"), ("pp", "link_error@3:rank=1"), ("pp", "stuck_collective@3:rank=1"),
+    ("fsdp_x_tp", "uce_in_forward@3:rank=3")])
 def test_layouts_whose_retry_is_not_trusted_stop_every_rank_with_one_line(tmp_path, layout, faults):
     """Under PP 2 a UCE's retry once trained on to different losses (step 4: 7.0199 against 7.01853), and under
     FSDP x TP one desynchronised FSDP's collectives: step_repair does not retry there, and a pipeline's failed or

@@ -58,10 +58,19 @@ def test_every_rank_reads_every_report_and_a_silent_rank_is_named(store):
     assert missing == [1] and list(reports) == [0] and time.monotonic() - started < 5
 
 
+def test_the_first_verdict_stands_for_a_rank_that_reports_late(store):
+    early, late = RepairChannel(store, 0, 2), RepairChannel(store, 1, 2)
+    assert early.settle("rank(s) 1 wrote no report") == "rank(s) 1 wrote no report"
+    assert late.settle(None) == "rank(s) 1 wrote no report"  # it would have retried; its peer has stopped
+    late.generation = 1
+    assert late.settle(None) is None
+
+
 def test_the_watcher_stops_once_per_generation_and_publishes_an_overdue_step(store):
     seen, overdue = [], []
     watcher = Watcher(RepairChannel(store, 1, 2),  # a HashStore is shared by threads as it is
-                      on_fault=lambda generation, fault: seen.append(fault), overdue=lambda: overdue.pop() if overdue else None, poll_s=0.05)
+                      on_fault=lambda generation, fault: seen.append(fault),
+                      overdue=lambda: overdue.pop() if overdue else None, poll_s=0.05)
     watcher.start()
     try:
         RepairChannel(store, 0, 2).publish(fault(0))
