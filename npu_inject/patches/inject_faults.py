@@ -225,7 +225,8 @@ def apply(ctx: PatchContext) -> None:
                 held = next(trainer.model_parts[0].parameters())
                 held = held.to_local() if hasattr(held, "to_local") else held
             _cause_mem_uce(inject_uce, trainer.device, number, rank, held)
-            ctx.note(f"step {number}: device memory error (UCE) injected on rank {rank} ({kind})")
+            where = "" if kind == "uce_in_forward" else f" ({kind})"
+            ctx.note(f"step {number}: device memory error (UCE) injected on rank {rank}{where}")
 
         if kind == "uce_in_update":  # the next kernel is the optimizer's first
             from torch.optim.optimizer import register_optimizer_step_pre_hook
