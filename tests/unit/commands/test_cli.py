@@ -152,7 +152,7 @@ def test_doctor_without_an_optional_package_is_ok_and_names_what_it_did_not_chec
         assert f"  {patch_id:18} not applicable: {hint}" in out
     unchecked = next(line for line in out.splitlines() if line.startswith("not checked"))
     assert "torchft_commits, torchft_heal, torchft_leave (torchft not installed)" in unchecked
-    assert "torchft_npu, torchft_recover, uce_repair (runs only on npu)" in unchecked
+    assert "torchft_npu, torchft_recover, uce_repair, step_repair (runs only on npu)" in unchecked
     assert "swap_optimizer, spikes, matmul_checks, replica_check, inject_faults (off by selection)" in unchecked
     env.setenv("COLUMNS", "250")
     assert cli.main(["list"]) == 0
