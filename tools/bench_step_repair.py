@@ -54,6 +54,8 @@ def train(folder: Path, steps: int, patches: str = "", faults: str = "", counts:
         env["TORCHTITAN_NPU_PATCHES"] = patches
     if faults:
         env["TORCHTITAN_NPU_FAULTS"] = faults
+    if "link_error" in faults:  # torch_npu's watchdog would end the process on the failed communicator first
+        env["TORCH_HCCL_ASYNC_ERROR_HANDLING"] = "0"
     env = cann_env(clean_env(TORCHTITAN_NPU="1", HF_HUB_OFFLINE="1", OMP_NUM_THREADS="1", CANN_EMU_ASYNC_STREAMS="1",
                              **env), counts=str(folder / "cann_emu_rank{rank}.json") if counts else None)
     command = [str(PYTHON), "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", "--max-restarts",

@@ -26,15 +26,17 @@ What stops every rank, with the same line naming the rank and the cause (torchru
 checkpoint take over): a fault after the step's optimizer began on any rank (its update may be applied on some
 ranks and not others), a UCE in the job's state or outside torch_npu's pool, a second fault in the same step, a
 fault met as a step began (the previous step's update was in flight), torch_npu's task queue ended, and a rank
-that writes no report within ``stuck_after`` seconds (a process gone or stuck on the host).
+that writes no report within 60 seconds (or ``stuck_after``, if longer: a process gone or stuck on the host).
 
 The cost when nothing fails: two device synchronisations per step, one before the optimizer (a fault in the
 step's forward or backward is reported before the update begins, so the step can be retried) and one as the next
 step begins (a fault in this step's update is not mistaken for the next step's); no collective, no store round
 trip on the training thread (each rank's watcher thread looks at the store every ``poll`` seconds, default 1).
-torch_npu's watchdog must not end the process on a failed collective first: ``TORCH_HCCL_ASYNC_ERROR_HANDLING`` is
-set to 0 where unset (set to another value, collective failures are not repaired: said in the report).
-"""
+
+A failed collective is repaired only with ``TORCH_HCCL_ASYNC_ERROR_HANDLING=0``: with torch_npu's default (1) its
+watchdog ends the process on a failed communicator first (torchrun's restart then takes over, as without this
+patch). The patch does not change it: the watchdog's teardown and its timeout dumps (the flight recorder) are the
+user's to give up; the report says which applies."""
 
 from __future__ import annotations
 
@@ -130,12 +132,11 @@ def apply(ctx: PatchContext) -> None:
     if world_size == 1:
         ctx.note("one rank: a device memory error is uce_repair's to repair; nothing else to agree on")
     chosen = os.environ.get(ERROR_HANDLING, os.environ.get("HCCL_ASYNC_ERROR_HANDLING"))
-    if chosen is None:
-        os.environ[ERROR_HANDLING] = "0"  # torch_npu's watchdog would end the process on a failed collective
-    elif chosen != "0" and world_size > 1:
-        ctx.fallback(f"{ERROR_HANDLING} (or HCCL_ASYNC_ERROR_HANDLING) is {chosen}: torch_npu's watchdog ends the "
-                     "process on a failed collective before it can be repaired; UCEs and stuck collectives are still "
-                     f"repaired (unset it, or set 0, for collective failures too)")
+    if chosen != "0" and world_size > 1:  # unset: collectives sets torch_npu's default, 1 (tear down)
+        ctx.note(f"{ERROR_HANDLING} is {chosen or 'unset (1, tear down)'}: torch_npu's watchdog ends the process on a "
+                 "failed collective before it can be repaired (torchrun's restart takes over); UCEs and stuck "
+                 f"collectives are repaired. {ERROR_HANDLING}=0 has failed collectives repaired too, and leaves hangs "
+                 "to stuck_after (the watchdog's own timeout then ends nothing)")
     poll_s = float(ctx.options.get("poll", 1.0))
     lock = threading.Lock()
     state = {"channel": None, "watcher": None, "stopped": -1, "started": None, "steps": 0, "deadline": None}
@@ -251,9 +252,11 @@ def apply(ctx: PatchContext) -> None:
         if not problem:
             problem = unverified_layout(getattr(step.trainer, "parallel_dims", None), fault["kind"])
         began = time.monotonic()
+        # Dropped while the device is stopped (the watchdog skips its checks then): a failed communicator left for
+        # restart_device to find would have the watchdog tear the process down. Also frees a peer blocked on them.
+        drop_hccl_comms("npu_inject step_repair")
         if not problem:
             torch_npu.npu.restart_device(state["device"])
-        drop_hccl_comms("npu_inject step_repair")  # also frees a peer blocked on them when this rank stops
         reports, missing = channel.reports({"step": step.number, "problem": problem}, state["report_within"])
         line = channel.settle(verdict(reports, missing, fault, state["report_within"]))
         if line is not None:

@@ -5,7 +5,9 @@ Each faulted run is upstream llama3 debug under torchrun with ``--max-restarts 0
 it. The faults are the emulation's (inject_faults): a UCE in memory of the step's temporaries (``uce_in_forward``),
 a collective that fails as a broken link does (``link_error``) and one that never completes until the device is
 stopped (``stuck_collective``, caught by ``stuck_after``). The emulation runs collectives on their streams' own
-threads (``CANN_EMU_ASYNC_STREAMS=1``), as a device runs them while the host goes on.
+threads (``CANN_EMU_ASYNC_STREAMS=1``), as a device runs them while the host goes on. The UCE and the stuck
+collective run with torch_npu's watchdog as it comes (it tears the process down on a failed communicator); the link
+error with ``TORCH_HCCL_ASYNC_ERROR_HANDLING=0``, which it needs.
 
 What cannot be repaired must stop every rank with the same line: a UCE in the job's state, one as the optimizer
 began, a second fault in the same step, and a fault in a layout whose retry is not trusted (PP; a UCE under TP:
@@ -55,6 +57,8 @@ def train(tmp_path, name: str, layout: str, faults: str = ""):
     env = {"TORCHTITAN_NPU_REGISTRY": str(registry)}
     if faults:
         env.update(TORCHTITAN_NPU_PATCHES="+inject_faults", TORCHTITAN_NPU_FAULTS=faults)
+    if "link_error" in faults:  # torch_npu's watchdog would end the process on the failed communicator first
+        env["TORCH_HCCL_ASYNC_ERROR_HANDLING"] = "0"
     env = cann_env(clean_env(TORCHTITAN_NPU="1", HF_HUB_OFFLINE="1", OMP_NUM_THREADS="1", CANN_EMU_ASYNC_STREAMS="1",
                              **env))
     command = [str(PYTHON), "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(ranks),
