@@ -8,7 +8,8 @@ failures torchft_recover's (both said in the report).
 The faults repaired: a device memory error (UCE) in memory of the step's temporaries (``check_uce_in_memory`` 2,
 as uce_repair does for one rank), an HCCL collective that fails (a flapping link, a NIC reset: the error names an
 HCCL call), and a collective that never completes (stuck on the device: the step outlives ``stuck_after``
-seconds, by default torchtitan's ``--comm.train_timeout_seconds``, counted from the process's second step). The
+seconds, counted from the process's second step; unset, torchtitan's ``--comm.train_timeout_seconds`` where
+torch_npu's watchdog does not tear down, else none: the watchdog's own timeout and dumps handle a hang). The
 rank that meets one publishes it in torchrun's store (:mod:`npu_inject.repair_channel`), whose watcher thread on
 every rank stops its device (``torch_npu.npu.stop_device``): the rank waiting in a collective on the failed one
 is freed ("FORCE STOP") and its queued work dropped, as the failed rank's is. Each rank then restarts its device
@@ -132,6 +133,7 @@ def apply(ctx: PatchContext) -> None:
     if world_size == 1:
         ctx.note("one rank: a device memory error is uce_repair's to repair; nothing else to agree on")
     chosen = os.environ.get(ERROR_HANDLING, os.environ.get("HCCL_ASYNC_ERROR_HANDLING"))
+    watchdog_off = chosen == "0"
     if chosen != "0" and world_size > 1:  # unset: collectives sets torch_npu's default, 1 (tear down)
         ctx.note(f"{ERROR_HANDLING} is {chosen or 'unset (1, tear down)'}: torch_npu's watchdog ends the process on a "
                  "failed collective before it can be repaired (torchrun's restart takes over); UCEs and stuck "
@@ -163,7 +165,10 @@ def apply(ctx: PatchContext) -> None:
 
         store = distributed_c10d._get_default_store()
         state["device"] = trainer.device.index or 0
-        stuck_after = float(ctx.options.get("stuck_after", 0)) or float(trainer.config.comm.train_timeout_seconds)
+        # A hang is the watchdog's while it tears down (its timeout dumps the flight recorder); with it off, or with
+        # stuck_after set, a step past the deadline is called stuck here.
+        stuck_after = float(ctx.options.get("stuck_after", 0)) or (
+            float(trainer.config.comm.train_timeout_seconds) if watchdog_off else 0.0)
         state["stuck_after"] = stuck_after
         state["report_within"] = max(60.0, stuck_after)  # every rank's stop, restart and communicators dropped
         state["channel"] = RepairChannel(store, rank, world_size)
@@ -173,8 +178,10 @@ def apply(ctx: PatchContext) -> None:
         watcher.start()
         ctx.add_cleanup(watcher.close)
         state["watcher"] = watcher
+        stuck = (f"a step past {stuck_after:g} s is stuck" if stuck_after else
+                 "a hang is torch_npu's watchdog's (stuck_after unset and the watchdog tearing down)")
         ctx.note(f"{world_size} ranks: a repairable device fault on any rank stops every rank's device and retries "
-                 f"the step (stuck after {stuck_after:g} s)")
+                 f"the step; {stuck}")
 
     def stop_everywhere(step: Step, kind: str, why: str, problem: str):
         """Publish a fault that cannot be repaired and stop, with the line every rank stops with."""
@@ -209,7 +216,7 @@ def apply(ctx: PatchContext) -> None:
                             "update was in flight and may be cut")
         state["steps"] += 1
         state["step"], state["attempt"] = step.number, step.attempt
-        state["deadline"] = state["stuck_after"] if state["steps"] > 1 else None  # the first step compiles, warms up
+        state["deadline"] = (state["stuck_after"] or None) if state["steps"] > 1 else None  # the first step compiles
         state["started"] = time.monotonic()
 
     def before_optimizer(step: Step) -> None:
