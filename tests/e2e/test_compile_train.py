@@ -5,13 +5,14 @@ equal the eager run's within 1e-4 relative. llama3 runs start from the session's
 checkpoint; MoE runs from the same seed on the same target, and their eager run is the
 session's (``moe_rehearsal_runs``: deepseek_v3's and qwen3 MoE's are also tests/e2e/test_moe_train.py's runs).
 
-In CI (marker e2e), measured on 2 CPU cores (torch's C++ inductor compiles each
-distinct block's forward and backward; flex plans mark the packed-document count
-dynamic from the first trace, varlen compiles a static and then a dynamic count):
+Measured on 2 CPU cores (torch's C++ inductor compiles each distinct block's forward and backward; flex plans
+mark the packed-document count dynamic from the first trace, varlen compiles a static and then a dynamic count).
 
-* llama3_debugmodel, CPU rehearsal, 10 steps: inductor.
-
-Behind ``-m compile_long``, to keep CI within its time: llama3_debugmodel on 2 simulated NPUs, 10 steps (the
+All behind ``-m compile_long``, to keep CI within its time. CI's compiled cases are the real torch_npu wheel's
+(tests/cann_emu/test_compile_emulated.py, deepseek_v3 EP 2: a MoE block with the all-to-all dispatch) and, for
+inductor on the rehearsal, the compiled blocks of tests/unit/patches/test_compile.py (the fused attention op
+against its reference, no graph break of the runtime in a llama3 or MoE block). Here: llama3_debugmodel in the
+CPU rehearsal, 10 steps, inductor (223 s of CI's worker on 2026-11-29, the slowest test CI had); llama3_debugmodel on 2 simulated NPUs, 10 steps (the
 stand-in torch_npu has no NPU inductor, so the patch falls back to aot_eager, a report fallback entry; 75 s of
 CI's worker on 2026-11-29, and the real wheel's compiled run in CI takes the same fallback), llama3_debugmodel_varlen_attn (10 steps, 239 s of CI's
 60 min on 2026-11-28), deepseek_v3_debugmodel (MoE, local dispatch) for 4 steps (143 s) and for 10, and
@@ -68,6 +69,7 @@ def _llama_compiled_vs_eager(llama_runs, seed_checkpoint, tmp_path, config: str)
     assert worst <= 1e-4
 
 
+@pytest.mark.compile_long
 def test_llama3_compiled_in_the_rehearsal_trains_like_eager(llama_runs, seed_checkpoint, tmp_path):
     _llama_compiled_vs_eager(llama_runs, seed_checkpoint, tmp_path, "llama3_debugmodel")
 
