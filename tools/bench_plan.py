@@ -3,6 +3,7 @@
     python tools/bench_plan.py memory [--only NAME,...] [--expandable off|on|both] [--json PATH]
     python tools/bench_plan.py published [--calibrate]
     python tools/bench_plan.py depth
+    python tools/bench_plan.py syncs [--only NAME,...] [--verbose] [--json PATH]
     python tools/bench_plan.py search [--which llama3_8b,deepseek_v3_671b]
 
 ``memory``: each configuration of :data:`MEMORY_CONFIGS` (debug models; FSDP, HSDP, TP, PP, CP, EP,
@@ -22,6 +23,12 @@ fitted value for ``npu_inject/hardware.json``.
 
 ``depth``: shallow plans (the search's and the advice's: :data:`npu_inject.planner.depth.SHALLOW_UNITS` and one
 more repeats of the layer block, extrapolated) against full-depth plans.
+
+``syncs``: the host reads the planner marks in a step (:mod:`npu_inject.planner.host_reads`: torchtitan's, the
+runtime's) against the host synchronisations the CANN emulation counts in the same step of the same command run
+through the real torch_npu wheel (``npu-inject audit``'s sites: a read is a blocking device-to-host copy, or a
+synchronisation with no copy beside it, at one Python caller). Printed per owner (torchtitan, npu_inject), planned
+beside counted, and the planned host-wait time.
 
 ``search``: ``npu-inject plan --search`` for llama3_8b on 8 Atlas A2 and deepseek_v3_671b on 1024
 Atlas A3 dies: its wall time and the largest resident memory of the planner's processes together.
@@ -281,6 +288,81 @@ def cmd_published(args) -> int:
     return 0
 
 
+SYNC_CASES = {
+    "llama3 FSDP 2": (2, LLAMA),
+    "deepseek_v3 EP 2": (2, MEMORY_CONFIGS["deepseek_v3 EP2"][1]),
+}
+
+
+def counted_reads(counts: dict, step: str) -> dict[str, int]:
+    """Host reads per owner in one step of the emulation's counts: each Python caller's copies between host and
+    device (torch_npu's are synchronous from pageable memory), or where it made none its synchronisations (a
+    copy's own stream sync is not a second wait)."""
+    from npu_inject.commands.audit import sync_sites
+
+    by_caller: dict[tuple[str, str], dict[str, int]] = {}
+    for kind, owner, caller, _via, count in sync_sites(counts["steps"][step]):
+        kinds = by_caller.setdefault((owner, caller), {})
+        kinds[kind] = kinds.get(kind, 0) + count
+    owners: dict[str, int] = {}
+    for (owner, _caller), kinds in by_caller.items():
+        copies = sum(n for kind, n in kinds.items() if kind.startswith("aclrtMemcpy"))
+        owners[owner] = owners.get(owner, 0) + (copies or sum(kinds.values()))
+    return owners
+
+
+def cmd_syncs(args) -> int:
+    from npu_inject import hardware
+    from npu_inject.planner import host_reads, job
+    from verification.cann_emu import cann_env
+
+    catalog = hardware.load()
+    profile = catalog.find(EMULATION_PROFILE)
+    names = [n.strip() for n in args.only.split(",")] if args.only else list(SYNC_CASES)
+    print(f"{'case':20} {'owner':12} {'planned':>8} {'counted':>8}  planned host waits")
+    rows = []
+    for name in names:
+        ranks, argv = SYNC_CASES[name]
+        plan = job.plan_job(argv, profile=profile, efficiency=catalog.efficiency[profile.family], world_size=ranks,
+                            pool=_pool(argv))
+        # The runtime's reads as a step begins run in the step owner before torchtitan's train_step, outside the
+        # emulation's step marks: planned, not compared.
+        outside = {read.site for read in host_reads.RUNTIME_READS if read.where == host_reads.STEP_START}
+        planned: dict[str, int] = {}
+        for site, count in plan.timing.host_reads.items():
+            owner = "torchtitan" if site.startswith("torchtitan:") else "npu_inject"
+            if site not in outside:
+                planned[owner] = planned.get(owner, 0) + int(count)
+        with tempfile.TemporaryDirectory(prefix="bench_plan_syncs_") as folder:
+            counts_path = os.path.join(folder, "counts_rank{rank}.json")
+            env = cann_env({k: v for k, v in os.environ.items() if not k.startswith(("CANN_EMU_", "TORCHTITAN_NPU"))},
+                           counts=counts_path)
+            env.update(TORCHTITAN_NPU="1", HF_HUB_OFFLINE="1", OMP_NUM_THREADS="1")
+            command = [os.path.join(REPO, ".venv-cann/bin/python"), "-m", "torch.distributed.run", "--standalone",
+                       "--nproc_per_node", str(ranks), "-m", "torchtitan.train", *argv, "--training.steps", "3",
+                       "--checkpoint.no-enable", "--validator.no-enable", "--metrics.log_freq", "1",
+                       "--debug.seed", "0", "--dump_folder", os.path.join(folder, "dump")]
+            run = subprocess.run(command, env=env, cwd=REPO, text=True, stdout=subprocess.PIPE,
+                                 stderr=subprocess.STDOUT, timeout=1800)
+            if run.returncode:
+                raise RuntimeError(f"the emulation's run failed ({run.returncode}):\n{run.stdout[-3000:]}")
+            with open(counts_path.format(rank=0), encoding="utf-8") as handle:
+                counted = counted_reads(json.load(handle), "3")
+        for owner in sorted(set(planned) | set(counted)):
+            rows.append({"case": name, "owner": owner, "planned": planned.get(owner, 0),
+                         "counted": counted.get(owner, 0), "host_wait_s": plan.timing.host_wait_s,
+                         "step_s": plan.step_s})
+            print(f"{name:20} {owner:12} {planned.get(owner, 0):8d} {counted.get(owner, 0):8d}  "
+                  f"{plan.timing.host_wait_s * 1e3:.2f} ms of a {plan.step_s * 1e3:.1f} ms step", flush=True)
+        if args.verbose:
+            for site, count in sorted(plan.timing.host_reads.items()):
+                print(f"    planned: {site} x{count:g}")
+    if args.json:
+        with open(args.json, "w", encoding="utf-8") as handle:
+            json.dump(rows, handle, indent=1)
+    return 0
+
+
 DEPTH_CASES = {
     "llama3_8b FSDP 8 (A2)": ("A2", 8, LLAMA8B_TT),
     "llama3_8b PP 4 (A2)": ("A2", 8, [*LLAMA8B_TT, "--parallelism.pipeline_parallel_degree", "4",
@@ -361,6 +443,11 @@ def main(argv: list[str] | None = None) -> int:
     published.add_argument("--calibrate", action="store_true")
     published.set_defaults(run=cmd_published)
     commands.add_parser("depth").set_defaults(run=cmd_depth)
+    syncs = commands.add_parser("syncs")
+    syncs.add_argument("--only", help="comma-separated case names")
+    syncs.add_argument("--verbose", action="store_true", help="also list the planned sites")
+    syncs.add_argument("--json", metavar="PATH", help="also write the rows as JSON")
+    syncs.set_defaults(run=cmd_syncs)
     search = commands.add_parser("search")
     search.add_argument("--which", default=",".join(SEARCHES))
     search.set_defaults(run=cmd_search)

@@ -29,8 +29,17 @@ CUBE_OPS = {"aten.mm", "aten.addmm", "aten.bmm", "aten.baddbmm", "aten.matmul", 
             "npu_inject.npu_grouped_matmul_backward"}
 ATTENTION_OPS = {"npu_inject.npu_fusion_attention", "npu_inject.npu_fusion_attention_v3",
                  "npu_inject.npu_fusion_attention_backward", "npu_inject.npu_fusion_attention_v3_backward"}
-# Host syncs the planner marks (device-to-host reads a rank's step makes): the host waits for the device.
+# Host reads the planner marks (a device value read on the host, a device synchronisation) as "host_sync: <site>":
+# the host waits there until the device has run everything issued, and the device then idles until the host has
+# issued what follows (npu_inject/planner/host_reads.py lists the sites).
 HOST_SYNC_MARK = "host_sync"
+
+
+def host_sync_site(event: str) -> str | None:
+    """The site a trace mark names when it is a host read, else None."""
+    if event == HOST_SYNC_MARK:
+        return "unnamed"
+    return event.partition(": ")[2] if event.startswith(HOST_SYNC_MARK + ": ") else None
 
 
 @dataclass
@@ -61,11 +70,21 @@ class Timing:
     comm_s: dict[str, float] = field(default_factory=dict)  # collective time by kind
     kernels: int = 0
     host_s: float = 0.0  # the host's time issuing the step's operators (dispatch and launch, host_us each)
+    # The compute stream idle after a host read until the host has issued enough to keep it busy again (a term of
+    # its own in the step, not in exposed_comm_s), and the reads by site, per step.
+    host_wait_s: float = 0.0
+    host_reads: dict[str, float] = field(default_factory=dict)
     # Busy time of the compute stream by module (torchtitan's names: "tok_embeddings", "layers.0", "norm",
     # "output", plus "loss" and "optimizer") and by (operator class, phase): forward, backward and recomputation.
     by_module: dict[str, float] = field(default_factory=dict)
     by_class: dict[tuple[str, str], float] = field(default_factory=dict)
     by_module_class: dict[tuple[str, str], float] = field(default_factory=dict)  # (module, class) -> seconds
+
+    def settle(self) -> "Timing":
+        """Set exposed_comm_s: the step's time no other term holds (waiting on collectives and other streams)."""
+        self.exposed_comm_s = max(0.0, self.step_s - self.compute_s - self.bubble_s - self.overhead_s
+                                  - self.host_wait_s)
+        return self
 
     @property
     def host_bound(self) -> bool:
@@ -215,7 +234,7 @@ def _durations(trace, profile, eff, layout):
 class _Role:
     """One pipeline rank's trace being played out between two op indices."""
 
-    def __init__(self, trace, durations, start: int, stop: int, eff) -> None:
+    def __init__(self, trace, durations, start: int, stop: int, eff, reads: dict[int, list[str]]) -> None:
         self.trace, self.durations, self.index, self.stop, self.eff = trace, durations, start, stop, eff
         self.host = 0.0
         self.stream: dict[int, float] = defaultdict(float)
@@ -228,8 +247,17 @@ class _Role:
         self.by_module_class: dict[tuple[str, str], float] = defaultdict(float)
         self.kernels = 0
         self.issue = 0.0
-        self.host_syncs = {index for index, event in trace.marks if event == HOST_SYNC_MARK}
+        self.host_syncs = reads  # op index -> the sites read before it runs
+        self.host_reads: dict[str, float] = defaultdict(float)
+        self.read: set[int] = set()  # marks already read (a role paused at a receive resumes at the same index)
         self.end = 0.0
+
+    def read_on_host(self, index: int, done: float) -> None:
+        """The host reads at mark ``index``: it waits until everything issued (``done``) has run."""
+        for site in self.host_syncs.get(index, ()):
+            self.host_reads[site] += 1
+        if index in self.host_syncs:
+            self.host = max(self.host, done)
 
     def done(self) -> bool:
         return self.index >= self.stop
@@ -246,15 +274,37 @@ def module_key(op) -> str:
     return ".".join(parts[:2]) if parts[0] == "layers" and len(parts) > 1 else parts[0]
 
 
-def simulate(traces: dict[int, object], profile, eff, layout: Layout, windows: dict[int, tuple[int, int]]) -> Timing:
+def simulate(traces: dict[int, object], profile, eff, layout: Layout, windows: dict[int, tuple[int, int]],
+             reads: dict[int, dict[int, list[str]]] | None = None) -> Timing:
     """Play out every role's window [start, stop) together; the step ends when the last stream does.
     On the CPU (the rehearsal's host) the thread that issues an operator also runs it, and a collective's
-    copies and reductions take the same core: the host waits for each."""
+    copies and reductions take the same core: the host waits for each.
+
+    ``reads``: each role's host reads in the window (op index they precede -> sites; without it, those marked in
+    [start, stop)). At a read the host waits until the device has run everything issued. Their cost, the
+    ``host_wait_s`` term, is what they add to the step: the window played again without them (the device idles
+    after a read until the host has issued enough to keep it busy, where the host had been ahead). A read at
+    ``stop`` is counted and costs nothing: every window starts with nothing queued."""
     eff = efficiency_with_rates(profile, eff)
+    durations = {role: _durations(trace, profile, eff, layout) for role, trace in traces.items()}
+    if reads is None:
+        reads = {role: {} for role in traces}
+        for role, trace in traces.items():
+            for index, event in trace.marks:
+                site = host_sync_site(event)
+                if site is not None and windows[role][0] <= index < windows[role][1]:
+                    reads[role].setdefault(index, []).append(site)
+    timing = _play(traces, durations, profile, eff, layout, windows, reads)
+    if any(index < windows[role][1] for role, marked in reads.items() for index in marked):
+        unread = _play(traces, durations, profile, eff, layout, windows, {role: {} for role in traces})
+        timing.host_wait_s = max(timing.step_s - unread.step_s, 0.0)
+    return timing.settle()
+
+
+def _play(traces, durations, profile, eff, layout: Layout, windows, reads) -> Timing:
     serial = profile.family == "cpu"
     kernel_share = 1.0 / (1.0 + eff.get("overhead", 0.0))  # of a stretched operator's time, the kernel's
-    durations = {role: _durations(trace, profile, eff, layout) for role, trace in traces.items()}
-    roles = {role: _Role(trace, durations[role], *windows[role], eff) for role, trace in traces.items()}
+    roles = {role: _Role(trace, durations[role], *windows[role], eff, reads[role]) for role, trace in traces.items()}
     sends: dict[tuple[int, int], list[float]] = defaultdict(list)  # (from role, to role) -> arrival times
     received: dict[tuple[int, int], int] = defaultdict(int)
     host_us, view_us = eff["host_us"] * 1e-6, eff["host_view_us"] * 1e-6
@@ -263,6 +313,9 @@ def simulate(traces: dict[int, object], profile, eff, layout: Layout, windows: d
         progressing = False
         for role_id, role in roles.items():
             while not role.done():
+                if role.index in role.host_syncs and role.index not in role.read:
+                    role.read.add(role.index)
+                    role.read_on_host(role.index, max((role.end, *role.stream.values()), default=0.0))
                 op = role.trace.ops[role.index]
                 d = role.durations[role.index]
                 inputs_ready = max((role.ready.get(i, 0.0) for i in op.inputs), default=0.0)
@@ -322,20 +375,20 @@ def simulate(traces: dict[int, object], profile, eff, layout: Layout, windows: d
                                 role.optimizer += kernel_s
                         if serial:
                             role.host = max(role.host, end)
-                if role.index in role.host_syncs:
-                    role.host = max(role.host, end)
                 role.end = max(role.end, end, role.host)
                 role.index += 1
                 progressing = True
     for role in roles.values():
         role.index = role.stop  # a receive whose sender never sent (a trace cut short): nothing more to wait for
+        for site in role.host_syncs.get(role.stop, ()):
+            # Read after the step's last operator: the next step starts with nothing queued, as every step is played.
+            role.host_reads[site] += 1
     slowest = max(roles.values(), key=lambda r: r.end)
     timing = Timing(step_s=slowest.end, compute_s=slowest.compute_busy, optimizer_s=slowest.optimizer,
                     bubble_s=slowest.bubble, comm_s=dict(slowest.comm), kernels=slowest.kernels,
                     host_s=slowest.issue, overhead_s=slowest.overhead, by_module=dict(slowest.by_module),
                     by_class=dict(slowest.by_class),
-                    by_module_class=dict(slowest.by_module_class))
-    timing.exposed_comm_s = max(0.0, timing.step_s - timing.compute_s - timing.bubble_s - timing.overhead_s)
+                    by_module_class=dict(slowest.by_module_class), host_reads=dict(slowest.host_reads))
     return timing
 
 

@@ -30,7 +30,7 @@ What the planner changes, and why (recorded and undone like a patch's changes):
   rank's and the first), not all at once.
 * expert parallel's token counts, which each rank reads back to size its all-to-all: routing is
   assumed balanced (every rank sends and receives tokens x top_k / ep rows), the device-to-host
-  copies of the counts still made as upstream makes them.
+  copies of the counts still made as upstream makes them, and the read marked (the host waits there).
 * a pipeline stage's input/output metadata (which ranks exchange before the first step, and a fake
   process group cannot) is given statically: the first stage takes the token batch, the others the
   residual stream torchtitan's decoders pass between stages, (microbatch, sequence / cp / (tp with
@@ -115,6 +115,8 @@ def planner_changes(recorder, fake_mode, config):
 
     from npu_inject.ops import planner_hooks
     from npu_inject.patching import PatchContext
+    from npu_inject.planner import host_reads
+    from npu_inject.planner.config import activation_checkpoint_mode
 
     from torch.distributed.device_mesh import DeviceMesh
 
@@ -240,6 +242,14 @@ def planner_changes(recorder, fake_mode, config):
         context.wrap(target, real_tensors)
 
     routed_rows: list[int] = []  # this rank's T x top_k of the dispatch in progress
+    # Recomputation under selective AC takes the split sizes' copies from the forward's saved results (patch
+    # selective_ac saves device-to-host copies on any device, upstream only CUDA's): no second read. Full AC reads
+    # again, as the CANN emulation counts (deepseek_v3 EP 2, selective: 5 reads a step for 5 MoE layers).
+    from npu_inject import runtime
+
+    def d2h_saved() -> bool:
+        return (activation_checkpoint_mode(config) == "selective"
+                and "selective_ac" in runtime.current().ids("applied"))
 
     def dispatch(original, dispatcher, x_TD, *args, **kwargs):
         routed_rows.append(x_TD.shape[0] * dispatcher.top_k)
@@ -255,6 +265,8 @@ def planner_changes(recorder, fake_mode, config):
         num_global_E = torch.ops._c10d_functional.wait_tensor(num_global_tokens_per_local_expert_EP_e).reshape(-1)
         num_local_tokens_per_expert_E.view(ep_size, -1).sum(dim=1).to(torch.device("cpu"), non_blocking=True)
         num_global_E.view(ep_size, -1).sum(dim=1).to(torch.device("cpu"), non_blocking=False)
+        if not (torch._C._current_graph_task_id() != -1 and d2h_saved()):
+            recorder.host_read(host_reads.MOE_SPLITS)  # upstream's .tolist() of the copies: the host waits here
         rows = routed_rows[-1]
         balanced = [rows // ep_size + (1 if peer < rows % ep_size else 0) for peer in range(ep_size)]
         return num_global_E, balanced, list(balanced)

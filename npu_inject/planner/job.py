@@ -97,6 +97,39 @@ def _window(trace, step: int) -> tuple[int, int]:
     return start, stop
 
 
+def _reads(marks, opening: str, closes) -> dict[int, list[str]]:
+    """The host reads marked between the first mark ``opening`` of ``marks`` and the next mark ``closes(event)``
+    accepts, by the op index they precede. Marks, not op indices, bound them: a step's last reads and the next
+    step's opening mark precede the same op."""
+    reads: dict[int, list[str]] = {}
+    inside = False
+    for index, event in marks:
+        if not inside:
+            inside = event == opening
+            continue
+        if closes(event):
+            break
+        site = costmodel.host_sync_site(event)
+        if site is not None:
+            reads.setdefault(index, []).append(site)
+    return reads
+
+
+def _step_marks(trace, step: int) -> list:
+    """The trace's marks from step ``step``'s opening mark on."""
+    position = next(position for position, (_, event) in enumerate(trace.marks) if event == f"step {step}")
+    return trace.marks[position:]
+
+
+def _step_reads(trace, step: int) -> dict[int, list[str]]:
+    return _reads(_step_marks(trace, step), f"step {step}", lambda event: event == "reset_peaks")
+
+
+def _group_reads(trace, step: int, group: int) -> dict[int, list[str]]:
+    return _reads(_step_marks(trace, step), f"microbatch group {group}",
+                  lambda event: event.startswith(("microbatch group", "optimizer")))
+
+
 def _group_window(trace, step: int, group: int) -> tuple[int, int]:
     start, stop = _window(trace, step)
     marks = [(index, event) for index, event in trace.marks if start <= index <= stop]
@@ -224,14 +257,16 @@ def _evaluate(recorded: dict[int, Any], *, profile, efficiency, world_size, expa
     traces = {stage: recorded[stage].trace for stage in range(pp)}
     step = info["steps_recorded"]
     windows = {s: _window(t, step) for s, t in traces.items()}
-    timing = costmodel.simulate(traces, profile, efficiency, layout, windows)
+    timing = costmodel.simulate(traces, profile, efficiency, layout, windows,
+                                {s: _step_reads(t, step) for s, t in traces.items()})
     checks = costmodel.matmul_check_cost(traces, profile, efficiency, windows)
     extra_groups = info["gradient_accumulation_steps"] - info["groups_recorded"]
     if extra_groups > 0:
         # The recorded step ran at most two microbatch groups: the others take as long as the last.
         last = info["groups_recorded"] - 1
         group_windows = {s: _group_window(t, step, last) for s, t in traces.items()}
-        group = costmodel.simulate(traces, profile, efficiency, layout, group_windows)
+        group = costmodel.simulate(traces, profile, efficiency, layout, group_windows,
+                                   {s: _group_reads(t, step, last) for s, t in traces.items()})
         group_checks = costmodel.matmul_check_cost(traces, profile, efficiency, group_windows)
         checks = {kind: seconds + extra_groups * group_checks[kind] for kind, seconds in checks.items()}
         timing.step_s += extra_groups * group.step_s
@@ -248,7 +283,10 @@ def _evaluate(recorded: dict[int, Any], *, profile, efficiency, world_size, expa
             timing.by_class[key] = timing.by_class.get(key, 0.0) + extra_groups * seconds
         for key, seconds in group.by_module_class.items():
             timing.by_module_class[key] = timing.by_module_class.get(key, 0.0) + extra_groups * seconds
-        timing.exposed_comm_s = max(0.0, timing.step_s - timing.compute_s - timing.bubble_s - timing.overhead_s)
+        timing.host_wait_s += extra_groups * group.host_wait_s
+        for site, count in group.host_reads.items():
+            timing.host_reads[site] = timing.host_reads.get(site, 0) + extra_groups * count
+        timing.settle()
     batch_degree = world_size // (pp * info["parallel"]["cp"] * info["parallel"]["tp"])
     global_batch = info["global_batch_size"] if info["global_batch_size"] > 0 else info["local_batch_size"] * batch_degree
     info["peak_flops"] = profile.peak("bf16")
@@ -374,8 +412,9 @@ def _more_microbatches(fewer: JobPlan, more: JobPlan, counts: tuple[int, int, in
         comm_s=_line_dict(ta.comm_s, tb.comm_s, line), kernels=int(line(ta.kernels, tb.kernels)),
         host_s=line(ta.host_s, tb.host_s), overhead_s=line(ta.overhead_s, tb.overhead_s),
         by_module=_line_dict(ta.by_module, tb.by_module, line), by_class=_line_dict(ta.by_class, tb.by_class, line),
-        by_module_class=_line_dict(ta.by_module_class, tb.by_module_class, line))
-    timing.exposed_comm_s = max(0.0, timing.step_s - timing.compute_s - timing.bubble_s - timing.overhead_s)
+        by_module_class=_line_dict(ta.by_module_class, tb.by_module_class, line),
+        host_wait_s=max(line(ta.host_wait_s, tb.host_wait_s), 0.0),
+        host_reads=_line_dict(ta.host_reads, tb.host_reads, lambda a, b: max(round(line(a, b)), 0))).settle()
     info = {**more.info, "pp_microbatches": target, "microbatches_recorded": [low, high],
             "local_batch_size": more.info["local_batch_size"] * target // high,
             "global_batch_size": more.info["global_batch_size"] * target // high}
@@ -479,8 +518,9 @@ def _extrapolate(shallow: JobPlan, deeper: JobPlan, units: tuple[int, int], seco
         overhead_s=line(ta.overhead_s, tb.overhead_s, target), by_module_class=dict(tb.by_module_class),
         by_class={key: line(ta.by_class.get(key, 0.0), seconds_b, target) for key, seconds_b in tb.by_class.items()},
         by_module=_full_depth_modules(tb.by_module, shape, pp, line(ta.by_module.get("optimizer", 0.0),
-                                                                     tb.by_module.get("optimizer", 0.0), target)))
-    timing.exposed_comm_s = max(0.0, timing.step_s - timing.compute_s - timing.bubble_s - timing.overhead_s)
+                                                                     tb.by_module.get("optimizer", 0.0), target)),
+        host_wait_s=max(line(ta.host_wait_s, tb.host_wait_s, target), 0.0),
+        host_reads=_line_dict(ta.host_reads, tb.host_reads, lambda a, b: max(round(line(a, b, target)), 0))).settle()
     info = dict(deeper.info)
     held = [stage for stage in range(len(shape.stages)) if any(n.startswith("layers.") for n in shape.stages[stage])]
     total_units = sum(shape.units(stage) for stage in range(len(shape.stages)))

@@ -100,8 +100,10 @@ def time_lines(plan) -> list[str]:
     lines = [
         f"time per step {timing.step_s:.3f} s = compute {timing.compute_s:.3f} (optimizer {timing.optimizer_s:.3f}) "
         f"+ exposed communication and waits {timing.exposed_comm_s:.3f} + pipeline bubble {timing.bubble_s:.3f}"
+        f" + host waits {timing.host_wait_s:.3f}"
         + (f" + overhead {timing.overhead_s:.3f}" if timing.overhead_s else ""),
         *where_lines(timing),
+        *host_read_lines(timing),
         f"  collectives, busy time on their links (s): {comm or '-'}",
         f"  {timing.kernels} kernel launches per step, {timing.host_s:.3f} s of the host's time to issue its operators "
         + ("(more than the device's compute: host-bound, the device waits on launches)" if timing.host_bound
@@ -119,6 +121,15 @@ def time_lines(plan) -> list[str]:
             f"scale-out links, {ft['allreduce_s']:.3f} s when nothing hides it (not in the time above: the "
             f"step is {timing.step_s + ft['allreduce_s']:.3f} s at worst)")
     return lines
+
+
+def host_read_lines(timing) -> list[str]:
+    """The step's host reads by site (npu_inject/planner/host_reads.py) and the device time they cost."""
+    if not timing.host_reads:
+        return ["  host reads on the step's path: none marked (host waits 0)"]
+    sites = ", ".join(f"{site} x{count:g}" for site, count in sorted(timing.host_reads.items(), key=lambda kv: -kv[1]))
+    return [f"  host reads per step {sum(timing.host_reads.values()):g}, the device idle {timing.host_wait_s * 1e3:.2f} "
+            f"ms after them (the host waits for the device at each, then issues again): {sites}"]
 
 
 def matmul_check_lines(plan) -> list[str]:
@@ -201,7 +212,8 @@ def plan_dict(plan, candidate=None) -> dict[str, Any]:
         "mfu": plan.mfu,
         "breakdown": {"compute_s": timing.compute_s, "optimizer_s": timing.optimizer_s,
                       "exposed_comm_s": timing.exposed_comm_s, "bubble_s": timing.bubble_s,
-                      "overhead_s": timing.overhead_s,
+                      "overhead_s": timing.overhead_s, "host_wait_s": timing.host_wait_s,
+                      "host_reads": timing.host_reads,
                       "comm_s": timing.comm_s, "kernels": timing.kernels, "host_s": timing.host_s,
                       "host_bound": timing.host_bound},
         "time_by_module": time_by_module(timing),
@@ -250,7 +262,8 @@ def write_plot(path: str, plan, title: str) -> None:
     memory_axes.grid(alpha=0.3)
     timing = plan.timing
     parts = [("compute", timing.compute_s - timing.optimizer_s), ("optimizer", timing.optimizer_s),
-             ("exposed comm. / waits", timing.exposed_comm_s), ("pipeline bubble", timing.bubble_s)]
+             ("exposed comm. / waits", timing.exposed_comm_s), ("pipeline bubble", timing.bubble_s),
+             ("host waits", timing.host_wait_s)]
     left = 0.0
     for label, seconds in parts:
         time_axes.barh(["step"], [seconds], left=left, label=f"{label} {seconds:.3f} s")

@@ -17,6 +17,7 @@ import tempfile
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from npu_inject.planner import host_reads
 from npu_inject.planner.config import (FORCED_FLAGS, PlanError, activation_checkpoint_mode, environment, experts,
                                        guard)
 from npu_inject.torchtitan_argv import with_flags
@@ -72,12 +73,18 @@ def one_replica_group(config) -> int:
     return max(ft.group_size, 1)
 
 
-def _step(trainer, recorder, step: int, groups_recorded: int) -> None:
+def _step(trainer, recorder, step: int, groups_recorded: int, runtime_reads=()) -> None:
+    """One training step as torchtitan's ``train_step`` runs it, with the host reads the NPU job makes marked
+    (:mod:`npu_inject.planner.host_reads`; ``runtime_reads``: the runtime's)."""
     import torch
     from torchtitan.distributed import utils as dist_utils
 
     config, parallel_dims = trainer.config, trainer.parallel_dims
     recorder.mark(f"step {step}")
+    for read in runtime_reads:
+        if read.where == host_reads.STEP_START:
+            recorder.host_read(read.site)
+    recorder.host_read(host_reads.TOKEN_COUNT_COPY)
     recorder.phase = "forward"
     trainer.optimizers.zero_grad(set_to_none=config.training.disable_cuda_graphs)
     rows = (config.parallelism.pipeline_parallel_microbatch_size if parallel_dims.pp_enabled
@@ -89,6 +96,12 @@ def _step(trainer, recorder, step: int, groups_recorded: int) -> None:
         recorder.mark(f"microbatch group {group}")
         batches = [_batch(rows, config.training.seq_len, special_tokens)
                    for _ in range(trainer.num_pipeline_parallel_microbatches)]
+        # torchtitan copies the group's one (input_dict, labels) of the local batch tensor by tensor (a pipeline's
+        # schedule cuts its microbatches on the device).
+        inputs = batches[0][0]
+        for _ in range(1 + sum(isinstance(value, torch.Tensor) for value in (
+                inputs.values() if isinstance(inputs, dict) else [inputs]))):
+            recorder.host_read(host_reads.BATCH_COPY)
         if parallel_dims.pp_enabled:
             trainer.forward_backward_step(input_dict=[b[0] for b in batches], labels=[b[1] for b in batches],
                                           global_valid_tokens=global_valid_tokens)
@@ -101,8 +114,13 @@ def _step(trainer, recorder, step: int, groups_recorded: int) -> None:
     dist_utils.clip_grad_norm_(
         [p for m in trainer.model_parts for p in m.parameters()], config.training.max_norm, foreach=True,
         pp_mesh=parallel_dims.get_optional_mesh("pp"), ep_enabled=parallel_dims.ep_enabled)
+    for read in runtime_reads:
+        if read.where == host_reads.BEFORE_OPTIMIZER:
+            recorder.host_read(read.site)
     trainer.optimizers.step()
     trainer.lr_schedulers.step()
+    for site in host_reads.logged_reads(parallel_dims.dp_cp_enabled):  # --metrics.log_freq 1: every step logs
+        recorder.host_read(site)
     recorder.phase = "forward"
     recorder.mark("reset_peaks")  # torchtitan logs every step here (--metrics.log_freq 1) and resets its peaks
 
@@ -204,12 +222,14 @@ def run(argv: list[str], *, world_size: int, rank: int, steps: int = 2, selectio
         trainer = titan_trainer.Trainer(config)
         info = {**_role_info(trainer), "compile": compiled, "replica_groups": replica_groups}
         groups = min(trainer.gradient_accumulation_steps, 2)
+        reads = host_reads.runtime_reads(runtime.current().selection.enabled, world_size,
+                                         torchft=replica_groups > 1)
         for step in range(1, steps + 1):
-            _step(trainer, recorder, step, groups)
+            _step(trainer, recorder, step, groups, reads)
             _name_state(trainer, recorder)  # this step's gradients, which the next may free and make again
         if grow_to is not None:
             _grow_pipeline(trainer, recorder, grow_to)
-            _step(trainer, recorder, steps + 1, groups)
+            _step(trainer, recorder, steps + 1, groups, reads)
         _categorize(trainer, recorder)
     finally:
         context.restore()

@@ -286,6 +286,12 @@ class Recorder(TorchDispatchMode):
     def mark(self, event: str) -> None:
         self.trace.marks.append((len(self.trace.ops), event))
 
+    def host_read(self, site: str) -> None:
+        """The NPU job reads a device value on the host here (:mod:`npu_inject.planner.host_reads`)."""
+        from npu_inject.planner.costmodel import HOST_SYNC_MARK
+
+        self.mark(f"{HOST_SYNC_MARK}: {site}")
+
     # -- ops --------------------------------------------------------------------------------
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         if any(issubclass(t, DTensor) for t in types):

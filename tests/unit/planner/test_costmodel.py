@@ -74,6 +74,28 @@ def test_host_bound_when_issuing_takes_longer_than_the_devices_compute(nbytes, h
         assert timing.step_s == pytest.approx(20e-6 + 100 * 1e-3)
 
 
+def test_a_host_read_makes_the_device_wait_for_the_host_to_issue_again():
+    """100 dependent 1 ms operators issued at 20 us each keep the device busy and the host ahead; a read of a device
+    value before operator 50 makes the host wait for operator 49's end and issue 50 only then: the device idles one
+    issue (20 us), a term of its own; a read marked at the window's end is counted and costs nothing."""
+    trace = SimpleNamespace(ops=[_compute_op(i, 10**9) for i in range(100)],
+                            marks=[(50, "host_sync: a loss read"), (100, "host_sync: the logged loss")])
+    profile = SimpleNamespace(memory_bandwidth_gbps=1000.0, vector_tflops=100.0, peak=lambda dtype: 1e15, rates=None,
+                              family="ascend")
+    eff = {"kernel_us": 4.0, "memory": 1.0, "host_us": 20.0, "host_view_us": 1.0}
+    layout = costmodel.Layout(world_size=1, pp=1, scale_up_devices=8)
+    reads = {50: ["a loss read"], 100: ["the logged loss"]}
+    timing = costmodel.simulate({0: trace}, profile, eff, layout, {0: (0, 100)}, {0: reads})
+    assert timing.step_s == pytest.approx(20e-6 + 100 * 1e-3 + 20e-6)
+    assert timing.host_wait_s == pytest.approx(20e-6)
+    assert timing.host_reads == {"a loss read": 1, "the logged loss": 1}
+    assert timing.exposed_comm_s == pytest.approx(20e-6)  # the first issue, before the device has anything
+    unread = costmodel.simulate({0: trace}, profile, eff, layout, {0: (0, 100)}, {0: {}})
+    assert unread.step_s == pytest.approx(timing.step_s - 20e-6) and unread.host_wait_s == 0.0
+    # Without ``reads``, the marks in [start, stop) are the window's.
+    assert costmodel.simulate({0: trace}, profile, eff, layout, {0: (0, 100)}).host_reads == {"a loss read": 1}
+
+
 def test_the_checks_cost_counts_the_windows_products_only_dense_and_grouped_apart():
     """One recorded step's window: a dense product of 2 x 4 x 3 bf16 elements costs its V-ABFT traffic (a, b twice,
     c, and 8 bytes per fp32 element of c) at the memory rate plus five launches; a grouped one five times its
