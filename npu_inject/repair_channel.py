@@ -79,6 +79,7 @@ class Watcher:
     interpreter tears down, so the thread is never inside the store's C++ then."""
 
     channel: RepairChannel  # its store: a clone, for this thread alone
+    generation: Callable[[], int]  # the repair generation, as the training thread's channel counts it
     on_fault: Callable[[int, dict], None]
     overdue: Callable[[], dict | None]
     poll_s: float
@@ -98,13 +99,9 @@ class Watcher:
         if self._thread is not None and self._thread is not threading.current_thread():
             self._thread.join(timeout=self.poll_s + 5)
 
-    def follow(self, generation: int) -> None:
-        """The training thread finished a repair: watch the keys of ``generation`` from now on."""
-        self.channel.generation = generation
-
     def _run(self) -> None:
         while not self._closed.wait(self.poll_s):
-            generation = self.channel.generation
+            generation = self.channel.generation = self.generation()  # a repair done moves it on: its keys
             if generation == self._seen:  # this generation's fault was handled; its repair is under way
                 continue
             fault = self.channel.standing()
@@ -113,6 +110,6 @@ class Watcher:
                 if fault is None:
                     continue
                 fault = self.channel.publish(fault)
-            if generation == self.channel.generation:
+            if generation == self.generation():  # not a repair finished meanwhile: its fault is handled
                 self._seen = generation
                 self.on_fault(generation, fault)

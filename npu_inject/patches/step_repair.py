@@ -142,6 +142,7 @@ def apply(ctx: PatchContext) -> None:
     poll_s = float(ctx.options.get("poll", 1.0))
     lock = threading.Lock()
     state = {"channel": None, "watcher": None, "stopped": -1, "started": None, "steps": 0, "deadline": None}
+    said: set[str] = set()  # notes said once
 
     def active(trainer) -> bool:  # a torchft job's failures are torchft_recover's
         return world_size > 1 and not getattr(getattr(trainer, "ft_manager", None), "enabled", False)
@@ -173,6 +174,7 @@ def apply(ctx: PatchContext) -> None:
         state["report_within"] = max(60.0, stuck_after)  # every rank's stop, restart and communicators dropped
         state["channel"] = RepairChannel(store, rank, world_size)
         watcher = Watcher(RepairChannel(store.clone(), rank, world_size),
+                          generation=lambda: state["channel"].generation,
                           on_fault=lambda generation, fault: stop_device_once(generation),
                           overdue=overdue, poll_s=poll_s)
         watcher.start()
@@ -184,25 +186,22 @@ def apply(ctx: PatchContext) -> None:
                  f"the step; {stuck}")
 
     def stop_everywhere(step: Step, kind: str, why: str, problem: str):
-        """Publish a fault that cannot be repaired and stop, with the line every rank stops with."""
-        channel = state["channel"]
-        fault = channel.publish({"rank": rank, "step": step.number, "attempt": step.attempt, "kind": kind, "why": why})
-        stop_device_once(channel.generation)
-        reports, missing = channel.reports({"step": step.number, "problem": problem}, state["report_within"])
-        line = channel.settle(verdict(reports, missing, fault, state["report_within"]))
-        stop_run(line or f"npu_inject step_repair: {problem}")
+        """Publish a fault that cannot be repaired; the repair stops every rank with the same line."""
+        fault = state["channel"].publish({"rank": rank, "step": step.number, "attempt": step.attempt, "kind": kind,
+                                          "why": why})
+        repair(step, kind, fault, problem)
 
     def before_step(step: Step) -> None:
         if not active(step.trainer):
-            if world_size > 1 and not state["steps"]:
-                state["steps"] = 1
+            if world_size > 1 and "torchft" not in said:
+                said.add("torchft")
                 ctx.note("a torchft job: a failed or stopped collective is torchft_recover's (the replica group "
                          "discards the step), a UCE stops the rank (torchft heals it)")
             return
         if state["channel"] is None:
             if not torch.distributed.is_initialized():  # torchtitan's fake comm modes: nothing to agree through
-                if not state["steps"]:
-                    state["steps"] = 1
+                if "no process group" not in said:
+                    said.add("no process group")
                     ctx.fallback(f"WORLD_SIZE {world_size} without a default process group: no store to agree "
                                  "through; device faults are not repaired")
                 return
@@ -240,24 +239,29 @@ def apply(ctx: PatchContext) -> None:
         fault = state["channel"].publish(mine)  # the peers' watchers stop their devices now
         return lambda: repair(step, kind, fault)
 
-    def repair(step: Step, kind: str, fault: dict):
+    def unrepairable(step: Step, kind: str) -> str:
+        """Why this rank's fault cannot be repaired in the job ('' when it can); the device is stopped."""
+        if kind == "queue_ended":
+            return "torch_npu's task queue ended"
+        if step.update_began:
+            return (f"the fault ({kind}) came after the step's optimizer update began: the weights or optimizer "
+                    "states may hold part of it")
+        if step.attempt > 0:
+            return f"a second device fault ({kind}) in the same step after a repair: the device or link is failing"
+        if kind == "uce":
+            where = torch_npu.npu.check_uce_in_memory(state["device"])
+            if where != TEMPORARY:
+                return f"a device memory error (UCE) in {WHERE.get(where, f'memory of kind {where}')}"
+        return ""
+
+    def repair(step: Step, kind: str, fault: dict, problem: str = ""):
+        """Stop, drop the communicators, restart the device unless ``problem`` (or one found here) says it cannot be
+        repaired, report and settle: stop every rank with the verdict's line, or reset and retry the step."""
         channel = state["channel"]
         stop_device_once(channel.generation)
         gc.collect()  # the failed attempt's tensors go back to the allocator
-        problem = ""
-        if kind == "queue_ended":
-            problem = "torch_npu's task queue ended"
-        elif step.update_began:
-            problem = (f"the fault ({kind}) came after the step's optimizer update began: the weights or optimizer "
-                       "states may hold part of it")
-        elif step.attempt > 0:
-            problem = f"a second device fault ({kind}) in the same step after a repair: the device or link is failing"
-        elif kind == "uce":
-            where = torch_npu.npu.check_uce_in_memory(state["device"])
-            if where != TEMPORARY:
-                problem = f"a device memory error (UCE) in {WHERE.get(where, f'memory of kind {where}')}"
-        if not problem:
-            problem = unverified_layout(getattr(step.trainer, "parallel_dims", None), fault["kind"])
+        problem = problem or unrepairable(step, kind) or unverified_layout(
+            getattr(step.trainer, "parallel_dims", None), fault["kind"])
         began = time.monotonic()
         # Dropped while the device is stopped (the watchdog skips its checks then): a failed communicator left for
         # restart_device to find would have the watchdog tear the process down. Also frees a peer blocked on them.
@@ -266,12 +270,11 @@ def apply(ctx: PatchContext) -> None:
             torch_npu.npu.restart_device(state["device"])
         reports, missing = channel.reports({"step": step.number, "problem": problem}, state["report_within"])
         line = channel.settle(verdict(reports, missing, fault, state["report_within"]))
-        if line is not None:
-            stop_run(line)
+        if line is not None or problem:
+            stop_run(line or f"npu_inject step_repair: {problem}")
         reset_fsdp(step.trainer.model_parts)
         reset_pipeline(step.trainer)
-        channel.generation += 1
-        state["watcher"].follow(channel.generation)
+        channel.generation += 1  # the watcher looks at the next generation's keys from now on
         waited = time.monotonic() - began
         state["attempt"], state["started"] = step.attempt + 1, time.monotonic()  # the retry's own clock
         note = (f"step {step.number}: rank {fault['rank']}'s {fault['kind']} repaired on every rank (devices stopped "

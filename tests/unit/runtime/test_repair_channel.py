@@ -68,7 +68,9 @@ def test_the_first_verdict_stands_for_a_rank_that_reports_late(store):
 
 def test_the_watcher_stops_once_per_generation_and_publishes_an_overdue_step(store):
     seen, overdue = [], []
+    training = RepairChannel(store, 1, 2)  # the training thread's: the generation's one count
     watcher = Watcher(RepairChannel(store, 1, 2),  # a HashStore is shared by threads as it is
+                      generation=lambda: training.generation,
                       on_fault=lambda generation, fault: seen.append(fault),
                       overdue=lambda: overdue.pop() if overdue else None, poll_s=0.05)
     watcher.start()
@@ -79,7 +81,7 @@ def test_the_watcher_stops_once_per_generation_and_publishes_an_overdue_step(sto
             time.sleep(0.02)
         time.sleep(0.2)
         assert seen == [fault(0)]  # once, however many looks
-        watcher.follow(1)
+        training.generation = 1  # the repair finished: the watcher looks at the next generation's keys
         overdue.append(fault(1, "stuck"))
         deadline = time.monotonic() + 5
         while len(seen) < 2 and time.monotonic() < deadline:
