@@ -2,6 +2,7 @@
 
     npu-inject plan [--hardware NAME] [--ngpu N | --nnodes N --nproc-per-node M] [--search]
                     [--json PATH] [--plot PATH] [--hardware-file PATH] [--expandable-segments]
+                    [--expert-load RATIO|FILE]
                     <torchtitan flags, as the training command takes them>
 
 The planner's flags come first; everything from the first flag it does not know is torchtitan's,
@@ -54,6 +55,10 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     parser.add_argument("--expandable-segments", action=argparse.BooleanOptionalAction, default=None,
                         help="plan the allocator with expandable segments (default: as PYTORCH_NPU_ALLOC_CONF / "
                              "PYTORCH_ALLOC_CONF say)")
+    parser.add_argument("--expert-load", metavar="RATIO|FILE",
+                        help="MoE: how unevenly tokens fall on the expert-parallel ranks, the busiest rank's over "
+                             "the mean's (>= 1), or a JSON file of router counts, tokens per expert per layer; the "
+                             "planner plans the busiest rank (default: balanced)")
     parser.add_argument("torchtitan", nargs=argparse.REMAINDER, help=argparse.SUPPRESS)
     parser.set_defaults(run=cmd_plan)
     return parser
@@ -235,7 +240,7 @@ def rehearsal_job(argv: list[str]) -> tuple[list[str], str]:
 # -- the command -----------------------------------------------------------------
 
 def cmd_plan(args) -> int:
-    from npu_inject.planner import depth, host_memory, job, render, workers
+    from npu_inject.planner import depth, expert_load, host_memory, job, render, workers
     from npu_inject.planner.config import PlanError
 
     argv = args.torchtitan
@@ -247,6 +252,7 @@ def cmd_plan(args) -> int:
                           "verdict is the host's, which the search does not give; plan each layout without --search "
                           "(one verdict for all ranks), or search for an NPU (--hardware A2, A3, 950)")
     started = time.monotonic()
+    load = expert_load.parse(args.expert_load)  # before any worker starts: a bad value is one line
     catalog = hardware_mod.load(args.hardware_file)
     profile = resolve_hardware(args, catalog)
     ranks = world_size(args)
@@ -261,7 +267,8 @@ def cmd_plan(args) -> int:
     progress = workers.Progress(started)
     print(f"{'searching' if args.search else 'planning'} on {profile.name}, {ranks} ranks ...", file=sys.stderr,
           flush=True)
-    pool = workers.executor(selection=selection, modules=job.model_packages(argv), progress=progress)
+    pool = workers.executor(selection=selection, modules=job.model_packages(argv), progress=progress,
+                            expert_load=args.expert_load or "")
     plan_kwargs = dict(profile=profile, efficiency=efficiency, world_size=ranks, expandable=expandable, pool=pool)
     try:
         if args.search:

@@ -28,8 +28,10 @@ What the planner changes, and why (recorded and undone like a patch's changes):
   the mask; head-tail stands for it).
 * FSDP's ``_chunk_with_empty``: the chunks of a parameter are cut when FSDP reads one (it reads this
   rank's and the first), not all at once.
-* expert parallel's token counts, which each rank reads back to size its all-to-all: routing is
-  assumed balanced (every rank sends and receives tokens x top_k / ep rows), the device-to-host
+* expert parallel's token counts, which each rank reads back to size its all-to-all: the planned rank is the
+  busiest (it sends tokens x top_k / ep rows to each peer, as every rank does, and receives the load ratio of
+  ``npu-inject plan --expert-load`` times that, :mod:`npu_inject.planner.expert_load`; balanced without it), the
+  device-to-host
   copies of the counts still made as upstream makes them, and the read marked (the host waits there).
 * a pipeline stage's input/output metadata (which ranks exchange before the first step, and a fake
   process group cannot) is given statically: the first stage takes the token batch, the others the
@@ -115,7 +117,7 @@ def planner_changes(recorder, fake_mode, config):
 
     from npu_inject.ops import planner_hooks
     from npu_inject.patching import PatchContext
-    from npu_inject.planner import host_reads
+    from npu_inject.planner import expert_load, host_reads
     from npu_inject.planner.config import activation_checkpoint_mode
 
     from torch.distributed.device_mesh import DeviceMesh
@@ -242,6 +244,7 @@ def planner_changes(recorder, fake_mode, config):
         context.wrap(target, real_tensors)
 
     routed_rows: list[int] = []  # this rank's T x top_k of the dispatch in progress
+    load = expert_load.from_environment()
     # Recomputation under selective AC takes the split sizes' copies from the forward's saved results (patch
     # selective_ac saves device-to-host copies on any device, upstream only CUDA's): no second read. Full AC reads
     # again, as the CANN emulation counts (deepseek_v3 EP 2, selective: 5 reads a step for 5 MoE layers).
@@ -269,7 +272,10 @@ def planner_changes(recorder, fake_mode, config):
             recorder.host_read(host_reads.MOE_SPLITS)  # upstream's .tolist() of the copies: the host waits here
         rows = routed_rows[-1]
         balanced = [rows // ep_size + (1 if peer < rows % ep_size else 0) for peer in range(ep_size)]
-        return num_global_E, balanced, list(balanced)
+        # The planned rank is the busiest (npu-inject plan --expert-load): it sends its own rows as every rank does
+        # and receives the load ratio times the balanced share.
+        ratio = load.ratio(ep_size, num_local_tokens_per_expert_E.shape[0])
+        return num_global_E, balanced, expert_load.receive_splits(rows, ep_size, ratio)
 
     def exchange_positions(local_positions_Bl, cp_mesh, load_balancer_type):
         from torch._subclasses.fake_tensor import unset_fake_temporarily

@@ -185,8 +185,15 @@ def notes(plan) -> list[str]:
         low, high = plan.info["microbatches_recorded"]
         out.append(f"the pipeline's {plan.info['pp_microbatches']} microbatches per step extrapolated from recordings "
                    f"of {low} and {high}")
-    if plan.parallel.get("ep", 1) > 1:
-        out.append("expert routing is planned balanced (each rank sends and receives tokens x top_k / ep rows)")
+    load = plan.info.get("expert_load")
+    if plan.parallel.get("ep", 1) > 1 and load:
+        if load["ratio"] == 1.0:
+            out.append("expert routing is planned balanced (each rank sends and receives tokens x top_k / ep rows; "
+                       "--expert-load gives the busiest rank's share, measured or assumed)")
+        else:
+            out.append(f"expert routing: the busiest expert-parallel rank, planned here, receives {load['ratio']:.2f} "
+                       f"times the balanced tokens x top_k / ep rows ({load['source']}); its grouped matmuls, "
+                       "all-to-all and memory set the step")
     if any(role.retries for role in plan.roles):
         out.append("the allocator reaches the device's limit and releases its cache to continue (slower steps)")
     return out

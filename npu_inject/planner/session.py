@@ -221,6 +221,11 @@ def run(argv: list[str], *, world_size: int, rank: int, steps: int = 2, selectio
     try:
         trainer = titan_trainer.Trainer(config)
         info = {**_role_info(trainer), "compile": compiled, "replica_groups": replica_groups}
+        if info["parallel"]["ep"] > 1 and info["experts"]:
+            from npu_inject.planner import expert_load
+
+            load = expert_load.from_environment()
+            info["expert_load"] = {"ratio": load.ratio(info["parallel"]["ep"], info["experts"]), "source": load.source}
         groups = min(trainer.gradient_accumulation_steps, 2)
         reads = host_reads.runtime_reads(runtime.current().selection.enabled, world_size,
                                          torchft=replica_groups > 1)

@@ -41,16 +41,19 @@ def preload() -> None:
         importlib.import_module(name)
 
 
-def executor(*, selection: str, modules: list[str], processes: int | None = None, progress=None) -> ProcessPoolExecutor:
+def executor(*, selection: str, modules: list[str], processes: int | None = None, progress=None,
+             expert_load: str = "") -> ProcessPoolExecutor:
     """A pool whose every task runs in a fresh fork of the preloaded server. The server is started here, once
     per process, with the recordings' environment (its patches are fixed then); this process's own environment
     is left as it was, so a caller (a rehearsal's rank, a test) does not become a runtime-enabled process.
-    With ``progress``, the pool's first worker is started here, saying what it waits for (:func:`_warm`)."""
+    With ``progress``, the pool's first worker is started here, saying what it waits for (:func:`_warm`);
+    ``expert_load``: ``npu-inject plan --expert-load``'s value (:mod:`npu_inject.planner.expert_load`)."""
     from multiprocessing import forkserver
 
     from npu_inject.planner import config
+    from npu_inject.planner.expert_load import ENV as EXPERT_LOAD_ENV
 
-    recording_env = {**config.environment(selection), PRELOAD_ENV: ",".join(modules),
+    recording_env = {**config.environment(selection), PRELOAD_ENV: ",".join(modules), EXPERT_LOAD_ENV: expert_load,
                      # fake tensors compute nothing; forks stay thread-free
                      "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}
     saved = {name: os.environ.get(name) for name in recording_env}

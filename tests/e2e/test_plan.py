@@ -64,6 +64,7 @@ def test_search_lists_fitting_layouts_fastest_first_with_their_flags(tmp_path):
 @pytest.mark.parametrize("args, message", [
     (["--hardware", "B200", "--ngpu", "2", *DEBUG], "unknown hardware 'B200'"),
     (["--hardware", "A2", "--ngpu", "3", *DEBUG, "--parallelism.tensor_parallel_degree", "2"], "3"),
+    (["--hardware", "A2", "--ngpu", "2", "--expert-load", "0.5", *DEBUG], "--expert-load 0.5: the busiest"),
 ])
 def test_bad_input_is_one_line_and_exit_2(args, message):
     run = _plan(*args)
@@ -74,9 +75,10 @@ def test_bad_input_is_one_line_and_exit_2(args, message):
 
 
 @pytest.mark.parametrize("args", [
-    # MoE: the expert weight gradients' K-grouped kernel is planned from the NPU kernels' fakes; this host
-    ["--hardware", "cpu", "--ngpu", "2", "--module", "deepseek_v3", "--config", "deepseek_v3_debugmodel",
-     "--training.seq_len", "256", "--parallelism.expert_parallel_degree", "2"],
+    # MoE: the expert weight gradients' K-grouped kernel is planned from the NPU kernels' fakes; this host; the
+    # busiest expert-parallel rank planned with half again the balanced rows
+    ["--hardware", "cpu", "--ngpu", "2", "--expert-load", "1.5", "--module", "deepseek_v3", "--config",
+     "deepseek_v3_debugmodel", "--training.seq_len", "256", "--parallelism.expert_parallel_degree", "2"],
     # spmd_types' type checker builds its own meshes (upstream's features/default case checks types)
     ["--hardware", "A2", "--ngpu", "2", *DEBUG, "--debug.spmd_typechecking", "activation-checkpoint:none"],
     # --compile.enable is planned as eager (torch 2.14 refuses fullgraph blocks dynamo skipped under the planner)
@@ -100,6 +102,8 @@ def test_the_suites_model_and_checker_paths_plan(args, tmp_path):
     run = _plan("--json", str(json_path), *args)
     assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-3000:]
     assert "FITS" in run.stdout, run.stdout
+    if "--expert-load" in args:
+        assert "the busiest expert-parallel rank, planned here, receives 1.50 times" in run.stdout, run.stdout
     plan = json.loads(json_path.read_text())
     if plan["hardware"] == "cpu":  # the rehearsal: both ranks share this host, one verdict for them
         host = plan["host"]
