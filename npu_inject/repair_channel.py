@@ -47,6 +47,23 @@ class RepairChannel:
         key = self.key("fault")
         return json.loads(self.store.get(key)) if self.store.check([key]) else None
 
+    def stopped(self) -> None:
+        """This rank's device is stopped (its collectives can no longer fail under torch_npu's watchdog)."""
+        self.store.set(self.key(f"stopped/{self.rank}"), "1")
+
+    def wait_stopped(self, timeout_s: float) -> list[int]:
+        """Wait up to ``timeout_s`` for every rank's device to be stopped; returns the ranks not stopped in time.
+        A rank drops its communicators only then: dropped earlier, a peer's collective still running on one fails
+        ("closed its connection") and the peer's watchdog ends its process before its device is stopped."""
+        from torch.distributed import DistStoreError
+
+        keys = [self.key(f"stopped/{rank}") for rank in range(self.world)]
+        try:
+            self.store.wait(keys, timedelta(seconds=timeout_s))
+        except DistStoreError:
+            pass  # the ranks missing are named below
+        return [rank for rank, key in enumerate(keys) if not self.store.check([key])]
+
     def reports(self, mine: dict, timeout_s: float) -> tuple[dict[int, dict], list[int]]:
         """Write this rank's report and wait up to ``timeout_s`` for every rank's; returns the reports by rank and
         the ranks that wrote none in time."""

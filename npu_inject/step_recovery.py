@@ -18,12 +18,40 @@ def names_hccl(text: str) -> bool:
     return "Hccl" in text or "HCCL" in text
 
 
-def reset_fsdp(model_parts) -> None:
-    """FSDP as before a step that failed midway: ``FSDPModule.reset_iter_state()`` (torch 2.14's recovery call)
-    on each model part's root FSDP module waits for FSDP's collectives, reshards every parameter group and
-    clears the failed step's trackers."""
+# What a step may switch on an FSDP parameter group and back: torchtitan's chunked loss turns lm_head's resharding
+# after forward and backward and its gradient sync off for its chunks and on again after the last
+# (components/loss.py), fully_shard's set_reshard_after_forward/backward and set_requires_gradient_sync.
+_GROUP_SETTINGS = ("post_forward_mesh_info", "reshard_after_backward", "reduce_grads", "all_reduce_grads")
+
+
+def fsdp_settings(model_parts) -> list[tuple]:
+    """Each FSDP module's settings a step may change, as they are now (a step's start), for :func:`reset_fsdp`."""
     from torch.distributed.fsdp import FSDPModule
 
+    taken = []
+    for part in model_parts:
+        for module in part.modules():
+            if isinstance(module, FSDPModule):
+                state = module._get_fsdp_state()
+                groups = [(group, {name: getattr(group, name) for name in _GROUP_SETTINGS if hasattr(group, name)})
+                          for group in state._fsdp_param_groups]
+                taken.append((state, state._auto_reshard_after_forward, groups))
+    return taken
+
+
+def reset_fsdp(model_parts, settings: list[tuple] | None = None) -> None:
+    """FSDP as before a step that failed midway: the modules' ``settings`` as the step began (:func:`fsdp_settings`;
+    a step cut inside torchtitan's chunked loss leaves lm_head not resharding after forward, and the retry's
+    forward then skipped its all-gather on those ranks alone: the ranks' FSDP collectives disagreed), then
+    ``FSDPModule.reset_iter_state()`` (torch 2.14's recovery call) on each model part's root FSDP module: it waits
+    for FSDP's collectives, reshards every parameter group and clears the failed step's trackers."""
+    from torch.distributed.fsdp import FSDPModule
+
+    for state, auto, groups in settings or ():
+        state._auto_reshard_after_forward = auto
+        for group, values in groups:
+            for name, value in values.items():
+                setattr(group, name, value)
     for part in model_parts:
         root = next((module for module in part.modules() if isinstance(module, FSDPModule)), None)
         if root is not None:

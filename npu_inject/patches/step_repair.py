@@ -12,16 +12,18 @@ seconds, counted from the process's second step; unset, torchtitan's ``--comm.tr
 torch_npu's watchdog does not tear down, else none: the watchdog's own timeout and dumps handle a hang). The
 rank that meets one publishes it in torchrun's store (:mod:`npu_inject.repair_channel`), whose watcher thread on
 every rank stops its device (``torch_npu.npu.stop_device``): the rank waiting in a collective on the failed one
-is freed ("FORCE STOP") and its queued work dropped, as the failed rank's is. Each rank then restarts its device
-(``restart_device``, which repairs the UCE's memory), destroys its HCCL communicators and the store keys they were
-made through (torch_npu makes new ones at the retry's first collective, after every rank has dropped its own),
-writes its report and waits for every rank's; when all say they can retry, FSDP and the pipeline schedule are
-reset to before the step and every rank trains the step again on the same batches. No process restarts, no
-checkpoint is read.
+is freed ("FORCE STOP") and its queued work dropped, as the failed rank's is. Once every rank's device is stopped
+(each says so in the store: a communicator dropped while a peer still runs a collective on it has that peer's
+watchdog end its process), each destroys its HCCL communicators and the store keys they were made through
+(torch_npu makes new ones at the retry's first collective), restarts its device (``restart_device``, which
+repairs the UCE's memory), writes its report and waits for every rank's; when all say they can retry, FSDP (with
+the settings the step began with: torchtitan's chunked loss switches lm_head's off for its chunks) and the
+pipeline schedule are reset to before the step and every rank trains the step again on the same batches. No
+process restarts, no checkpoint is read.
 
 Layouts: the retry is trusted where the CANN emulation showed every later loss equal to the run without the fault
-(FSDP or DDP, every fault; FSDP x TP, a failed or stuck collective); elsewhere (PP, CP, EP, a UCE under TP) every
-rank stops with one line saying so (:func:`unverified_layout`).
+(FSDP or DDP, and FSDP x TP, every fault); elsewhere (PP, CP, EP) every rank stops with one line saying so
+(:func:`unverified_layout`).
 
 What stops every rank, with the same line naming the rank and the cause (torchrun's restart and the last
 checkpoint take over): a fault after the step's optimizer began on any rank (its update may be applied on some
@@ -49,8 +51,8 @@ import time
 from npu_inject.errors import stop_run
 from npu_inject.patching import PatchContext
 from npu_inject.repair_channel import RepairChannel, Watcher
-from npu_inject.step_recovery import (FORCE_STOP, QUEUE_ENDED, TEMPORARY, UCE_MARK, WHERE, drop_hccl_comms, names_hccl,
-                                      reset_fsdp, reset_pipeline)
+from npu_inject.step_recovery import (FORCE_STOP, QUEUE_ENDED, TEMPORARY, UCE_MARK, WHERE, drop_hccl_comms,
+                                      fsdp_settings, names_hccl, reset_fsdp, reset_pipeline)
 from npu_inject.training_step import RETRY, Step, take_part
 
 TARGETS = (
@@ -86,20 +88,20 @@ def chain_text(error: BaseException) -> str:
     return "\n".join(texts)
 
 
-def unverified_layout(parallel_dims, kind: str) -> str:
-    """Why a retry of this job's layout after a fault of ``kind`` is not trusted (an empty string: trusted).
+def unverified_layout(parallel_dims) -> str:
+    """Why a retry of this job's layout is not trusted (an empty string: trusted).
 
-    Trusted where the emulation showed every later loss equal to the run without the fault (FSDP and DDP for each
-    kind; FSDP x TP for a failed or stuck collective). Not elsewhere: under PP 2 a UCE's retry trained on to
-    different losses (step 4: 7.0199 against 7.01853), under FSDP x TP a UCE's retry desynchronised FSDP's
-    collectives; context and expert parallelism were not tried. A retry that may train wrong is worse than a stop."""
+    Trusted where the emulation showed every later loss equal to the run without the fault: FSDP and DDP, and FSDP x
+    TP, for each kind (a UCE under FSDP x TP once the FSDP settings torchtitan's chunked loss switches are restored:
+    reset_fsdp). Not elsewhere: under PP 2 a UCE on the last stage retrains to equal losses, one on the first stage
+    to different ones (step 4: 7.0199 against 7.01853, cause not found), and a failed or stuck send ends torch_npu's
+    task queue on the emulation; context and expert parallelism were not tried. A retry that may train wrong is
+    worse than a stop."""
     if parallel_dims is None:
         return ""
     for name in ("pp", "cp", "ep"):
         if getattr(parallel_dims, f"{name}_enabled", False):
             return f"a retry under {name.upper()} is not verified to train as the job would have (stops instead)"
-    if kind == "uce" and getattr(parallel_dims, "tp_enabled", False):
-        return "a UCE's retry under TP desynchronised FSDP's collectives on the emulation (stops instead)"
     return ""
 
 
@@ -147,12 +149,14 @@ def apply(ctx: PatchContext) -> None:
     def active(trainer) -> bool:  # a torchft job's failures are torchft_recover's
         return world_size > 1 and not getattr(getattr(trainer, "ft_manager", None), "enabled", False)
 
-    def stop_device_once(generation: int) -> None:
+    def stop_device_once(generation: int, channel: RepairChannel) -> None:
+        """Stop this rank's device for ``generation``'s fault and say so through ``channel`` (the calling thread's)."""
         with lock:  # the watcher and the training thread may both come; a repair done is not stopped again
             if state["stopped"] == generation or generation != state["channel"].generation:
                 return
             state["stopped"] = generation
         torch_npu.npu.stop_device(state["device"])
+        channel.stopped()
 
     def overdue() -> dict | None:
         started, deadline = state["started"], state["deadline"]
@@ -173,9 +177,9 @@ def apply(ctx: PatchContext) -> None:
         state["stuck_after"] = stuck_after
         state["report_within"] = max(60.0, stuck_after)  # every rank's stop, restart and communicators dropped
         state["channel"] = RepairChannel(store, rank, world_size)
-        watcher = Watcher(RepairChannel(store.clone(), rank, world_size),
-                          generation=lambda: state["channel"].generation,
-                          on_fault=lambda generation, fault: stop_device_once(generation),
+        watching = RepairChannel(store.clone(), rank, world_size)
+        watcher = Watcher(watching, generation=lambda: state["channel"].generation,
+                          on_fault=lambda generation, fault: stop_device_once(generation, watching),
                           overdue=overdue, poll_s=poll_s)
         watcher.start()
         ctx.add_cleanup(watcher.close)
@@ -213,6 +217,7 @@ def apply(ctx: PatchContext) -> None:
             stop_everywhere(step, kind, " ".join(str(exc).split())[:200],
                             f"a device fault met as step {step.number} began ({kind}): the previous step's optimizer "
                             "update was in flight and may be cut")
+        state["fsdp"] = fsdp_settings(step.trainer.model_parts)  # what a step cut midway leaves switched, restored
         state["steps"] += 1
         state["step"], state["attempt"] = step.number, step.attempt
         state["deadline"] = (state["stuck_after"] or None) if state["steps"] > 1 else None  # the first step compiles
@@ -258,13 +263,15 @@ def apply(ctx: PatchContext) -> None:
         """Stop, drop the communicators, restart the device unless ``problem`` (or one found here) says it cannot be
         repaired, report and settle: stop every rank with the verdict's line, or reset and retry the step."""
         channel = state["channel"]
-        stop_device_once(channel.generation)
+        stop_device_once(channel.generation, channel)
         gc.collect()  # the failed attempt's tensors go back to the allocator
-        problem = problem or unrepairable(step, kind) or unverified_layout(
-            getattr(step.trainer, "parallel_dims", None), fault["kind"])
+        problem = problem or unrepairable(step, kind) or unverified_layout(getattr(step.trainer, "parallel_dims", None))
         began = time.monotonic()
-        # Dropped while the device is stopped (the watchdog skips its checks then): a failed communicator left for
-        # restart_device to find would have the watchdog tear the process down. Also frees a peer blocked on them.
+        # Dropped once every rank's device is stopped (their watchdogs skip their checks then; a peer still running a
+        # collective on a dropped communicator would have its watchdog end its process) and while this one is: a
+        # failed communicator left for restart_device to find would have the watchdog tear this process down. A rank
+        # not stopped in time is named by the reports below.
+        channel.wait_stopped(state["report_within"])
         drop_hccl_comms("npu_inject step_repair")
         if not problem:
             torch_npu.npu.restart_device(state["device"])
@@ -272,7 +279,7 @@ def apply(ctx: PatchContext) -> None:
         line = channel.settle(verdict(reports, missing, fault, state["report_within"]))
         if line is not None or problem:
             stop_run(line or f"npu_inject step_repair: {problem}")
-        reset_fsdp(step.trainer.model_parts)
+        reset_fsdp(step.trainer.model_parts, state["fsdp"])
         reset_pipeline(step.trainer)
         channel.generation += 1  # the watcher looks at the next generation's keys from now on
         waited = time.monotonic() - began
