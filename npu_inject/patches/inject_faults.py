@@ -269,8 +269,9 @@ def apply(ctx: PatchContext) -> None:
         if kind in ("kill", "hang"):
             stop(kind, trainer.step)
         elif kind:  # the model's forward: the step's quorum and its first collectives have begun
-            number = trainer.step
-            trainer.model_parts[0].register_forward_pre_hook(lambda module, args: stop(kind, number))
+            # Bound now: the loops below rebind ``kind`` (a hook reading it late caused loss_spike instead).
+            trainer.model_parts[0].register_forward_pre_hook(
+                lambda module, args, kind=kind, number=trainer.step: stop(kind, number))
         for number, kind in sorted(sdc_steps):  # matmul_checks causes it, in this first attempt
             if number == trainer.step:
                 sdc_steps.discard((number, kind))

@@ -94,3 +94,27 @@ def test_faults_the_job_can_cause_pass_and_the_rank_injecting_a_nan_says_so(monk
     err = capsys.readouterr().err
     assert err.splitlines() == ["npu_inject inject_faults: step 2: nan_loss on rank 1"], err
     assert runtime.current().report.patches["inject_faults"].notes == ["step 2: nan_loss injected on rank 1"]
+
+
+@pytest.mark.parametrize("kind", ["kill_in_forward", "hang_in_forward"])
+def test_a_fault_in_the_forward_stops_the_rank_as_asked(monkeypatch, capsys, kind):
+    """The forward's pre-hook stops the rank with the fault asked for: it read the kind late, after the step's
+    loops had rebound it, and caused loss_spike's (a hang) for both (seen on the CANN emulation's torchft hang)."""
+    from npu_inject.patches import inject_faults
+    from torchtitan.trainer import Trainer
+
+    stopped = []
+    monkeypatch.setattr(inject_faults, "stop", lambda what, number: stopped.append((what, number)))
+    _activate(monkeypatch, f"{kind}@2:rank=1", rank=1)
+
+    class OneLayer(Trainer):
+        def __init__(self, config):
+            self.config = config
+            self.step = 2
+            self.model_parts = [torch.nn.Linear(2, 1)]
+
+        def train_step(self, data_iterator):
+            return self.model_parts[0](torch.ones(1, 2))
+
+    OneLayer(_config(steps=10)).train_step(iter(()))
+    assert stopped == [(kind, 2)]
