@@ -44,7 +44,7 @@ import logging
 
 from npu_inject.errors import stop_run
 from npu_inject.patching import PatchContext
-from npu_inject.step_recovery import FORCE_STOP, QUEUE_ENDED, UCE_MARK, names_hccl, reset_fsdp
+from npu_inject.step_recovery import FORCE_STOP, QUEUE_ENDED, UCE_MARK, fsdp_settings, names_hccl, reset_fsdp
 from npu_inject.training_step import DISCARD, Step, take_part
 
 TARGETS = (
@@ -85,7 +85,7 @@ def apply(ctx: PatchContext) -> None:
                      f"was already aborted without stopping the device: nothing to restart ({why})")
         torch_npu.npu.restart_device(device)
         reinit_process_group(rebuild_link=False)  # HcclCommResume on every communicator of the job's groups
-        reset_fsdp(trainer.model_parts)
+        reset_fsdp(trainer.model_parts, settings.get(id(trainer)))
         group.stopped_device = None
         manager = trainer.ft_manager.manager
         manager.report_error(RuntimeError(f"step {step}: torchft's HCCL group was aborted and NPU {device} stopped"))
@@ -101,10 +101,13 @@ def apply(ctx: PatchContext) -> None:
         return DISCARD
 
     issued_before: dict[int, int] = {}  # the step's trainer (by id): its torchft group's collectives issued before
+    settings: dict[int, list] = {}  # the step's trainer (by id): its FSDP settings as the step began
 
     def before_step(step: Step) -> None:
         group = torchft_group(step.trainer)
         issued_before[id(step.trainer)] = group.issued if group is not None else 0
+        if group is not None:  # a step cut inside torchtitan's chunked loss leaves lm_head's switched (reset_fsdp)
+            settings[id(step.trainer)] = fsdp_settings(step.trainer.model_parts)
 
     def on_failure(step: Step, error: Exception):
         group = torchft_group(step.trainer)
