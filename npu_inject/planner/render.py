@@ -176,7 +176,10 @@ def verdict(plan) -> str:
 def notes(plan) -> list[str]:
     out = []
     if plan.info.get("compile"):
-        out.append("torch.compile is planned as eager (its fusions would save time and activations)")
+        out.append("torch.compile is planned as eager: its fusions are not modelled, so expect more tokens/s and "
+                   "smaller activations than planned (the published compiled rows' throughput was planned 5-14% low: "
+                   "Llama 3 8B on 8 and 128 H100 -13.6% and -13.3%, DeepSeek-V3 671B on 128 A3 dies -5.2%; "
+                   "docs/planner.md, checked against published figures)")
     if plan.extrapolated:
         e = plan.extrapolated
         out.append(f"extrapolated from {e['units_recorded'][0]} and {e['units_recorded'][1]} repeats of the "
