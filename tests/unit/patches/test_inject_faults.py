@@ -32,6 +32,22 @@ def _config(steps=10, comm_mode="default"):
                                  training=types.SimpleNamespace(steps=steps))
 
 
+def _one_layer_trainer(trainer_class):
+    """A subclass with an ``__init__`` and ``train_step`` of its own (the patch reaches them), at step 2; made after
+    the runtime is activated."""
+
+    class OneLayer(trainer_class):
+        def __init__(self, config):
+            self.config = config
+            self.step = 2
+            self.model_parts = [torch.nn.Linear(2, 1)]
+
+        def train_step(self, data_iterator):
+            return self.model_parts[0](torch.ones(1, 2))
+
+    return OneLayer
+
+
 def _trainer_classes():
     from torchtitan.experiments.torchft.trainer import FaultTolerantTrainer  # overrides __init__, no super()
     from torchtitan.trainer import Trainer
@@ -79,17 +95,7 @@ def test_faults_the_job_can_cause_pass_and_the_rank_injecting_a_nan_says_so(monk
     from torchtitan.trainer import Trainer
 
     _activate(monkeypatch, "nan_loss@2:rank=1,kill@10:rank=1", rank=1)
-
-    class OneLayer(Trainer):  # the patch reaches a subclass's own __init__ and train_step
-        def __init__(self, config):
-            self.config = config
-            self.step = 2
-            self.model_parts = [torch.nn.Linear(2, 1)]
-
-        def train_step(self, data_iterator):
-            return self.model_parts[0](torch.ones(1, 2))
-
-    trainer = OneLayer(_config(steps=10))
+    trainer = _one_layer_trainer(Trainer)(_config(steps=10))
     assert torch.isnan(trainer.train_step(iter(()))).all()
     err = capsys.readouterr().err
     assert err.splitlines() == ["npu_inject inject_faults: step 2: nan_loss on rank 1"], err
@@ -106,15 +112,5 @@ def test_a_fault_in_the_forward_stops_the_rank_as_asked(monkeypatch, capsys, kin
     stopped = []
     monkeypatch.setattr(inject_faults, "stop", lambda what, number: stopped.append((what, number)))
     _activate(monkeypatch, f"{kind}@2:rank=1", rank=1)
-
-    class OneLayer(Trainer):
-        def __init__(self, config):
-            self.config = config
-            self.step = 2
-            self.model_parts = [torch.nn.Linear(2, 1)]
-
-        def train_step(self, data_iterator):
-            return self.model_parts[0](torch.ones(1, 2))
-
-    OneLayer(_config(steps=10)).train_step(iter(()))
+    _one_layer_trainer(Trainer)(_config(steps=10)).train_step(iter(()))
     assert stopped == [(kind, 2)]
