@@ -33,6 +33,7 @@ import importlib
 import json
 import os
 import signal
+import shutil
 import socket
 import subprocess
 import sys
@@ -74,11 +75,12 @@ class Launcher:
 
     def __init__(self):
         self.process: subprocess.Popen | None = None
+        self.folder: str | None = None  # the server's socket lives here; removed with the server
         self.address: str | None = None
         self.server_env: dict[str, str] | None = None
 
     def start(self, server_env: dict[str, str]) -> None:
-        folder = tempfile.mkdtemp(prefix="npu_inject_forklaunch_")
+        self.folder = folder = tempfile.mkdtemp(prefix="npu_inject_forklaunch_")
         self.address = os.path.join(folder, "socket")
         self.server_env = dict(server_env)
         self.process = subprocess.Popen([sys.executable, __file__, "serve", self.address], env=self.server_env,
@@ -93,6 +95,9 @@ class Launcher:
         if self.process is not None and self.process.poll() is None:
             self.process.terminate()
             self.process.wait(timeout=30)
+        if self.folder is not None:  # a session's socket folder was left in the temp folder, one per session
+            shutil.rmtree(self.folder)
+            self.folder = None
 
     def run(self, argv: list[str], env: dict[str, str], cwd: str, nproc: int, master_port: int,
             timeout: float) -> subprocess.CompletedProcess:
