@@ -37,8 +37,6 @@ HOST_SYNC_MARK = "host_sync"
 
 def host_sync_site(event: str) -> str | None:
     """The site a trace mark names when it is a host read, else None."""
-    if event == HOST_SYNC_MARK:
-        return "unnamed"
     return event.partition(": ")[2] if event.startswith(HOST_SYNC_MARK + ": ") else None
 
 
@@ -70,8 +68,8 @@ class Timing:
     comm_s: dict[str, float] = field(default_factory=dict)  # collective time by kind
     kernels: int = 0
     host_s: float = 0.0  # the host's time issuing the step's operators (dispatch and launch, host_us each)
-    # The compute stream idle after a host read until the host has issued enough to keep it busy again (a term of
-    # its own in the step, not in exposed_comm_s), and the reads by site, per step.
+    # What the host reads add to the step (the step played again without them: the device idle after each until the
+    # host has issued enough to keep it busy; a term of its own, not in exposed_comm_s), and the reads by site.
     host_wait_s: float = 0.0
     host_reads: dict[str, float] = field(default_factory=dict)
     # Busy time of the compute stream by module (torchtitan's names: "tok_embeddings", "layers.0", "norm",
@@ -254,10 +252,9 @@ class _Role:
 
     def read_on_host(self, index: int, done: float) -> None:
         """The host reads at mark ``index``: it waits until everything issued (``done``) has run."""
-        for site in self.host_syncs.get(index, ()):
+        for site in self.host_syncs[index]:
             self.host_reads[site] += 1
-        if index in self.host_syncs:
-            self.host = max(self.host, done)
+        self.host = max(self.host, done)
 
     def done(self) -> bool:
         return self.index >= self.stop
