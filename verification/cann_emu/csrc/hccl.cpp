@@ -244,13 +244,20 @@ HcclResult refuse_suspended(const char* api, const Comm& c) {
                 "resume_hccl_comm, torch_npu.distributed.reinit_process_group(rebuild_link=False)) or destroy it");
 }
 
+// How a call meets its stream: queued on it (a device runs it while the host goes on), run once the stream's
+// earlier work is done, or run now in the calling thread (a Send/Recv inside a group is only collected: the
+// group runs at HcclGroupEnd, in stream order; waiting for the stream here held torch_npu's task queue behind
+// a collective still waiting on a peer, where HCCL only records the call).
+enum class Order { queued, after_stream, collected };
+
 template <typename F>
-HcclResult on_comm(const char* api, HcclComm handle, aclrtStream stream, bool deferrable, F body) {
+HcclResult on_comm(const char* api, HcclComm handle, aclrtStream stream, Order order, F body) {
     Comm* c = live(handle);
     if (!c) return fail(HCCL_E_PTR, std::string(api) + ": comm is not a live communicator of this process");
     if (c->suspended.load()) return refuse_suspended(api, *c);
+    if (order == Order::collected) return run_on_comm(api, handle, body);
     auto task = [api, handle, body]() mutable { return int(run_on_comm(api, handle, body)); };
-    return HcclResult(deferrable ? launch(stream, api, task, true) : launch_after(stream, task));
+    return HcclResult(order == Order::queued ? launch(stream, api, task, true) : launch_after(stream, task));
 }
 
 void check_dtype(int dtype) {
@@ -424,7 +431,7 @@ HcclResult p2p(const char* api, HcclComm handle, bool send, void* buf, uint64_t 
     // Outside a group the call is queued on its stream like a collective (a device runs it while the host goes
     // on); inside one it is collected in this thread until HcclGroupEnd.
     bool grouped = t_group_depth > 0;
-    return on_comm(api, handle, stream, !grouped, [=](Comm& c) {
+    return on_comm(api, handle, stream, grouped ? Order::collected : Order::queued, [=](Comm& c) {
         check_p2p(c, buf, count, dtype, peer, send ? "destRank" : "srcRank");
         count_hccl_bytes(api, count * dtype_bytes(dtype));
         P2P op{&c, send, static_cast<char*>(buf), count, dtype, peer, stream};
@@ -738,7 +745,7 @@ CANN_API HcclResult HcclGetCommAsyncError(HcclComm handle, HcclResult* error) {
 CANN_API HcclResult HcclAllReduce(void* send, void* recv, uint64_t count, int dtype, int op, HcclComm comm,
                                   aclrtStream stream) {
     count_hccl("HcclAllReduce");
-    return on_comm("HcclAllReduce", comm, stream, true, [=](Comm& c) {
+    return on_comm("HcclAllReduce", comm, stream, Order::queued, [=](Comm& c) {
         check_reduce(dtype, op);
         size_t bytes = count * dtype_bytes(dtype);
         check_ptr(send, bytes, "sendBuf");
@@ -757,7 +764,7 @@ CANN_API HcclResult HcclAllReduce(void* send, void* recv, uint64_t count, int dt
 CANN_API HcclResult HcclReduce(void* send, void* recv, uint64_t count, int dtype, int op, uint32_t root,
                                HcclComm comm, aclrtStream stream) {
     count_hccl("HcclReduce");
-    return on_comm("HcclReduce", comm, stream, true, [=](Comm& c) {
+    return on_comm("HcclReduce", comm, stream, Order::queued, [=](Comm& c) {
         check_reduce(dtype, op);
         check_rank(c, root, "root");
         size_t bytes = count * dtype_bytes(dtype);
@@ -776,7 +783,7 @@ CANN_API HcclResult HcclReduce(void* send, void* recv, uint64_t count, int dtype
 
 CANN_API HcclResult HcclBroadcast(void* buf, uint64_t count, int dtype, uint32_t root, HcclComm comm, aclrtStream stream) {
     count_hccl("HcclBroadcast");
-    return on_comm("HcclBroadcast", comm, stream, true, [=](Comm& c) {
+    return on_comm("HcclBroadcast", comm, stream, Order::queued, [=](Comm& c) {
         check_dtype(dtype);
         check_rank(c, root, "root");
         size_t bytes = count * dtype_bytes(dtype);
@@ -795,7 +802,7 @@ CANN_API HcclResult HcclBroadcast(void* buf, uint64_t count, int dtype, uint32_t
 CANN_API HcclResult HcclScatter(void* send, void* recv, uint64_t recv_count, int dtype, uint32_t root,
                                 HcclComm comm, aclrtStream stream) {
     count_hccl("HcclScatter");
-    return on_comm("HcclScatter", comm, stream, true, [=](Comm& c) {
+    return on_comm("HcclScatter", comm, stream, Order::queued, [=](Comm& c) {
         check_dtype(dtype);
         check_rank(c, root, "root");
         size_t chunk = recv_count * dtype_bytes(dtype);
@@ -814,7 +821,7 @@ CANN_API HcclResult HcclScatter(void* send, void* recv, uint64_t recv_count, int
 
 CANN_API HcclResult HcclAllGather(void* send, void* recv, uint64_t send_count, int dtype, HcclComm comm, aclrtStream stream) {
     count_hccl("HcclAllGather");
-    return on_comm("HcclAllGather", comm, stream, true, [=](Comm& c) {
+    return on_comm("HcclAllGather", comm, stream, Order::queued, [=](Comm& c) {
         check_dtype(dtype);
         size_t chunk = send_count * dtype_bytes(dtype);
         check_ptr(send, chunk, "sendBuf");
@@ -834,7 +841,7 @@ CANN_API HcclResult HcclAllGather(void* send, void* recv, uint64_t send_count, i
 CANN_API HcclResult HcclAllGatherV(void* send, uint64_t send_count, void* recv, const void* recv_counts,
                                    const void* recv_displs, int dtype, HcclComm comm, aclrtStream stream) {
     count_hccl("HcclAllGatherV");
-    return on_comm("HcclAllGatherV", comm, stream, false, [&](Comm& c) {
+    return on_comm("HcclAllGatherV", comm, stream, Order::after_stream, [&](Comm& c) {
         check_dtype(dtype);
         if (!recv_counts || !recv_displs) invalid("recvCounts or recvDispls is null", HCCL_E_PTR);
         const uint64_t* counts = static_cast<const uint64_t*>(recv_counts);
@@ -877,7 +884,7 @@ CANN_API HcclResult HcclAllGatherV(void* send, uint64_t send_count, void* recv, 
 CANN_API HcclResult HcclReduceScatter(void* send, void* recv, uint64_t recv_count, int dtype, int op,
                                       HcclComm comm, aclrtStream stream) {
     count_hccl("HcclReduceScatter");
-    return on_comm("HcclReduceScatter", comm, stream, true, [=](Comm& c) {
+    return on_comm("HcclReduceScatter", comm, stream, Order::queued, [=](Comm& c) {
         check_reduce(dtype, op);
         size_t chunk = recv_count * dtype_bytes(dtype);
         check_ptr(send, chunk * c.size, "sendBuf");
@@ -899,7 +906,7 @@ CANN_API HcclResult HcclReduceScatter(void* send, void* recv, uint64_t recv_coun
 CANN_API HcclResult HcclReduceScatterV(void* send, const void* send_counts, const void* send_displs, void* recv,
                                        uint64_t recv_count, int dtype, int op, HcclComm comm, aclrtStream stream) {
     count_hccl("HcclReduceScatterV");
-    return on_comm("HcclReduceScatterV", comm, stream, false, [&](Comm& c) {
+    return on_comm("HcclReduceScatterV", comm, stream, Order::after_stream, [&](Comm& c) {
         check_reduce(dtype, op);
         if (!send_counts || !send_displs) invalid("sendCounts or sendDispls is null", HCCL_E_PTR);
         const uint64_t* counts = static_cast<const uint64_t*>(send_counts);
@@ -988,7 +995,7 @@ CANN_API HcclResult HcclAlltoAllV(const void* send, const void* send_counts, con
                                   const void* recv, const void* recv_counts, const void* rdispls, int recv_type,
                                   HcclComm comm, aclrtStream stream) {
     count_hccl("HcclAlltoAllV");
-    return on_comm("HcclAlltoAllV", comm, stream, false, [&](Comm& c) {
+    return on_comm("HcclAlltoAllV", comm, stream, Order::after_stream, [&](Comm& c) {
         check_dtype(send_type);
         if (send_type != recv_type)
             invalid("sendType " + dtype_label(send_type) + " differs from recvType " + dtype_label(recv_type));
@@ -1002,7 +1009,7 @@ CANN_API HcclResult HcclAlltoAllV(const void* send, const void* send_counts, con
 CANN_API HcclResult HcclAlltoAll(const void* send, uint64_t send_count, int send_type, const void* recv,
                                  uint64_t recv_count, int recv_type, HcclComm comm, aclrtStream stream) {
     count_hccl("HcclAlltoAll");
-    return on_comm("HcclAlltoAll", comm, stream, true, [=](Comm& c) {
+    return on_comm("HcclAlltoAll", comm, stream, Order::queued, [=](Comm& c) {
         check_dtype(send_type);
         if (send_type != recv_type || send_count != recv_count)
             invalid("send (" + std::to_string(send_count) + " " + dtype_label(send_type) + ") and receive (" +
@@ -1016,7 +1023,7 @@ CANN_API HcclResult HcclAlltoAll(const void* send, uint64_t send_count, int send
 
 CANN_API HcclResult HcclBarrier(HcclComm comm, aclrtStream stream) {
     count_hccl("HcclBarrier");
-    return on_comm("HcclBarrier", comm, stream, true, [=](Comm& c) {
+    return on_comm("HcclBarrier", comm, stream, Order::queued, [=](Comm& c) {
         collective(c, frame(K_BARRIER, 0, DT_INT8), true, nullptr, 0,
                    [&](std::vector<Bytes>&) { return std::vector<Bytes>(c.size); }, [](const Bytes&) {});
     });
@@ -1041,7 +1048,7 @@ struct HcclSendRecvItem {  // hccl_types.h HcclSendRecvItemDef
 };
 CANN_API HcclResult HcclBatchSendRecv(HcclSendRecvItem* items, uint32_t n, HcclComm comm, aclrtStream stream) {
     count_hccl("HcclBatchSendRecv");
-    return on_comm("HcclBatchSendRecv", comm, stream, false, [&](Comm& c) {
+    return on_comm("HcclBatchSendRecv", comm, stream, Order::after_stream, [&](Comm& c) {
         if (!items && n) invalid("sendRecvInfo is null", HCCL_E_PTR);
         std::vector<P2P> ops;
         for (uint32_t i = 0; i < n; ++i) {
