@@ -56,6 +56,37 @@ def reset_fsdp(model_parts, settings: list[tuple] | None = None) -> None:
         root = next((module for module in part.modules() if isinstance(module, FSDPModule)), None)
         if root is not None:
             root.reset_iter_state()
+    # reset_iter_state keeps the gradients a backward left unreduced (torch 2.14 clears HSDP's partial reduction,
+    # not these): a pipeline schedule's backwards before its last run without gradient sync, so a step cut after
+    # one of them had the retry add that microbatch's gradients twice (PP 2: step 3's gradient norm 1.7871 against
+    # 1.7296, every later loss off). None at a step's start under torchtitan (unsynced_gradients), so all are the
+    # failed attempt's.
+    for fsdp_param in _fsdp_params(model_parts):
+        fsdp_param.unsharded_accumulated_grad = None
+        unsharded = getattr(fsdp_param, "_unsharded_param", None)
+        if unsharded is not None:
+            unsharded.grad = None
+
+
+def _fsdp_params(model_parts):
+    from torch.distributed.fsdp import FSDPModule
+
+    for part in model_parts:
+        for module in part.modules():
+            if isinstance(module, FSDPModule):
+                for group in module._get_fsdp_state()._fsdp_param_groups:
+                    yield from group.fsdp_params
+
+
+def unsynced_gradients(model_parts) -> int:
+    """FSDP parameters holding a gradient not yet reduced (a backward run without gradient sync). At a step's start
+    torchtitan leaves none: a job that carries some across steps cannot have a failed attempt's part told apart."""
+    count = 0
+    for fsdp_param in _fsdp_params(model_parts):
+        unsharded = getattr(fsdp_param, "_unsharded_param", None)
+        if fsdp_param.unsharded_accumulated_grad is not None or (unsharded is not None and unsharded.grad is not None):
+            count += 1
+    return count
 
 
 def reset_pipeline(trainer) -> None:

@@ -22,8 +22,8 @@ pipeline schedule are reset to before the step and every rank trains the step ag
 process restarts, no checkpoint is read.
 
 Layouts: the retry is trusted where the CANN emulation showed every later loss equal to the run without the fault
-(FSDP or DDP, and FSDP x TP, every fault); elsewhere (PP, CP, EP) every rank stops with one line saying so
-(:func:`unverified_layout`).
+(FSDP or DDP, and FSDP x TP, every fault; PP, a UCE); elsewhere (a failed or stuck collective under PP, CP, EP)
+every rank stops with one line saying so (:func:`unverified_layout`).
 
 What stops every rank, with the same line naming the rank and the cause (torchrun's restart and the last
 checkpoint take over): a fault after the step's optimizer began on any rank (its update may be applied on some
@@ -52,7 +52,7 @@ from npu_inject.errors import stop_run
 from npu_inject.patching import PatchContext
 from npu_inject.repair_channel import RepairChannel, Watcher
 from npu_inject.step_recovery import (FORCE_STOP, QUEUE_ENDED, TEMPORARY, UCE_MARK, WHERE, drop_hccl_comms,
-                                      fsdp_settings, names_hccl, reset_fsdp, reset_pipeline)
+                                      fsdp_settings, names_hccl, reset_fsdp, reset_pipeline, unsynced_gradients)
 from npu_inject.training_step import RETRY, Step, take_part
 
 TARGETS = (
@@ -88,20 +88,25 @@ def chain_text(error: BaseException) -> str:
     return "\n".join(texts)
 
 
-def unverified_layout(parallel_dims) -> str:
-    """Why a retry of this job's layout is not trusted (an empty string: trusted).
+def unverified_layout(parallel_dims, kind: str) -> str:
+    """Why a retry of this job's layout after a fault of ``kind`` (the fault that stands, the same on every rank) is
+    not trusted (an empty string: trusted).
 
     Trusted where the emulation showed every later loss equal to the run without the fault: FSDP and DDP, and FSDP x
     TP, for each kind (a UCE under FSDP x TP once the FSDP settings torchtitan's chunked loss switches are restored:
-    reset_fsdp). Not elsewhere: under PP 2 a UCE on the last stage retrains to equal losses, one on the first stage
-    to different ones (step 4: 7.0199 against 7.01853, cause not found), and a failed or stuck send ends torch_npu's
-    task queue on the emulation; context and expert parallelism were not tried. A retry that may train wrong is
+    reset_fsdp); PP for a UCE on either stage (once reset_fsdp drops the gradients the cut step's earlier
+    microbatches left unreduced: a first-stage UCE's retry had counted the last stage's first microbatch twice).
+    Not a failed or stuck collective under PP (on the emulation a pipeline's failed send ends torch_npu's task
+    queue, and a stuck send's retry trained to equal losses once and failed once, torch_npu querying an event
+    made before restart_device), nor context or expert parallelism (not tried). A retry that may train wrong is
     worse than a stop."""
     if parallel_dims is None:
         return ""
-    for name in ("pp", "cp", "ep"):
+    for name in ("cp", "ep"):
         if getattr(parallel_dims, f"{name}_enabled", False):
             return f"a retry under {name.upper()} is not verified to train as the job would have (stops instead)"
+    if getattr(parallel_dims, "pp_enabled", False) and kind != "uce":
+        return f"a retry under PP after a {kind} fault is not verified to train as the job would have (stops instead)"
     return ""
 
 
@@ -218,6 +223,7 @@ def apply(ctx: PatchContext) -> None:
                             f"a device fault met as step {step.number} began ({kind}): the previous step's optimizer "
                             "update was in flight and may be cut")
         state["fsdp"] = fsdp_settings(step.trainer.model_parts)  # what a step cut midway leaves switched, restored
+        state["unsynced"] = unsynced_gradients(step.trainer.model_parts)  # none under torchtitan: reset_fsdp drops all
         state["steps"] += 1
         state["step"], state["attempt"] = step.number, step.attempt
         state["deadline"] = (state["stuck_after"] or None) if state["steps"] > 1 else None  # the first step compiles
@@ -253,6 +259,9 @@ def apply(ctx: PatchContext) -> None:
                     "states may hold part of it")
         if step.attempt > 0:
             return f"a second device fault ({kind}) in the same step after a repair: the device or link is failing"
+        if state.get("unsynced"):
+            return (f"{state['unsynced']} FSDP parameters held gradients not yet reduced as the step began (gradient "
+                    "sync off across steps): the failed attempt's part of them cannot be taken out")
         if kind == "uce":
             where = torch_npu.npu.check_uce_in_memory(state["device"])
             if where != TEMPORARY:
@@ -265,7 +274,8 @@ def apply(ctx: PatchContext) -> None:
         channel = state["channel"]
         stop_device_once(channel.generation, channel)
         gc.collect()  # the failed attempt's tensors go back to the allocator
-        problem = problem or unrepairable(step, kind) or unverified_layout(getattr(step.trainer, "parallel_dims", None))
+        problem = (problem or unrepairable(step, kind)
+                   or unverified_layout(getattr(step.trainer, "parallel_dims", None), fault["kind"]))
         began = time.monotonic()
         # Dropped once every rank's device is stopped (their watchdogs skip their checks then; a peer still running a
         # collective on a dropped communicator would have its watchdog end its process) and while this one is: a
