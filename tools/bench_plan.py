@@ -1,7 +1,7 @@
 """How good are npu-inject plan's predictions? Figures, predicted beside measured or published.
 
     python tools/bench_plan.py memory [--only NAME,...] [--expandable off|on|both] [--json PATH]
-    python tools/bench_plan.py published [--calibrate]
+    python tools/bench_plan.py published [--calibrate] [--only PART,...]
     python tools/bench_plan.py depth
     python tools/bench_plan.py syncs [--only NAME,...] [--verbose] [--json PATH]
     python tools/bench_plan.py search [--which llama3_8b,deepseek_v3_671b]
@@ -86,6 +86,12 @@ class PublishedRow:
 TT_BENCH = "torchtitan benchmarks/llama3_h100_202412_torchtitan.md (Dec 2024; H100 96 GB HBM2e, 500 W, 8 per host)"
 TTN_README = "torchtitan-npu README, performance table (2026.04), config deepseek_v3_671b_61layers_4k_128die.toml"
 MINDSPEED = "MindSpeed-LLM v1.0.RC2.0 examples/llama3/README.md (Atlas 900 A2 PoDc)"
+# Ascend/MindSpeed-LLM README.md's performance table (tokens per card per second, Atlas 900 A2 PODc), as on branch
+# 1.0.RC3 (7acd2296ab454fd1a596c2c2eafc3f2a68e84e96); the scripts at 773a9c6b3b65e058869c492e588a0be1925a90ee.
+MINDSPEED_128K = ("MindSpeed-LLM README.md performance table (branch 1.0.RC3), "
+                  "examples/mcore/llama31/pretrain_llama31_8b_128k_ptd.sh")
+MINDSPEED_V2_LITE = ("MindSpeed-LLM README.md performance table (branch 1.0.RC3), "
+                     "examples/mcore/deepseek2_lite/pretrain_deepseek2_lite_16b_ptd_8p.sh")
 LLAMA8B_TT = ["--module", "llama3", "--config", "llama3_8b", "--training.seq_len", "8192"]
 TTN_DSV3 = ["--module", "deepseek_v3", "--config", "deepseek_v3_671b", "--training.seq_len", "4096",
             "--training.local_batch_size", "1", "--training.global_batch_size", "1024",
@@ -129,6 +135,25 @@ PUBLISHED = [
          "--training.global_batch_size", "64", "activation-checkpoint:none"],
         2483, notes=["Megatron-based, not torchtitan: a different program on the same hardware",
                      "the 910B SKU is not stated: planned on 910B2"]),
+    PublishedRow(
+        "Llama 3.1 8B, 32 Atlas A2 (MindSpeed-LLM), TP 8 x CP 4, seq 131072, micro batch 1, global 32", MINDSPEED_128K,
+        "Ascend910B2", 32,
+        ["--module", "llama3", "--config", "llama3_8b", "--training.seq_len", "131072",
+         "--training.local_batch_size", "1", "--training.global_batch_size", "32",
+         "--parallelism.data_parallel_shard_degree", "1", "--parallelism.tensor_parallel_degree", "8",
+         "--parallelism.context_parallel_degree", "4", "--compile.no-enable", "activation-checkpoint:none"],
+        1297, notes=["Megatron-based, not torchtitan: ring-attention CP (megatron_cp_algo), sequence parallel, and "
+                     "TP's communication overlapped with its matmuls (mc2), which torchtitan 0.3 does not do; marked "
+                     "[Test] in the source, the 910B SKU not stated: planned on 910B2"]),
+    PublishedRow(
+        "DeepSeek-V2-Lite 16B, 8 Atlas A2 (MindSpeed-LLM), EP 8, seq 8192, micro batch 1, global 8, full AC",
+        MINDSPEED_V2_LITE, "Ascend910B2", 8,
+        ["--module", "deepseek_v3", "--config", "deepseek_v3_16b", "--training.seq_len", "8192",
+         "--training.local_batch_size", "1", "--training.global_batch_size", "8",
+         "--parallelism.data_parallel_shard_degree", "8", "--parallelism.expert_parallel_degree", "8",
+         "--parallelism.pipeline_parallel_degree", "1", "--compile.no-enable", "activation-checkpoint:full"],
+        2830, notes=["Megatron-based, not torchtitan: an all-gather token dispatcher and the distributed optimizer; "
+                     "torchtitan's deepseek_v3 16B flavor stands for the model; marked [Test] in the source"]),
     PublishedRow("Llama 3 8B, 8 H100, Float8, compile (torchtitan)", TT_BENCH, "H100-96GB", 8, [], 8532, 76.8,
                  not_planned="Float8 training: the planner times matmuls at the BF16 peak"),
     PublishedRow("Llama 3 70B, 256 H100, FSDP 32 x TP 8, Float8, compile", TT_BENCH, "H100-96GB", 256, [], 829, 71.9,
@@ -256,7 +281,8 @@ def cmd_published(args) -> int:
     catalog = hardware.load()
     recordings = {}
     print(f"{'row':100} {'published':>9} {'predicted':>9} {'error':>7}  {'memory GiB: published':>21} {'predicted':>9}")
-    for row in PUBLISHED:
+    rows = [row for row in PUBLISHED if not args.only or any(part in row.name for part in args.only.split(","))]
+    for row in rows:
         if row.not_planned:
             shown = f"{row.tokens_per_s:9,.0f}" if row.tokens_per_s else f"{'-':>9}"
             print(f"{row.name[:100]:100} {shown} {'-':>9} {'':>7}  not planned: {row.not_planned}")
@@ -441,6 +467,7 @@ def main(argv: list[str] | None = None) -> int:
     memory.set_defaults(run=cmd_memory)
     published = commands.add_parser("published")
     published.add_argument("--calibrate", action="store_true")
+    published.add_argument("--only", help="comma-separated parts of the rows' names (e.g. 'V2-Lite,131072')")
     published.set_defaults(run=cmd_published)
     commands.add_parser("depth").set_defaults(run=cmd_depth)
     syncs = commands.add_parser("syncs")
