@@ -208,9 +208,10 @@ void take_injected_fault(const char* api, const Comm& c) {
     }
 }
 
-// Runs one call on a communicator: argument failures leave it usable; every other failure sticks.
+// Runs one call on a communicator: argument failures leave it usable; every other failure sticks. A Send/Recv
+// collected into a group takes no injected fault: the group takes it where it runs (run_group).
 template <typename F>
-HcclResult run_on_comm(const char* api, HcclComm handle, F& body) {
+HcclResult run_on_comm(const char* api, HcclComm handle, F& body, bool take_fault = true) {
     Comm* c = live(handle);
     if (!c) return fail(HCCL_E_PTR, std::string(api) + ": comm is not a live communicator of this process");
     std::lock_guard<std::mutex> lock(c->call_mutex);
@@ -220,7 +221,7 @@ HcclResult run_on_comm(const char* api, HcclComm handle, F& body) {
         return fail(e, std::string(api) + " on " + c->label() + ": the communicator failed earlier: " + c->error_msg);
     }
     try {
-        take_injected_fault(api, *c);
+        if (take_fault) take_injected_fault(api, *c);
         body(*c);
         return HCCL_SUCCESS;
     } catch (const Invalid& e) {
@@ -255,7 +256,7 @@ HcclResult on_comm(const char* api, HcclComm handle, aclrtStream stream, Order o
     Comm* c = live(handle);
     if (!c) return fail(HCCL_E_PTR, std::string(api) + ": comm is not a live communicator of this process");
     if (c->suspended.load()) return refuse_suspended(api, *c);
-    if (order == Order::collected) return run_on_comm(api, handle, body);
+    if (order == Order::collected) return run_on_comm(api, handle, body, false);
     auto task = [api, handle, body]() mutable { return int(run_on_comm(api, handle, body)); };
     return HcclResult(order == Order::queued ? launch(stream, api, task, true) : launch_after(stream, task));
 }
