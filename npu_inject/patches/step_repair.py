@@ -22,8 +22,8 @@ pipeline schedule are reset to before the step and every rank trains the step ag
 process restarts, no checkpoint is read.
 
 Layouts: the retry is trusted where the CANN emulation showed every later loss equal to the run without the fault
-(FSDP or DDP, and FSDP x TP, every fault; PP, a UCE); elsewhere (a failed or stuck collective under PP, CP, EP)
-every rank stops with one line saying so (:func:`unverified_layout`).
+(FSDP or DDP, FSDP x TP and PP, every fault); elsewhere (CP, EP) every rank stops with one line saying so
+(:func:`unverified_layout`).
 
 What stops every rank, with the same line naming the rank and the cause (torchrun's restart and the last
 checkpoint take over): a fault after the step's optimizer began on any rank (its update may be applied on some
@@ -88,25 +88,19 @@ def chain_text(error: BaseException) -> str:
     return "\n".join(texts)
 
 
-def unverified_layout(parallel_dims, kind: str) -> str:
-    """Why a retry of this job's layout after a fault of ``kind`` (the fault that stands, the same on every rank) is
-    not trusted (an empty string: trusted).
+def unverified_layout(parallel_dims) -> str:
+    """Why a retry of this job's layout is not trusted (an empty string: trusted).
 
     Trusted where the emulation showed every later loss equal to the run without the fault: FSDP and DDP, and FSDP x
     TP, for each kind (a UCE under FSDP x TP once the FSDP settings torchtitan's chunked loss switches are restored:
-    reset_fsdp); PP for a UCE on either stage (once reset_fsdp drops the gradients the cut step's earlier
-    microbatches left unreduced: a first-stage UCE's retry had counted the last stage's first microbatch twice).
-    Not a failed or stuck collective under PP (on the emulation a pipeline's failed send ends torch_npu's task
-    queue, and a stuck send's retry trained to equal losses once and failed once, torch_npu querying an event
-    made before restart_device), nor context or expert parallelism (not tried). A retry that may train wrong is
-    worse than a stop."""
+    reset_fsdp); PP, every fault (once reset_fsdp drops the gradients the cut step's earlier microbatches left
+    unreduced: a first-stage UCE's retry had counted the last stage's first microbatch twice). Not context or
+    expert parallelism (not tried). A retry that may train wrong is worse than a stop."""
     if parallel_dims is None:
         return ""
     for name in ("cp", "ep"):
         if getattr(parallel_dims, f"{name}_enabled", False):
             return f"a retry under {name.upper()} is not verified to train as the job would have (stops instead)"
-    if getattr(parallel_dims, "pp_enabled", False) and kind != "uce":
-        return f"a retry under PP after a {kind} fault is not verified to train as the job would have (stops instead)"
     return ""
 
 
@@ -275,7 +269,7 @@ def apply(ctx: PatchContext) -> None:
         stop_device_once(channel.generation, channel)
         gc.collect()  # the failed attempt's tensors go back to the allocator
         problem = (problem or unrepairable(step, kind)
-                   or unverified_layout(getattr(step.trainer, "parallel_dims", None), fault["kind"]))
+                   or unverified_layout(getattr(step.trainer, "parallel_dims", None)))
         began = time.monotonic()
         # Dropped once every rank's device is stopped (their watchdogs skip their checks then; a peer still running a
         # collective on a dropped communicator would have its watchdog end its process) and while this one is: a

@@ -10,17 +10,17 @@ collective run with torch_npu's watchdog as it comes (it tears the process down 
 error with ``TORCH_HCCL_ASYNC_ERROR_HANDLING=0``, which it needs.
 
 What cannot be repaired must stop every rank with the same line: a UCE in the job's state, one as the optimizer
-began, a second fault in the same step, and a fault in a layout whose retry is not trusted (a failed or stuck
-collective under PP: see step_repair's ``unverified_layout``).
+began, and a second fault in the same step (a layout whose retry is not trusted, CP or EP, stops the
+same way: step_repair's ``unverified_layout``).
 
-CI runs FSDP on 2 ranks; FSDP x TP 2 on 4 ranks and PP 2 run with -m cann_emu_long:
+CI runs FSDP on 2 ranks; FSDP x TP 2 on 4 ranks and PP 2 (1F1B) on 2 run with -m cann_emu_long:
 
     .venv/bin/python -m pytest -m "cann_emu or cann_emu_long" tests/cann_emu/test_step_repair.py -n 0
 
 What the emulation cannot show: a real device's timing of the stop and restart, whether real HCCL makes
 thousands of communicators anew quickly, where a real device reports a failed send (on the emulation a pipeline's
-failed send reaches torch_npu's task queue at a host copy on its stream, which ends the queue: that run stops
-with one line instead), and whether a real stuck collective leaves the host free to hear the stop.
+grouped send fails where its group runs, on its stream, and reaches the host at its next synchronisation), and
+whether a real stuck collective leaves the host free to hear the stop.
 """
 
 from __future__ import annotations
@@ -44,6 +44,11 @@ LAYOUTS = {  # name: (ranks, torchtitan's arguments)
     "pp": (2, ["--parallelism.data_parallel_shard_degree", "1", "--parallelism.pipeline_parallel_degree", "2",
                "--parallelism.pipeline_parallel_schedule", "1F1B", "--training.local_batch_size", "2"]),
 }
+# With torch_npu's flight recorder on (torchtitan's default trace_buf_size) and TORCH_HCCL_ASYNC_ERROR_HANDLING=0, the
+# watchdog that finds a pipeline's failed send dumps the recorder, which queried "events" that were not events
+# (their addresses held text) and never let the failed rank report: 2 runs of 4 stopped every rank (a rank that
+# does not report), 0 of 4 with the recorder off. The PP link error is checked with it off (docs/fault-tolerance.md).
+LAYOUTS["pp_no_flight_recorder"] = (2, [*LAYOUTS["pp"][1], "--comm.trace_buf_size", "0"])
 STUCK_AFTER = 10  # seconds; the debug model's step takes 1-4 s here
 LOSS = re.compile(r"step:\s*(\d+)\s.*?loss:\s*(-?[0-9.]+)")
 REPAIRED = re.compile(r"npu_inject step_repair: step (\d+): rank (\d+)'s (\w+) repaired on every rank")
@@ -142,6 +147,12 @@ def test_what_cannot_be_repaired_stops_every_rank_with_one_line(tmp_path, faults
     # gradient norm 1.7871 against 1.7296; step 4's loss 7.0199 against 7.01853).
     ("pp", "uce_in_forward@3:rank=0", "uce"),
     ("pp", "uce_in_forward@3:rank=1", "uce"),
+    # The emulation held the stuck send's rank's task queue thread until the stop, which a training thread draining
+    # that queue (holding the GIL) then waited on: its watcher could not stop the device (1 run in 6). The stuck
+    # fault now stalls the group where it runs, on its stream.
+    ("pp", "stuck_collective@3:rank=1", "stuck"),
+    # The failed rank or the stuck deadline, whichever is first.
+    ("pp_no_flight_recorder", "link_error@3:rank=1", None),
 ])
 def test_other_layouts_a_fault_on_one_rank_is_repaired_in_the_job(tmp_path, layout, faults, kind):
     reference = train(tmp_path, "reference", layout)
@@ -156,16 +167,3 @@ def test_other_layouts_a_fault_on_one_rank_is_repaired_in_the_job(tmp_path, layo
     if kind is not None:
         assert {kind_seen for _, _, kind_seen in repaired} == {kind}
     assert losses(run.stdout) == expected
-
-
-@pytest.mark.cann_emu_long
-@pytest.mark.parametrize("layout, faults", [("pp", "link_error@3:rank=1"), ("pp", "stuck_collective@3:rank=1")])
-def test_layouts_whose_retry_is_not_trusted_stop_every_rank_with_one_line(tmp_path, layout, faults):
-    """Under PP 2 a failed send ends torch_npu's task queue on the emulation (see the module's note), or the stuck
-    deadline comes first; a stuck send's retry trained to equal losses once and failed once (torch_npu queried an
-    event made before restart_device). step_repair does not retry either (unverified_layout): every rank stops
-    with the same line."""
-    run = train(tmp_path, layout, layout, faults)
-    assert run.returncode != 0
-    lines = stop_lines(run.stdout)
-    assert len(lines) >= 1 and len(set(lines)) == 1, run.stdout[-5000:]
