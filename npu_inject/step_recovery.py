@@ -24,18 +24,29 @@ def names_hccl(text: str) -> bool:
 _GROUP_SETTINGS = ("post_forward_mesh_info", "reshard_after_backward", "reduce_grads", "all_reduce_grads")
 
 
-def fsdp_settings(model_parts) -> list[tuple]:
-    """Each FSDP module's settings a step may change, as they are now (a step's start), for :func:`reset_fsdp`."""
+def _fsdp_states(model_parts):
+    """The FSDP state of every FSDP module of ``model_parts``."""
     from torch.distributed.fsdp import FSDPModule
 
-    taken = []
     for part in model_parts:
         for module in part.modules():
             if isinstance(module, FSDPModule):
-                state = module._get_fsdp_state()
-                groups = [(group, {name: getattr(group, name) for name in _GROUP_SETTINGS if hasattr(group, name)})
-                          for group in state._fsdp_param_groups]
-                taken.append((state, state._auto_reshard_after_forward, groups))
+                yield module._get_fsdp_state()
+
+
+def _fsdp_params(model_parts):
+    for state in _fsdp_states(model_parts):
+        for group in state._fsdp_param_groups:
+            yield from group.fsdp_params
+
+
+def fsdp_settings(model_parts) -> list[tuple]:
+    """Each FSDP module's settings a step may change, as they are now (a step's start), for :func:`reset_fsdp`."""
+    taken = []
+    for state in _fsdp_states(model_parts):
+        groups = [(group, {name: getattr(group, name) for name in _GROUP_SETTINGS if hasattr(group, name)})
+                  for group in state._fsdp_param_groups]
+        taken.append((state, state._auto_reshard_after_forward, groups))
     return taken
 
 
@@ -44,7 +55,8 @@ def reset_fsdp(model_parts, settings: list[tuple] | None = None) -> None:
     a step cut inside torchtitan's chunked loss leaves lm_head not resharding after forward, and the retry's
     forward then skipped its all-gather on those ranks alone: the ranks' FSDP collectives disagreed), then
     ``FSDPModule.reset_iter_state()`` (torch 2.14's recovery call) on each model part's root FSDP module: it waits
-    for FSDP's collectives, reshards every parameter group and clears the failed step's trackers."""
+    for FSDP's collectives, reshards every parameter group and clears the failed step's trackers; last, the
+    gradients the failed step's backwards left unreduced are dropped (below)."""
     from torch.distributed.fsdp import FSDPModule
 
     for state, auto, groups in settings or ():
@@ -66,16 +78,6 @@ def reset_fsdp(model_parts, settings: list[tuple] | None = None) -> None:
         unsharded = getattr(fsdp_param, "_unsharded_param", None)
         if unsharded is not None:
             unsharded.grad = None
-
-
-def _fsdp_params(model_parts):
-    from torch.distributed.fsdp import FSDPModule
-
-    for part in model_parts:
-        for module in part.modules():
-            if isinstance(module, FSDPModule):
-                for group in module._get_fsdp_state()._fsdp_param_groups:
-                    yield from group.fsdp_params
 
 
 def unsynced_gradients(model_parts) -> int:
