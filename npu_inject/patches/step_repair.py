@@ -38,8 +38,8 @@ trip on the training thread (each rank's watcher thread looks at the store every
 
 A failed collective is repaired only with ``TORCH_HCCL_ASYNC_ERROR_HANDLING=0``: with torch_npu's default (1) its
 watchdog ends the process on a failed communicator first (torchrun's restart then takes over, as without this
-patch). The patch does not change it: the watchdog's teardown and its timeout dumps (the flight recorder) are the
-user's to give up; the report says which applies."""
+patch). The patch does not change it: the watchdog's teardown is the user's to give up; the report says which
+applies. With it 0, the flight recorder's dump on a failed work goes too (:func:`keep_dumps_off`)."""
 
 from __future__ import annotations
 
@@ -61,6 +61,7 @@ TARGETS = (
 
 logger = logging.getLogger("npu_inject")
 ERROR_HANDLING = "TORCH_HCCL_ASYNC_ERROR_HANDLING"
+DUMP_ON_FAILURE = "TORCH_HCCL_DUMP_ON_TIMEOUT"  # torch_npu's name; it covers failed works too
 
 
 def fault_kind(text: str) -> str | None:
@@ -124,6 +125,29 @@ def verdict(reports: dict[int, dict], missing: list[int], fault: dict, timeout_s
     return None
 
 
+def keep_dumps_off(ctx: PatchContext) -> None:
+    """With torch_npu's teardown off, its dump on a failed collective off too (read when a process group is made;
+    torchtitan's process groups are made after this patch applies, on the trainer's import).
+
+    torch_npu 2.14's watchdog, meeting a failed or timed-out work with ``TORCH_HCCL_DUMP_ON_TIMEOUT`` on (what the
+    collectives patch sets for torchtitan's default ``--comm.trace_buf_size``), sleeps
+    ``TORCH_HCCL_HEARTBEAT_TIMEOUT_SEC`` (600 s) holding its work list, to leave the dump time before it tears the
+    process down. With teardown off nothing follows that sleep but a stalled rank: ``restart_device`` clears that
+    list and waited for it (PP 2, a failed send: 2 runs of 4 stopped every rank, the failed rank never reporting),
+    as would the retry's first collective (the emulation's dumps there also read events of works already gone)."""
+    chosen = os.environ.get(DUMP_ON_FAILURE)
+    if chosen is None:
+        os.environ[DUMP_ON_FAILURE] = "0"
+        ctx.add_cleanup(lambda: os.environ.pop(DUMP_ON_FAILURE, None))
+        ctx.fallback(f"{ERROR_HANDLING}=0: {DUMP_ON_FAILURE}=0 (torch_npu's flight recorder still records; no "
+                     "automatic dump on a failed or timed-out collective, whose watchdog would otherwise stall the "
+                     "rank for TORCH_HCCL_HEARTBEAT_TIMEOUT_SEC and stop the repair)")
+    elif chosen not in ("0", "false", "False"):
+        ctx.fallback(f"{ERROR_HANDLING}=0 with {DUMP_ON_FAILURE}={chosen}: a failed collective that torch_npu's "
+                     "watchdog meets first stalls that rank for TORCH_HCCL_HEARTBEAT_TIMEOUT_SEC (600 s) holding its "
+                     "work list: every rank then stops, not repaired (unset it to have it repaired)")
+
+
 def apply(ctx: PatchContext) -> None:
     import threading
 
@@ -140,6 +164,8 @@ def apply(ctx: PatchContext) -> None:
                  "failed collective before it can be repaired (torchrun's restart takes over); UCEs and stuck "
                  f"collectives are repaired. {ERROR_HANDLING}=0 has failed collectives repaired too, and leaves hangs "
                  "to stuck_after (the watchdog's own timeout then ends nothing)")
+    if watchdog_off and world_size > 1:
+        keep_dumps_off(ctx)
     poll_s = float(ctx.options.get("poll", 1.0))
     lock = threading.Lock()
     state = {"channel": None, "watcher": None, "stopped": -1, "started": None, "steps": 0, "deadline": None}

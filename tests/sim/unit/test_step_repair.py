@@ -64,3 +64,25 @@ def test_revert_restores_train_step(monkeypatch, npu_patch):
     assert OWNER.phase_order()["on_failure"] == ["step_repair"]
     runtime.revert("step_repair")  # its handlers leave the step's owner, which stays
     assert OWNER.participants == [] and Trainer.train_step is original
+
+
+@pytest.mark.parametrize("dump, kept, says", [
+    (None, "0", "TORCH_HCCL_DUMP_ON_TIMEOUT=0 (torch_npu's flight recorder still records"),
+    ("1", "1", "with TORCH_HCCL_DUMP_ON_TIMEOUT=1: a failed collective that torch_npu's watchdog meets first stalls"),
+    ("0", "0", None)])
+def test_with_teardown_off_the_failure_dump_is_kept_off_or_said(monkeypatch, npu_patch, dump, kept, says):
+    """With TORCH_HCCL_ASYNC_ERROR_HANDLING=0, torch_npu's watchdog would sleep TORCH_HCCL_HEARTBEAT_TIMEOUT_SEC
+    holding its work list after signalling a dump (torch_npu 2.14's source; the emulation's PP failed send): unset,
+    the dump is kept off before any process group is made, and the revert gives the variable back."""
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.setenv("TORCH_HCCL_ASYNC_ERROR_HANDLING", "0")
+    if dump is None:
+        monkeypatch.delenv("TORCH_HCCL_DUMP_ON_TIMEOUT", raising=False)
+    else:
+        monkeypatch.setenv("TORCH_HCCL_DUMP_ON_TIMEOUT", dump)
+    runtime = npu_patch("step_repair")
+    assert os.environ.get("TORCH_HCCL_DUMP_ON_TIMEOUT") == kept
+    fallbacks = runtime.report.patches["step_repair"].fallbacks
+    assert (fallbacks == []) if says is None else (says in fallbacks[0]), fallbacks
+    runtime.revert("step_repair")
+    assert os.environ.get("TORCH_HCCL_DUMP_ON_TIMEOUT") == dump
