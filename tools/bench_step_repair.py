@@ -12,7 +12,7 @@ a repair takes.
 
     .venv/bin/python tools/bench_step_repair.py
     .venv/bin/python tools/bench_step_repair.py --faults link_error@3:rank=0
-    .venv/bin/python tools/bench_step_repair.py --layout pp   # PP 2 (1F1B): a UCE on either stage, a stuck send
+    .venv/bin/python tools/bench_step_repair.py --layout pp   # PP 2 (1F1B): a UCE on either stage, a stuck and a failed send
 
 What it cannot say: a real NPU's stop and restart time, or how long real HCCL takes to make a thousand ranks'
 communicators anew (here: 2 ranks on loopback TCP).
@@ -48,7 +48,7 @@ LAYOUTS = {  # name: (torchtitan's arguments, the faults timed by default)
     "fsdp": ([], ["uce_in_forward@3:rank=1", "link_error@3:rank=0", "stuck_collective@3:rank=1"]),
     "pp": (["--parallelism.data_parallel_shard_degree", "1", "--parallelism.pipeline_parallel_degree", "2",
             "--parallelism.pipeline_parallel_schedule", "1F1B", "--training.local_batch_size", "2"],
-           ["uce_in_forward@3:rank=0", "uce_in_forward@3:rank=1", "stuck_collective@3:rank=1"]),
+           ["uce_in_forward@3:rank=0", "uce_in_forward@3:rank=1", "stuck_collective@3:rank=1", "link_error@3:rank=1"]),
 }
 
 

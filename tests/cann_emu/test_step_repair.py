@@ -43,6 +43,8 @@ LAYOUTS = {  # name: (ranks, torchtitan's arguments)
     "fsdp_x_tp": (4, ["--parallelism.data_parallel_shard_degree", "2", "--parallelism.tensor_parallel_degree", "2"]),
     "pp": (2, ["--parallelism.data_parallel_shard_degree", "1", "--parallelism.pipeline_parallel_degree", "2",
                "--parallelism.pipeline_parallel_schedule", "1F1B", "--training.local_batch_size", "2"]),
+    "pp_x_fsdp": (4, ["--parallelism.data_parallel_shard_degree", "2", "--parallelism.pipeline_parallel_degree", "2",
+                      "--parallelism.pipeline_parallel_schedule", "1F1B", "--training.local_batch_size", "2"]),
 }
 STUCK_AFTER = 10  # seconds; the debug model's step takes 1-4 s here
 LOSS = re.compile(r"step:\s*(\d+)\s.*?loss:\s*(-?[0-9.]+)")
@@ -68,12 +70,14 @@ def train(tmp_path, name: str, layout: str, faults: str = ""):
 
 
 def losses(log: str) -> dict[int, float]:
-    """step -> loss; under PP the first stage logs -1 (it has no loss), the last stage the loss."""
-    found: dict[int, float] = {}
+    """step -> loss; under PP the first stage logs a negative sentinel (-1 per data-parallel rank: it has no loss),
+    the last stage the loss. Ranks that log different losses for one step give that step a set of them (unequal to
+    any reference's float)."""
+    found: dict[int, set[float]] = {}
     for step, loss in LOSS.findall(log):
-        if float(loss) != -1.0:
-            found[int(step)] = float(loss)
-    return found
+        if float(loss) >= 0:
+            found.setdefault(int(step), set()).add(float(loss))
+    return {step: seen.pop() if len(seen) == 1 else seen for step, seen in found.items()}
 
 
 def stop_lines(log: str) -> list[str]:
@@ -150,6 +154,10 @@ def test_what_cannot_be_repaired_stops_every_rank_with_one_line(tmp_path, faults
     # recorder on), torch_npu's watchdog that met the failed send first slept 600 s holding its work list, which
     # restart_device clears: 2 runs of 4 stopped every rank until step_repair kept TORCH_HCCL_DUMP_ON_TIMEOUT off.
     ("pp", "link_error@3:rank=1", None),
+    # 4 ranks: PP 2 x FSDP 2, a fault on each kind of rank (2026-11-30: each repaired once by hand, losses equal).
+    ("pp_x_fsdp", "uce_in_forward@3:rank=0", "uce"),
+    ("pp_x_fsdp", "link_error@3:rank=3", None),
+    ("pp_x_fsdp", "stuck_collective@3:rank=2", None),
 ])
 def test_other_layouts_a_fault_on_one_rank_is_repaired_in_the_job(tmp_path, layout, faults, kind):
     reference = train(tmp_path, "reference", layout)
