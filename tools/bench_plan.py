@@ -98,6 +98,9 @@ TTN_DSV3 = ["--module", "deepseek_v3", "--config", "deepseek_v3_671b", "--traini
             "--parallelism.data_parallel_shard_degree", "32", "--parallelism.tensor_parallel_degree", "4",
             "--parallelism.expert_parallel_degree", "128", "--parallelism.pipeline_parallel_degree", "1",
             "--compile.no-enable", "activation-checkpoint:full"]
+WHOLE_LOSS = ["--loss.num_chunks", "1"]
+WHOLE_LOSS_NOTE = ("torchtitan 0.3.0 with --loss.num_chunks 1: the memory of the row's program (the rows above plan "
+                   "0.3.0's 8 chunks; their tokens/s barely move)")
 PUBLISHED = [
     PublishedRow(
         "DeepSeek-V3 671B, 64 Atlas 800T A3 chips = 128 dies, FSDP 32 x TP 4, EP 128, full AC, read per die",
@@ -125,6 +128,19 @@ PUBLISHED = [
         "Llama 3 8B, 128 H100, FSDP 128, local batch 2, selective AC", TT_BENCH, "H100-96GB", 128,
         [*LLAMA8B_TT, "--training.local_batch_size", "2", "--compile.no-enable", "activation-checkpoint:selective"],
         5605, memory_gib=67.0),
+    # torchtitan of Dec 2024 took its loss over the whole sequence's logits at once, upcast to float32
+    # (train.py's loss_fn: cross_entropy(pred.flatten(0, 1).float(), ...)); torchtitan 0.3.0's llama3_8b chunks it
+    # (ChunkedLossWrapper, 8 chunks). One chunk is that program's memory: its memory line is held here.
+    PublishedRow(
+        "Llama 3 8B, 8 H100, FSDP 8, the loss over the whole sequence at once (as torchtitan of Dec 2024)", TT_BENCH,
+        "H100-96GB", 8, [*LLAMA8B_TT, "--training.local_batch_size", "2", "--compile.no-enable", *WHOLE_LOSS,
+                         "activation-checkpoint:selective"],
+        5762, memory_gib=82.4, notes=[WHOLE_LOSS_NOTE]),
+    PublishedRow(
+        "Llama 3 8B, 128 H100, FSDP 128, the loss over the whole sequence at once (as torchtitan of Dec 2024)",
+        TT_BENCH, "H100-96GB", 128, [*LLAMA8B_TT, "--training.local_batch_size", "2", "--compile.no-enable",
+                                     *WHOLE_LOSS, "activation-checkpoint:selective"],
+        5605, memory_gib=67.0, notes=[WHOLE_LOSS_NOTE]),
     PublishedRow(
         "Llama 3 8B, 128 H100, the same with torch.compile", TT_BENCH, "H100-96GB", 128,
         [*LLAMA8B_TT, "--training.local_batch_size", "2", "activation-checkpoint:selective"],

@@ -65,8 +65,18 @@ def train(tmp_path, name: str, layout: str, faults: str = ""):
                              **env))
     command = [str(PYTHON), "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(ranks),
                "--max-restarts", "0", "-m", "torchtitan.train", *ARGS, *layout_args, "--dump-folder", str(dump)]
-    return subprocess.run(command, env=env, cwd=REPO, timeout=900, text=True, stdout=subprocess.PIPE,
-                          stderr=subprocess.STDOUT)
+    run = subprocess.run(command, env=env, cwd=REPO, timeout=900, text=True, stdout=subprocess.PIPE,
+                         stderr=subprocess.STDOUT)
+    (tmp_path / f"{name}.log").write_text(run.stdout)  # whole, beside the dump: a failure's message has its tail
+    return run
+
+
+def what_went_wrong(log: str) -> str:
+    """A failed run's message: every rank's lines that say what went wrong (a rank that ended early says so far
+    above the tail), then the tail."""
+    marks = ("npu_inject step_repair", "Error", "error", "FATAL", "abort", "Abort", "terminate", "exitcode")
+    lines = [line for line in log.splitlines() if any(mark in line for mark in marks)]
+    return "\n".join(lines[-80:]) + "\n--- the tail ---\n" + log[-3000:]
 
 
 def losses(log: str) -> dict[int, float]:
@@ -86,11 +96,11 @@ def stop_lines(log: str) -> list[str]:
 
 def check_repaired(tmp_path, layout: str, faults: str, expected: dict[int, float], kind: str) -> str:
     run = train(tmp_path, faults.replace("@", "_").replace(":", "_").replace("=", ""), layout, faults)
-    assert run.returncode == 0, run.stdout[-5000:]
+    assert run.returncode == 0, what_went_wrong(run.stdout)
     repaired = REPAIRED.findall(run.stdout)
     ranks = LAYOUTS[layout][0]
     print(f"{layout} {faults}: {losses(run.stdout)}; repaired as {sorted(set(repaired))}")
-    assert len(repaired) == ranks, run.stdout[-5000:]  # every rank, once
+    assert len(repaired) == ranks, what_went_wrong(run.stdout)  # every rank, once
     assert {(step, kind_seen) for step, _, kind_seen in repaired} == {("3", kind)}
     assert losses(run.stdout) == expected
     return run.stdout
@@ -99,7 +109,7 @@ def check_repaired(tmp_path, layout: str, faults: str, expected: dict[int, float
 @pytest.fixture(scope="module")
 def fsdp_reference(tmp_path_factory):
     run = train(tmp_path_factory.mktemp("reference"), "reference", "fsdp")
-    assert run.returncode == 0, run.stdout[-5000:]
+    assert run.returncode == 0, what_went_wrong(run.stdout)
     expected = losses(run.stdout)
     assert sorted(expected) == [1, 2, 3, 4, 5]
     return expected
@@ -117,7 +127,7 @@ def test_a_second_fault_in_the_same_step_stops_every_rank_with_one_line(tmp_path
     run = train(tmp_path, "second", "fsdp", "link_error@3:rank=0,link_error@3:rank=0")
     assert run.returncode != 0
     lines = stop_lines(run.stdout)
-    assert len(lines) == 2 and len(set(lines)) == 1, run.stdout[-5000:]
+    assert len(lines) == 2 and len(set(lines)) == 1, what_went_wrong(run.stdout)
     assert "a second device fault (collective) in the same step after a repair" in lines[0]
 
 
@@ -129,7 +139,7 @@ def test_what_cannot_be_repaired_stops_every_rank_with_one_line(tmp_path, faults
     run = train(tmp_path, "stop", "fsdp", faults)
     assert run.returncode != 0
     lines = stop_lines(run.stdout)
-    assert len(lines) == 2 and len(set(lines)) == 1, run.stdout[-5000:]
+    assert len(lines) == 2 and len(set(lines)) == 1, what_went_wrong(run.stdout)
     assert said in lines[0], lines[0]
 
 
@@ -161,11 +171,11 @@ def test_what_cannot_be_repaired_stops_every_rank_with_one_line(tmp_path, faults
 ])
 def test_other_layouts_a_fault_on_one_rank_is_repaired_in_the_job(tmp_path, layout, faults, kind):
     reference = train(tmp_path, "reference", layout)
-    assert reference.returncode == 0, reference.stdout[-5000:]
+    assert reference.returncode == 0, what_went_wrong(reference.stdout)
     expected = losses(reference.stdout)
     assert sorted(expected) == [1, 2, 3, 4, 5]
     run = train(tmp_path, "faulted", layout, faults)
-    assert run.returncode == 0, run.stdout[-5000:]
+    assert run.returncode == 0, what_went_wrong(run.stdout)
     repaired = REPAIRED.findall(run.stdout)
     print(f"{layout} {faults}: {losses(run.stdout)}; repaired as {sorted(set(repaired))}")
     assert len(repaired) == LAYOUTS[layout][0]
