@@ -116,6 +116,18 @@ def npu_backends() -> list:
     return [group._get_backend(npu) for group in list(distributed_c10d._pg_map) if npu in group._device_types]
 
 
+def pause_watchdogs() -> None:
+    """Every HCCL watchdog of the job told to skip its checks, as ``torch_npu.npu.stop_device`` does, but before the
+    device is stopped: stop_device stops the device first and tells the watchdogs after, so one that looks in
+    between finds the stopped collective failed and, with its teardown on (torch_npu's default), ends the process.
+    The watchdog reads the status as each of its passes begins (torch_npu's workCleanupLoop); a pass already under
+    way still looks once more."""
+    from torch_npu.npu._recovery import WATCHDOG_STATUS_STOP
+
+    for backend in npu_backends():
+        backend.set_watchdog_status(WATCHDOG_STATUS_STOP)
+
+
 def drop_hccl_comms(reason: str) -> int:
     """Destroy every HCCL communicator of the job's process groups (torch_npu makes new ones at each group's next
     collective) and delete the store keys they were made through, so that no rank's new communicator reads a

@@ -11,7 +11,8 @@ HCCL call), and a collective that never completes (stuck on the device: the step
 seconds, counted from the process's second step; unset, torchtitan's ``--comm.train_timeout_seconds`` where
 torch_npu's watchdog does not tear down, else none: the watchdog's own timeout and dumps handle a hang). The
 rank that meets one publishes it in torchrun's store (:mod:`npu_inject.repair_channel`), whose watcher thread on
-every rank stops its device (``torch_npu.npu.stop_device``): the rank waiting in a collective on the failed one
+every rank stops its device (``torch_npu.npu.stop_device``, its HCCL watchdogs told to skip their checks first:
+:func:`~npu_inject.step_recovery.pause_watchdogs`): the rank waiting in a collective on the failed one
 is freed ("FORCE STOP") and its queued work dropped, as the failed rank's is. Once every rank's device is stopped
 (each says so in the store: a communicator dropped while a peer still runs a collective on it has that peer's
 watchdog end its process), each destroys its HCCL communicators and the store keys they were made through
@@ -52,7 +53,8 @@ from npu_inject.errors import stop_run
 from npu_inject.patching import PatchContext
 from npu_inject.repair_channel import RepairChannel, Watcher
 from npu_inject.step_recovery import (FORCE_STOP, QUEUE_ENDED, TEMPORARY, UCE_MARK, WHERE, drop_hccl_comms,
-                                      fsdp_settings, names_hccl, reset_fsdp, reset_pipeline, unsynced_gradients)
+                                      fsdp_settings, names_hccl, pause_watchdogs, reset_fsdp, reset_pipeline,
+                                      unsynced_gradients)
 from npu_inject.training_step import RETRY, Step, take_part
 
 TARGETS = (
@@ -180,6 +182,7 @@ def apply(ctx: PatchContext) -> None:
             if state["stopped"] == generation or generation != state["channel"].generation:
                 return
             state["stopped"] = generation
+        pause_watchdogs()
         torch_npu.npu.stop_device(state["device"])
         channel.stopped()
 
