@@ -450,3 +450,10 @@ def memory_summary(device: _device_t = None, abbreviated: bool = False) -> str:
 
 
 from torch_npu import _memory_history as memory  # noqa: E402  (torch.npu.memory: snapshot API stand-in)
+
+# torch.npu._recovery: torch_npu's is a submodule of its npu package; this torch.npu is one file, so the import
+# system finds the stand-in under that name here.
+from torch_npu import _recovery  # noqa: E402
+import sys as _sys  # noqa: E402
+
+_sys.modules[f"{__name__}._recovery"] = _recovery
