@@ -33,6 +33,8 @@ from torch._C._distributed_c10d import Backend as _C10dBackend
 from torch._C._distributed_c10d import _create_work_from_future
 from torch.futures import Future
 
+from torch_npu._recovery import WATCHDOG_STATUS_RUN, WATCHDOG_STATUS_STOP
+
 BACKEND_NAME = "hccl"
 
 
@@ -142,8 +144,9 @@ class HcclSimBackend(_C10dBackend):
 
     def set_watchdog_status(self, status: int) -> None:
         """ProcessGroupHCCL's watchdog switch (1 run, 2 stop); collectives here are synchronous and have none."""
-        if status not in (1, 2):
-            raise ValueError(f"set_watchdog_status: status {status} is neither 1 (run) nor 2 (stop)")
+        if status not in (WATCHDOG_STATUS_RUN, WATCHDOG_STATUS_STOP):
+            raise ValueError(f"set_watchdog_status: status {status} is neither {WATCHDOG_STATUS_RUN} (run) nor "
+                             f"{WATCHDOG_STATUS_STOP} (stop)")
         self.watchdog_status = status
 
     # -- identity ---------------------------------------------------------
