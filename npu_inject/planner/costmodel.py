@@ -40,11 +40,17 @@ def host_sync_site(event: str) -> str | None:
     return event.partition(": ")[2] if event.startswith(HOST_SYNC_MARK + ": ") else None
 
 
+# torchtitan's world mesh, outermost dimension first (ParallelDims builds it in this order).
+MESH_ORDER = ("pp", "dp_replicate", "dp_shard", "cp", "tp")
+
+
 @dataclass
 class Layout:
     world_size: int
     pp: int
     scale_up_devices: int
+    # The mesh's degrees by name (MESH_ORDER's), to name the dimensions a collective's group spans; None: unnamed.
+    degrees: dict[str, int] | None = None
 
     def role(self, rank: int) -> int:
         """The pipeline rank (torchtitan's meshes put pp outermost): ranks of one stage share a trace."""
@@ -53,6 +59,20 @@ class Layout:
     def spans_nodes(self, ranks) -> bool:
         """Whether a group's ranks reach each other only through the scale-out network."""
         return len({rank // self.scale_up_devices for rank in ranks}) > 1
+
+    def dimensions(self, ranks) -> str:
+        """The mesh dimensions a group's ranks differ in ("tp", "cp", "dp_shard x cp"; expert parallelism borrows
+        dp_shard's and cp's ranks, so its groups are named by those), or "" when the degrees are not known."""
+        degrees = self.degrees or {}
+        if not ranks or math.prod(degrees.get(name, 1) for name in MESH_ORDER) != self.world_size:
+            return ""
+        varying, stride = [], 1
+        for name in reversed(MESH_ORDER):
+            degree = degrees.get(name, 1)
+            if degree > 1 and len({(rank // stride) % degree for rank in ranks}) > 1:
+                varying.append(name)
+            stride *= degree
+        return " x ".join(reversed(varying))
 
 
 @dataclass
@@ -66,6 +86,12 @@ class Timing:
     # stretched by the fitted ``overhead`` fraction, counted here and not in compute_s or any kernel's rate.
     overhead_s: float = 0.0
     comm_s: dict[str, float] = field(default_factory=dict)  # collective time by kind
+    # By the group's mesh dimensions and kind ("cp all_to_all"): busy time on the links, and how long the compute
+    # stream waited on them (an operator held back by a collective's result, a blocking collective holding the
+    # stream): the part of that busy time nothing hid. A ring's exchange issued before the block it overlaps
+    # shows as waited near zero.
+    comm_by_group_s: dict[str, float] = field(default_factory=dict)
+    waited_by_group_s: dict[str, float] = field(default_factory=dict)
     kernels: int = 0
     host_s: float = 0.0  # the host's time issuing the step's operators (dispatch and launch, host_us each)
     # What the host reads add to the step (the step played again without them: the device idle after each until the
@@ -240,6 +266,9 @@ class _Role:
         self.ready: dict[int, float] = {}
         self.compute_busy = self.optimizer = self.bubble = self.overhead = 0.0
         self.comm: dict[str, float] = defaultdict(float)
+        self.comm_by_group: dict[str, float] = defaultdict(float)
+        self.waited: dict[str, float] = defaultdict(float)
+        self.written_by: dict[int, str] = {}  # allocation -> the collective (group label) whose result it holds
         self.by_module: dict[str, float] = defaultdict(float)
         self.by_class: dict[tuple[str, str], float] = defaultdict(float)
         self.by_module_class: dict[tuple[str, str], float] = defaultdict(float)
@@ -305,6 +334,17 @@ def _play(traces, durations, profile, eff, layout: Layout, windows, reads) -> Ti
     sends: dict[tuple[int, int], list[float]] = defaultdict(list)  # (from role, to role) -> arrival times
     received: dict[tuple[int, int], int] = defaultdict(int)
     host_us, view_us = eff["host_us"] * 1e-6, eff["host_view_us"] * 1e-6
+    labels: dict[tuple[tuple[int, ...], str], str] = {}
+
+    def label(op) -> str:
+        key = (op.group, op.collective)
+        if key not in labels:
+            labels[key] = " ".join(filter(None, (layout.dimensions(op.group), op.collective)))
+        return labels[key]
+
+    def latest_input(role, op) -> int:
+        return max(op.inputs, key=lambda allocation: role.ready.get(allocation, 0.0))
+
     progressing = True
     while progressing:
         progressing = False
@@ -334,6 +374,7 @@ def _play(traces, durations, profile, eff, layout: Layout, windows, reads) -> Ti
                         role.bubble += max(0.0, arrival - start)
                     for output in op.outputs:
                         role.ready[output] = end
+                        role.written_by.pop(output, None)  # a receive's wait is the bubble, counted apart
                     role.comm[op.collective] += d
                 elif op.kind == "collective":
                     lane = (op.group, op.collective in ("send", "recv"))
@@ -341,8 +382,13 @@ def _play(traces, durations, profile, eff, layout: Layout, windows, reads) -> Ti
                     end = begin + d
                     role.lane[lane] = end
                     role.comm[op.collective] += d
+                    named = label(op)
+                    role.comm_by_group[named] += d
                     for output in op.outputs:
                         role.ready[output] = end
+                        role.written_by[output] = named
+                    if op.blocking and op.stream == 0:
+                        role.waited[named] += end - start
                     if op.collective == "send" and op.peer is not None and op.group:
                         sends[(role_id, layout.role(op.group[op.peer]))].append(end)
                     if op.blocking:
@@ -353,8 +399,21 @@ def _play(traces, durations, profile, eff, layout: Layout, windows, reads) -> Ti
                     # Metadata on the host: neither waits for its input's data nor holds a stream.
                     end = role.host
                     for output in op.outputs:
-                        role.ready[output] = max(role.ready.get(output, 0.0), inputs_ready)
+                        if inputs_ready > role.ready.get(output, 0.0):
+                            role.ready[output] = inputs_ready
+                            source = role.written_by.get(latest_input(role, op))
+                            if source is None:
+                                role.written_by.pop(output, None)
+                            else:
+                                role.written_by[output] = source
                 else:
+                    free = max(role.host, role.stream[op.stream])
+                    if op.stream == 0 and inputs_ready > free:
+                        source = role.written_by.get(latest_input(role, op))
+                        if source is not None:
+                            role.waited[source] += inputs_ready - free
+                    for output in op.outputs:
+                        role.written_by.pop(output, None)
                     end = start + d
                     role.stream[op.stream] = end
                     for output in op.outputs:
@@ -382,7 +441,8 @@ def _play(traces, durations, profile, eff, layout: Layout, windows, reads) -> Ti
             role.host_reads[site] += 1
     slowest = max(roles.values(), key=lambda r: r.end)
     timing = Timing(step_s=slowest.end, compute_s=slowest.compute_busy, optimizer_s=slowest.optimizer,
-                    bubble_s=slowest.bubble, comm_s=dict(slowest.comm), kernels=slowest.kernels,
+                    bubble_s=slowest.bubble, comm_s=dict(slowest.comm), comm_by_group_s=dict(slowest.comm_by_group),
+                    waited_by_group_s=dict(slowest.waited), kernels=slowest.kernels,
                     host_s=slowest.issue, overhead_s=slowest.overhead, by_module=dict(slowest.by_module),
                     by_class=dict(slowest.by_class),
                     by_module_class=dict(slowest.by_module_class), host_reads=dict(slowest.host_reads))

@@ -253,7 +253,8 @@ def _evaluate(recorded: dict[int, Any], *, profile, efficiency, world_size, expa
                               max(s.peak_reserved for s in counted), buffers, runtime,
                               steady.at_peak, replayed.timeline, collectives + peers, replayed.retries, replayed.failed,
                               by_module))
-    layout = costmodel.Layout(world_size, pp, profile.scale_up_devices)
+    layout = costmodel.Layout(world_size, pp, profile.scale_up_devices,
+                              {name: info["parallel"].get(name, 1) for name in costmodel.MESH_ORDER})
     traces = {stage: recorded[stage].trace for stage in range(pp)}
     step = info["steps_recorded"]
     windows = {s: _window(t, step) for s, t in traces.items()}
@@ -275,8 +276,10 @@ def _evaluate(recorded: dict[int, Any], *, profile, efficiency, world_size, expa
         timing.kernels += extra_groups * group.kernels
         timing.host_s += extra_groups * group.host_s
         timing.overhead_s += extra_groups * group.overhead_s
-        for kind, seconds in group.comm_s.items():
-            timing.comm_s[kind] = timing.comm_s.get(kind, 0.0) + extra_groups * seconds
+        for totals, seconds_by in ((timing.comm_s, group.comm_s), (timing.comm_by_group_s, group.comm_by_group_s),
+                                   (timing.waited_by_group_s, group.waited_by_group_s)):
+            for kind, seconds in seconds_by.items():
+                totals[kind] = totals.get(kind, 0.0) + extra_groups * seconds
         for name, seconds in group.by_module.items():
             timing.by_module[name] = timing.by_module.get(name, 0.0) + extra_groups * seconds
         for key, seconds in group.by_class.items():
@@ -410,6 +413,8 @@ def _more_microbatches(fewer: JobPlan, more: JobPlan, counts: tuple[int, int, in
         step_s=line(ta.step_s, tb.step_s), compute_s=line(ta.compute_s, tb.compute_s),
         optimizer_s=line(ta.optimizer_s, tb.optimizer_s), bubble_s=line(ta.bubble_s, tb.bubble_s),
         comm_s=_line_dict(ta.comm_s, tb.comm_s, line), kernels=int(line(ta.kernels, tb.kernels)),
+        comm_by_group_s=_line_dict(ta.comm_by_group_s, tb.comm_by_group_s, line),
+        waited_by_group_s=_line_dict(ta.waited_by_group_s, tb.waited_by_group_s, lambda a, b: max(line(a, b), 0.0)),
         host_s=line(ta.host_s, tb.host_s), overhead_s=line(ta.overhead_s, tb.overhead_s),
         by_module=_line_dict(ta.by_module, tb.by_module, line), by_class=_line_dict(ta.by_class, tb.by_class, line),
         by_module_class=_line_dict(ta.by_module_class, tb.by_module_class, line),
@@ -514,6 +519,10 @@ def _extrapolate(shallow: JobPlan, deeper: JobPlan, units: tuple[int, int], seco
         step_s=line(ta.step_s, tb.step_s, target), compute_s=line(ta.compute_s, tb.compute_s, target),
         optimizer_s=line(ta.optimizer_s, tb.optimizer_s, target), bubble_s=line(ta.bubble_s, tb.bubble_s, target),
         comm_s={kind: line(ta.comm_s.get(kind, 0.0), seconds_b, target) for kind, seconds_b in tb.comm_s.items()},
+        comm_by_group_s={kind: line(ta.comm_by_group_s.get(kind, 0.0), seconds_b, target)
+                         for kind, seconds_b in tb.comm_by_group_s.items()},
+        waited_by_group_s={kind: max(line(ta.waited_by_group_s.get(kind, 0.0), seconds_b, target), 0.0)
+                           for kind, seconds_b in tb.waited_by_group_s.items()},
         kernels=int(line(ta.kernels, tb.kernels, target)), host_s=line(ta.host_s, tb.host_s, target),
         overhead_s=line(ta.overhead_s, tb.overhead_s, target), by_module_class=dict(tb.by_module_class),
         by_class={key: line(ta.by_class.get(key, 0.0), seconds_b, target) for key, seconds_b in tb.by_class.items()},

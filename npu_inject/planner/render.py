@@ -105,6 +105,7 @@ def time_lines(plan) -> list[str]:
         *where_lines(timing),
         *host_read_lines(timing),
         f"  collectives, busy time on their links (s): {comm or '-'}",
+        *exposure_lines(timing),
         f"  {timing.kernels} kernel launches per step, {timing.host_s:.3f} s of the host's time to issue its operators "
         + ("(more than the device's compute: host-bound, the device waits on launches)" if timing.host_bound
            else "(less than the device's compute: the device sets the pace)"),
@@ -121,6 +122,22 @@ def time_lines(plan) -> list[str]:
             f"scale-out links, {ft['allreduce_s']:.3f} s when nothing hides it (not in the time above: the "
             f"step is {timing.step_s + ft['allreduce_s']:.3f} s at worst)")
     return lines
+
+
+def exposure_lines(timing) -> list[str]:
+    """Each group's collectives (named by the mesh dimensions they span): busy time, and how much of it the compute
+    stream waited on. Context parallelism's ring exchange is the one to read for overlap: issued a block ahead, its
+    waited share is what attention did not hide."""
+    if not timing.comm_by_group_s:
+        return []
+    parts = []
+    for name, busy in sorted(timing.comm_by_group_s.items(), key=lambda kv: -kv[1]):
+        if busy < 0.0005 or name.endswith((" send", " recv")) or name in ("send", "recv"):  # 0.000 s: left out
+            continue
+        # Waited can pass busy: a collective queued behind others on its link keeps the stream waiting that long too.
+        waited = timing.waited_by_group_s.get(name, 0.0)
+        parts.append(f"{name} {waited:.3f} of {busy:.3f} busy ({max(1 - waited / busy, 0.0):.0%} hidden)")
+    return [f"  collectives by mesh dimension, the compute stream waiting on them (s): {', '.join(parts)}"] if parts else []
 
 
 def host_read_lines(timing) -> list[str]:
@@ -224,7 +241,8 @@ def plan_dict(plan, candidate=None) -> dict[str, Any]:
                       "exposed_comm_s": timing.exposed_comm_s, "bubble_s": timing.bubble_s,
                       "overhead_s": timing.overhead_s, "host_wait_s": timing.host_wait_s,
                       "host_reads": timing.host_reads,
-                      "comm_s": timing.comm_s, "kernels": timing.kernels, "host_s": timing.host_s,
+                      "comm_s": timing.comm_s, "comm_by_group_s": timing.comm_by_group_s,
+                      "waited_by_group_s": timing.waited_by_group_s, "kernels": timing.kernels, "host_s": timing.host_s,
                       "host_bound": timing.host_bound},
         "time_by_module": time_by_module(timing),
         "time_by_class": time_by_class(timing),

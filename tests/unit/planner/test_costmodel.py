@@ -110,3 +110,56 @@ def test_the_checks_cost_counts_the_windows_products_only_dense_and_grouped_apar
     cost = costmodel.matmul_check_cost({0: trace}, profile, eff, {0: (1, 4)})
     assert cost["dense"] == pytest.approx((2 * (8 + 2 * 12 + 6) + 8 * 6) / 1e9 + 5 * 10e-6)
     assert cost["grouped"] == pytest.approx(5 * 1000 / 1e9 + 2 * 60 * 10e-6)
+
+
+def test_a_groups_mesh_dimensions_are_named_as_torchtitans_mesh_orders_them():
+    """pp outermost, then dp_replicate, dp_shard, cp, tp: on 2 x 4 x 8 ranks (pp 2, cp 4, tp 8) a run of 8 is tp,
+    a stride of 8 cp, both together "cp x tp"; without the degrees a group is unnamed."""
+    layout = costmodel.Layout(world_size=64, pp=2, scale_up_devices=8, degrees={"pp": 2, "cp": 4, "tp": 8})
+    assert layout.dimensions(tuple(range(8))) == "tp"
+    assert layout.dimensions((3, 11, 19, 27)) == "cp"
+    assert layout.dimensions(tuple(range(32, 64))) == "cp x tp"
+    assert layout.dimensions((5, 37)) == "pp"
+    assert costmodel.Layout(world_size=64, pp=2, scale_up_devices=8).dimensions((0, 1)) == ""
+
+
+def _collective_op(index: int, collective: str, ranks, inputs, output: int):
+    return SimpleNamespace(kind="collective", name=f"c10d.{collective}", collective=collective, group=tuple(ranks),
+                           comm_bytes=64 * 2**20, blocking=False, peer=None, stream=0, inputs=inputs,
+                           outputs=(output,), views=0, flops=0, bytes=0, dtype="bf16", phase="forward", module="",
+                           shape=())
+
+
+def test_a_collective_issued_ahead_of_the_compute_it_overlaps_is_hidden_one_read_at_once_is_waited_on():
+    """A ring's exchange (cp all_to_all, 1 ms across nodes) issued before a block of compute (100 GB of memory
+    traffic, tens of ms) and read after it: the stream never
+    waits on it. TP's all-gather read by the next operator: the stream waits its whole time. Both are busy."""
+    a2 = hardware.load().find("A2")
+    layout = costmodel.Layout(world_size=32, pp=1, scale_up_devices=8, degrees={"cp": 4, "tp": 8})
+    block = SimpleNamespace(**{**vars(_compute_op(1, 10**11)), "inputs": (), "outputs": (1,)})
+    ops = [_collective_op(0, "all_to_all", (0, 8, 16, 24), (), 100),
+           block,
+           SimpleNamespace(**{**vars(_compute_op(2, 10**3)), "inputs": (100, 1), "outputs": (2,)}),
+           _collective_op(3, "all_gather", range(8), (2,), 101),
+           SimpleNamespace(**{**vars(_compute_op(4, 10**3)), "inputs": (101,), "outputs": (4,)})]
+    trace = SimpleNamespace(ops=ops, marks=[])
+    eff = {"kernel_us": 4.0, "memory": 1.0, "host_us": 20.0, "host_view_us": 1.0, "comm": 1.0}
+    timing = costmodel.simulate({0: trace}, a2, eff, layout, {0: (0, len(ops))})
+    ring = costmodel.collective_seconds(ops[0], a2, costmodel.efficiency_with_rates(a2, eff), layout)
+    gather = costmodel.collective_seconds(ops[3], a2, costmodel.efficiency_with_rates(a2, eff), layout)
+    assert timing.comm_by_group_s == pytest.approx({"cp all_to_all": ring, "tp all_gather": gather})
+    assert ring < timing.compute_s / 10  # far shorter than the block it hides behind
+    assert timing.waited_by_group_s.get("cp all_to_all", 0.0) == 0.0
+    assert timing.waited_by_group_s["tp all_gather"] == pytest.approx(gather)
+
+
+def test_the_plan_names_each_groups_waits_beside_its_busy_time_and_leaves_out_pipeline_sends():
+    from npu_inject.planner import render
+
+    timing = costmodel.Timing(comm_by_group_s={"cp all_to_all": 9.4, "tp all_gather": 5.4, "pp send": 0.5,
+                                               "cp all_reduce": 0.0001},
+                              waited_by_group_s={"tp all_gather": 5.4, "cp all_to_all": 0.47})
+    assert render.exposure_lines(timing) == [
+        "  collectives by mesh dimension, the compute stream waiting on them (s): cp all_to_all 0.470 of 9.400 busy "
+        "(95% hidden), tp all_gather 5.400 of 5.400 busy (0% hidden)"]
+    assert render.exposure_lines(costmodel.Timing()) == []
