@@ -24,6 +24,9 @@ from concurrent.futures import ProcessPoolExecutor
 from npu_inject.planner.config import HEARTBEAT_S
 
 PRELOAD_ENV = "NPU_INJECT_PLAN_PRELOAD"  # comma-separated modules the fork server imports
+# The environment the running fork server copied when it started (multiprocessing keeps one per process, and
+# ``ensure_running`` leaves a live one as it is): a pool asking for another restarts it.
+_server_env: dict[str, str] | None = None
 
 
 def preload() -> None:
@@ -56,12 +59,20 @@ def executor(*, selection: str, modules: list[str], processes: int | None = None
     recording_env = {**config.environment(selection), PRELOAD_ENV: ",".join(modules), EXPERT_LOAD_ENV: expert_load,
                      # fake tensors compute nothing; forks stay thread-free
                      "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}
+    global _server_env
     saved = {name: os.environ.get(name) for name in recording_env}
     os.environ.update(recording_env)
     try:
         context = multiprocessing.get_context("forkserver")
         context.set_forkserver_preload(["npu_inject.planner.preload"])
+        # What the recordings read (not the preloaded modules, which only spare each fork an import).
+        wanted = {name: value for name, value in recording_env.items() if name != PRELOAD_ENV}
+        if _server_env is not None and _server_env != wanted:
+            # A live server would fork every recording with the first pool's patches and --expert-load (a plan of
+            # another expert load in the same process, as bench_plan's rows are, would silently plan the first's).
+            forkserver._forkserver._stop()  # noqa: SLF001 -- multiprocessing has no public way to restart it
         forkserver.ensure_running()  # it copies the environment now
+        _server_env = wanted
     finally:
         for name, value in saved.items():
             if value is None:
