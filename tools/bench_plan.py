@@ -3,6 +3,7 @@
     python tools/bench_plan.py memory [--only NAME,...] [--expandable off|on|both] [--json PATH]
     python tools/bench_plan.py published [--calibrate] [--only PART,...]
     python tools/bench_plan.py depth
+    python tools/bench_plan.py microbatches [--count N] [--schemes 'W:F,M;...'] [--only PART,...]
     python tools/bench_plan.py syncs [--only NAME,...] [--verbose] [--json PATH]
     python tools/bench_plan.py search [--which llama3_8b,deepseek_v3_671b]
 
@@ -23,6 +24,11 @@ fitted value for ``npu_inject/hardware.json``.
 
 ``depth``: shallow plans (the search's and the advice's: :data:`npu_inject.planner.depth.SHALLOW_UNITS` and one
 more repeats of the layer block, extrapolated) against full-depth plans.
+
+``microbatches``: llama3_70b's pipelines (TP 8 x PP 4 and PP 8 on A2) with ``--count`` microbatches per step, every
+one recorded, against plans from the few :data:`npu_inject.planner.job.RECORDED_MICROBATCHES` records (each scheme
+``W:F,M``: a warm-up step of W, then F and M microbatches per pipeline rank, extrapolated): the time each took to
+plan, the step time and each pipeline rank's reserved memory with their errors.
 
 ``syncs``: the host reads the planner marks in a step (:mod:`npu_inject.planner.host_reads`: torchtitan's, the
 runtime's) against the host synchronisations the CANN emulation counts in the same step of the same command run
@@ -405,6 +411,64 @@ def cmd_syncs(args) -> int:
     return 0
 
 
+PIPELINES = {
+    "llama3_70b TP 8 x PP 4 (A2)": ("A2", 32, ["--module", "llama3", "--config", "llama3_70b",
+                                              "--parallelism.tensor_parallel_degree", "8",
+                                              "--parallelism.pipeline_parallel_degree", "4",
+                                              "--parallelism.pipeline_parallel_microbatch_size", "1"]),
+    "llama3_70b TP 8 x PP 8 (A2)": ("A2", 64, ["--module", "llama3", "--config", "llama3_70b",
+                                              "--parallelism.tensor_parallel_degree", "8",
+                                              "--parallelism.pipeline_parallel_degree", "8",
+                                              "--parallelism.pipeline_parallel_microbatch_size", "1"]),
+}
+
+
+def _scheme(text: str) -> tuple[int, tuple[int, int]]:
+    """'W:F,M' -> (warm-up, (fewer, more)) microbatches per pipeline rank."""
+    warm, _, counts = text.partition(":")
+    fewer, more = (int(n) for n in counts.split(","))
+    return int(warm), (fewer, more)
+
+
+def cmd_microbatches(args) -> int:
+    """A pipeline's many microbatches planned from a few, against recording every one of ``--count``."""
+    from npu_inject import hardware
+    from npu_inject.planner import job
+
+    catalog = hardware.load()
+    names = [name for name in PIPELINES if not args.only or any(part in name for part in args.only.split(","))]
+    print(f"{'case':34} {'recorded':>22} {'planned in s':>12} {'step s':>9}  reserved GiB per pp rank")
+    for name in names:
+        hardware_name, ranks, base = PIPELINES[name]
+        argv = [*base, "--training.local_batch_size", str(args.count), "--training.global_batch_size",
+                str(args.count)]
+        profile = catalog.find(hardware_name)
+        efficiency = catalog.efficiency[profile.family]
+        pool = _pool(argv)
+        plans = {}
+        try:
+            for scheme in ["all", *args.schemes.split(";")]:
+                if scheme == "all":  # every microbatch recorded: the recorded counts above the job's
+                    job.RECORDED_MICROBATCHES, job.WARM_UP_MICROBATCHES = (args.count, args.count + 1), 1
+                    label = f"all {args.count}"
+                else:
+                    job.WARM_UP_MICROBATCHES, job.RECORDED_MICROBATCHES = _scheme(scheme)
+                    label = f"x pp {scheme}"
+                started = time.monotonic()
+                plan = job.plan_job(argv, profile=profile, efficiency=efficiency, world_size=ranks, pool=pool)
+                plans[label] = (plan, time.monotonic() - started)
+        finally:
+            pool.shutdown()
+        truth = plans[f"all {args.count}"][0]
+        for label, (plan, seconds) in plans.items():
+            reserved = " ".join(f"{role.peak_reserved / GIB:6.2f}" for role in plan.roles)
+            errors = "" if plan is truth else "  errors: step {}, reserved {}".format(
+                _error(plan.step_s, truth.step_s),
+                " ".join(_error(a.peak_reserved, b.peak_reserved) for a, b in zip(plan.roles, truth.roles)))
+            print(f"{name:34} {label:>22} {seconds:12.1f} {plan.step_s:9.3f}  {reserved}{errors}", flush=True)
+    return 0
+
+
 DEPTH_CASES = {
     "llama3_8b FSDP 8 (A2)": ("A2", 8, LLAMA8B_TT),
     "llama3_8b PP 4 (A2)": ("A2", 8, [*LLAMA8B_TT, "--parallelism.pipeline_parallel_degree", "4",
@@ -486,6 +550,12 @@ def main(argv: list[str] | None = None) -> int:
     published.add_argument("--only", help="comma-separated parts of the rows' names (e.g. 'V2-Lite,131072')")
     published.set_defaults(run=cmd_published)
     commands.add_parser("depth").set_defaults(run=cmd_depth)
+    microbatches = commands.add_parser("microbatches")
+    microbatches.add_argument("--count", type=int, default=32, help="the job's microbatches per step, all recorded")
+    microbatches.add_argument("--schemes", default="1:2,4;1:1,2",
+                              help="';'-separated W:F,M: warm-up, fewer and more microbatches per pipeline rank")
+    microbatches.add_argument("--only", help="comma-separated parts of the cases' names")
+    microbatches.set_defaults(run=cmd_microbatches)
     syncs = commands.add_parser("syncs")
     syncs.add_argument("--only", help="comma-separated case names")
     syncs.add_argument("--verbose", action="store_true", help="also list the planned sites")

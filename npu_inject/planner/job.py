@@ -138,10 +138,12 @@ def _group_window(trace, step: int, group: int) -> tuple[int, int]:
     return begin, end
 
 
-# A pipeline job running more than four microbatches per pipeline rank in a step is recorded with two and four
-# per rank and extrapolated: past the warm-up each microbatch adds the same work to every stage. (One and two
-# are not enough: llama3_70b PP 4's first stage still grew from 4 to 8 microbatches, not from 8 to 16.)
+# A pipeline job running more microbatches per pipeline rank in a step than RECORDED_MICROBATCHES' second is
+# recorded with both counts per rank and extrapolated: past the warm-up each microbatch adds the same work to every
+# stage. The first step, which only warms up (the optimizer's states made, the allocator's cache filled), runs the
+# fewest 1F1B takes, one per stage: recordings of full depth are the planner's cost.
 RECORDED_MICROBATCHES = (2, 4)
+WARM_UP_MICROBATCHES = 1
 
 
 def reduced_microbatches(facts: dict[str, Any]) -> tuple[int, int, int] | None:
@@ -188,15 +190,18 @@ class Pending:
         # With fewer microbatches recorded, each recording runs its steps with the fewer and one more with the
         # more (a step with the fewer is not recorded twice; the model is built once for both).
         fewer, more = self.microbatches[:2] if self.microbatches else (None, None)
-        self.futures = {(index, stage): pool.submit(workers.record, _with_microbatches(argv, facts, fewer), world_size,
-                                                    stage * (world_size // pp), units, more)
+        built = pp * WARM_UP_MICROBATCHES if self.microbatches else None
+        self.futures = {(index, stage): pool.submit(workers.record, _with_microbatches(argv, facts, built), world_size,
+                                                    stage * (world_size // pp), units,
+                                                    (fewer, more) if self.microbatches else None)
                         for index, units in enumerate(depths) for stage in range(pp)}
         depth_text = ("at full depth" if depths == (None,) else
                       f"with {depths[0]} and {depths[1]} repeats of the layer block per stage (extrapolated)")
         roles = f"{pp} pipeline ranks" if pp > 1 else "one rank (it stands for all)"
         if self.microbatches:
-            self.progress(f"recording {roles} {depth_text}, with {fewer} and then {more} of the step's "
-                          f"{self.microbatches[2]} microbatches (extrapolated): {len(self.futures)} recordings")
+            self.progress(f"recording {roles} {depth_text}, a step of {built} microbatches to warm up, then {fewer} "
+                          f"and {more} of the step's {self.microbatches[2]} (extrapolated): {len(self.futures)} "
+                          "recordings")
         else:
             self.progress(f"recording {roles} {depth_text}: {len(self.futures)} recording"
                           + ("s" if len(self.futures) > 1 else ""))
@@ -328,6 +333,9 @@ class Recording:
     roles: list[dict[int, Any]]  # per depth, then (with ``microbatches``) per microbatch count recorded
     seconds: float
     microbatches: tuple[int, int, int] | None = None  # (fewer, more) recorded of the step's (last) microbatches
+    # A pipeline's recorded counts as evaluated, by (profile, efficiency, expandable): another count of the same
+    # recordings (the advice's smaller batch) is only another point on their line. Shared by its copies.
+    evaluated: dict = field(default_factory=dict, repr=False, compare=False)
 
 
 def submit(argv: list[str], *, world_size: int, pool, units: int | None = None, pp: int | None = None,
@@ -357,10 +365,16 @@ def evaluate(recording: Recording, *, profile, efficiency: dict[str, float], exp
     """Memory and time of a recording on ``profile`` (recordings can be evaluated again and again; a pipeline's
     take tens of seconds, said to ``progress`` every :data:`~config.HEARTBEAT_S`)."""
     started = time.monotonic() - recording.seconds
-    with workers.saying(progress, lambda seconds: (
-            f"replaying the recorded memory through the allocator model, playing out the step ({seconds:.0f} s)")):
-        plans = [_evaluate(roles, profile=profile, efficiency=efficiency, world_size=recording.world_size,
-                           expandable=expandable, argv=recording.argv, started=started) for roles in recording.roles]
+    key = (id(profile), tuple(sorted(efficiency.items())), expandable)
+    plans = recording.evaluated.get(key, (None, None))[1] if recording.microbatches else None
+    if plans is None:
+        with workers.saying(progress, lambda seconds: (
+                f"replaying the recorded memory through the allocator model, playing out the step ({seconds:.0f} s)")):
+            plans = [_evaluate(roles, profile=profile, efficiency=efficiency, world_size=recording.world_size,
+                               expandable=expandable, argv=recording.argv, started=started)
+                     for roles in recording.roles]
+        if recording.microbatches:  # _more_microbatches makes new plans from these: they stay as evaluated
+            recording.evaluated[key] = (profile, plans)  # the profile held: its id stays its own
     if recording.microbatches:
         plans = [_more_microbatches(fewer, more, recording.microbatches) for fewer, more in zip(plans[::2], plans[1::2])]
     if recording.depths == (None,):

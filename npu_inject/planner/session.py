@@ -173,11 +173,12 @@ def _name_state(trainer, recorder) -> None:
 
 
 def run(argv: list[str], *, world_size: int, rank: int, steps: int = 2, selection: str = "",
-        units: int | None = None, grow_to: int | None = None) -> RoleResult:
+        units: int | None = None, microbatches: tuple[int, int] | None = None) -> RoleResult:
     """Build the job for ``rank`` of ``world_size`` and record ``steps`` training steps (a fresh process).
     With ``units``, the model keeps that many repeats of its layer block per pipeline stage
-    (:mod:`npu_inject.planner.depth`); ``info["depth"]`` then describes the full model. With ``grow_to``, a
-    pipeline job then runs one more step with that many microbatches (:func:`split_grown` parts the two)."""
+    (:mod:`npu_inject.planner.depth`); ``info["depth"]`` then describes the full model. With ``microbatches``
+    (fewer, more), a pipeline job's steps before its last warm up with the microbatches it was built with, its last
+    runs with the fewer, and one more step with the more (:func:`split_grown` parts the two)."""
     # torchtitan's fake process group takes its size from NGPU and this rank from RANK.
     os.environ.update({**environment(selection), "NGPU": str(world_size), "RANK": str(rank), "LOCAL_RANK": "0",
                        "WORLD_SIZE": "1"})
@@ -230,11 +231,16 @@ def run(argv: list[str], *, world_size: int, rank: int, steps: int = 2, selectio
         reads = host_reads.runtime_reads(runtime.current().selection.enabled, world_size,
                                          torchft=replica_groups > 1)
         for step in range(1, steps + 1):
+            if microbatches is not None and step == steps \
+                    and microbatches[0] != trainer.num_pipeline_parallel_microbatches:
+                _grow_pipeline(trainer, recorder, microbatches[0])
             _step(trainer, recorder, step, groups, reads)
             _name_state(trainer, recorder)  # this step's gradients, which the next may free and make again
-        if grow_to is not None:
-            _grow_pipeline(trainer, recorder, grow_to)
+        if microbatches is not None:
+            info["fewer"] = _pipeline_batch(trainer)
+            _grow_pipeline(trainer, recorder, microbatches[1])
             _step(trainer, recorder, steps + 1, groups, reads)
+            info["grown"] = _pipeline_batch(trainer)
         _categorize(trainer, recorder)
     finally:
         context.restore()
@@ -242,11 +248,14 @@ def run(argv: list[str], *, world_size: int, rank: int, steps: int = 2, selectio
         dump_folder.cleanup()
     info.update(gradient_accumulation_steps=trainer.gradient_accumulation_steps, groups_recorded=groups,
                 steps_recorded=steps, units=units, shape=shape)
-    if grow_to is not None:
-        info["grown"] = {"local_batch_size": trainer.config.training.local_batch_size,
-                         "global_batch_size": trainer.config.training.global_batch_size,
-                         "pp_microbatches": trainer.num_pipeline_parallel_microbatches}
     return RoleResult(rank, world_size, recorder.trace, info)
+
+
+def _pipeline_batch(trainer) -> dict[str, int]:
+    """The batch facts a pipeline's schedule runs now (they change with :func:`_grow_pipeline`)."""
+    return {"local_batch_size": trainer.config.training.local_batch_size,
+            "global_batch_size": trainer.config.training.global_batch_size,
+            "pp_microbatches": trainer.num_pipeline_parallel_microbatches}
 
 
 def _grow_pipeline(trainer, recorder, microbatches: int) -> None:
@@ -276,12 +285,13 @@ def _grow_pipeline(trainer, recorder, microbatches: int) -> None:
 
 
 def split_grown(result: RoleResult) -> tuple[RoleResult, RoleResult]:
-    """A recording made with ``grow_to`` as two: its first ``steps`` with the fewer microbatches, and its last
-    step with the more (each with the steps whose peaks count, ``info["peak_steps"]``)."""
+    """A recording made with ``microbatches`` as two: its first ``steps`` (the last with the fewer microbatches,
+    those before it warming up), and its last step with the more (each with the steps whose peaks count,
+    ``info["peak_steps"]``)."""
     steps = result.info["steps_recorded"]
-    fewer = {**result.info, "peak_steps": [f"step {step}" for step in range(1, steps + 1)]}
-    fewer.pop("grown")
-    more = {**fewer, **result.info["grown"], "steps_recorded": steps + 1, "peak_steps": [f"step {steps + 1}"]}
+    info = {name: value for name, value in result.info.items() if name not in ("fewer", "grown")}
+    fewer = {**info, **result.info["fewer"], "peak_steps": [f"step {step}" for step in range(1, steps + 1)]}
+    more = {**info, **result.info["grown"], "steps_recorded": steps + 1, "peak_steps": [f"step {steps + 1}"]}
     return replace(result, info=fewer), replace(result, info=more)
 
 

@@ -178,12 +178,13 @@ def _logged(rank: int, world_size: int, work):
                                     f"{type(exc).__name__}: {exc}\n{tail}") from None
 
 
-def record(argv: list[str], world_size: int, rank: int, units: int | None, grow_to: int | None = None):
+def record(argv: list[str], world_size: int, rank: int, units: int | None,
+           microbatches: tuple[int, int] | None = None):
     """One role's recording (a task for :func:`executor`): its RoleResult, or PlanError."""
     from npu_inject.planner import session
 
     result = _logged(rank, world_size, lambda: session.run(argv, world_size=world_size, rank=rank, units=units,
-                                                           grow_to=grow_to))
+                                                           microbatches=microbatches))
     for allocation in result.trace.allocations:
         allocation.__dict__.pop("_ref", None)
     return result
