@@ -552,7 +552,7 @@ def main(argv: list[str] | None = None) -> int:
     commands.add_parser("depth").set_defaults(run=cmd_depth)
     microbatches = commands.add_parser("microbatches")
     microbatches.add_argument("--count", type=int, default=32, help="the job's microbatches per step, all recorded")
-    microbatches.add_argument("--schemes", default="1:2,4;1:1,2",
+    microbatches.add_argument("--schemes", default="1:2,3",
                               help="';'-separated W:F,M: warm-up, fewer and more microbatches per pipeline rank")
     microbatches.add_argument("--only", help="comma-separated parts of the cases' names")
     microbatches.set_defaults(run=cmd_microbatches)
