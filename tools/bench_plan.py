@@ -87,17 +87,35 @@ class PublishedRow:
     calibrates: bool = False  # one of the (at most two) rows the efficiencies are fitted to
     not_planned: str = ""  # why the planner cannot plan this row as published
     notes: list[str] = field(default_factory=list)
+    expert_load: str = ""  # npu-inject plan --expert-load for the row (the busiest expert rank's share)
 
 
 TT_BENCH = "torchtitan benchmarks/llama3_h100_202412_torchtitan.md (Dec 2024; H100 96 GB HBM2e, 500 W, 8 per host)"
 TTN_README = "torchtitan-npu README, performance table (2026.04), config deepseek_v3_671b_61layers_4k_128die.toml"
 MINDSPEED = "MindSpeed-LLM v1.0.RC2.0 examples/llama3/README.md (Atlas 900 A2 PoDc)"
-# Ascend/MindSpeed-LLM README.md's performance table (tokens per card per second, Atlas 900 A2 PODc), as on branch
-# 1.0.RC3 (7acd2296ab454fd1a596c2c2eafc3f2a68e84e96); the scripts at 773a9c6b3b65e058869c492e588a0be1925a90ee.
+# Ascend/MindSpeed-LLM README.md's performance table (tokens per card per second, Atlas 900 A2 PODc): the 128K row
+# as on branch 1.0.RC3 (7acd2296ab454fd1a596c2c2eafc3f2a68e84e96); the DeepSeek-V2-Lite row and its script as on
+# master of 2024-09-29 (773a9c6b3b65e058869c492e588a0be1925a90ee; 1.0.RC3's README no longer lists it, and its
+# script of that name is another: pretrain_deepseek2_lite_ptd_8p.sh).
 MINDSPEED_128K = ("MindSpeed-LLM README.md performance table (branch 1.0.RC3), "
                   "examples/mcore/llama31/pretrain_llama31_8b_128k_ptd.sh")
-MINDSPEED_V2_LITE = ("MindSpeed-LLM README.md performance table (branch 1.0.RC3), "
+MINDSPEED_V2_LITE = ("MindSpeed-LLM README.md performance table (master at 773a9c6b, 2024-09-29), "
                      "examples/mcore/deepseek2_lite/pretrain_deepseek2_lite_16b_ptd_8p.sh")
+V2_LITE = ["--module", "deepseek_v3", "--config", "deepseek_v3_16b", "--training.seq_len", "8192",
+           "--training.local_batch_size", "1", "--training.global_batch_size", "8",
+           "--parallelism.data_parallel_shard_degree", "8", "--parallelism.expert_parallel_degree", "8",
+           "--parallelism.pipeline_parallel_degree", "1", "--compile.no-enable", "activation-checkpoint:full"]
+# The row's routing: its script routes with --moe-router-load-balancing-type softmax_topk, which its arguments' help
+# says "implies no load balancing", from DeepSeek-V2-Lite's released weights (--load; lr 1e-6), trained with a
+# softmax gate and an expert-level balance loss. The nearest published figure: Wang et al. 2024 (arXiv 2408.15664,
+# "Auxiliary-Loss-Free Load Balancing Strategy for Mixture-of-Experts"), Table 6, a softmax gate with an auxiliary
+# loss, 64 routed experts, top 6: MaxVio_global 0.937, the busiest expert 1.94 times the mean (as two independent
+# summaries of the paper quote it; the paper's own text was not reachable from here). A rank of EP 8 holds 8
+# experts: 1.94 is its bound (all 8 as busy as the busiest), 1 + 0.937 / sqrt(8) = 1.33 its share were their loads
+# independent. Planned at both ends.
+V2_LITE_ROUTING = ("MindSpeed's softmax_topk routing balances nothing; the busiest rank's share is not published: "
+                   "planned at {ratio} ({which}) from Wang et al. 2024 Table 6 (softmax gate, auxiliary loss, 64 "
+                   "experts top 6: the busiest expert 1.94 times the mean)")
 LLAMA8B_TT = ["--module", "llama3", "--config", "llama3_8b", "--training.seq_len", "8192"]
 TTN_DSV3 = ["--module", "deepseek_v3", "--config", "deepseek_v3_671b", "--training.seq_len", "4096",
             "--training.local_batch_size", "1", "--training.global_batch_size", "1024",
@@ -169,13 +187,20 @@ PUBLISHED = [
                      "[Test] in the source, the 910B SKU not stated: planned on 910B2"]),
     PublishedRow(
         "DeepSeek-V2-Lite 16B, 8 Atlas A2 (MindSpeed-LLM), EP 8, seq 8192, micro batch 1, global 8, full AC",
-        MINDSPEED_V2_LITE, "Ascend910B2", 8,
-        ["--module", "deepseek_v3", "--config", "deepseek_v3_16b", "--training.seq_len", "8192",
-         "--training.local_batch_size", "1", "--training.global_batch_size", "8",
-         "--parallelism.data_parallel_shard_degree", "8", "--parallelism.expert_parallel_degree", "8",
-         "--parallelism.pipeline_parallel_degree", "1", "--compile.no-enable", "activation-checkpoint:full"],
-        2830, notes=["Megatron-based, not torchtitan: an all-gather token dispatcher and the distributed optimizer; "
-                     "torchtitan's deepseek_v3 16B flavor stands for the model; marked [Test] in the source"]),
+        MINDSPEED_V2_LITE, "Ascend910B2", 8, V2_LITE,
+        2830, notes=["Megatron-based, not torchtitan: an all-gather token dispatcher (7/8 of every rank's tokens to "
+                     "each rank, where torchtitan's all-to-all sends each its own), each expert's matmuls one by "
+                     "one (no --moe-grouped-gemm) and the distributed optimizer; torchtitan's deepseek_v3 16B flavor "
+                     "stands for the model; marked [Test] in the source",
+                     "routing planned balanced: the two rows below plan the busiest rank"]),
+    PublishedRow(
+        "DeepSeek-V2-Lite 16B, the same, busiest expert rank at 1.33x (its 8 experts' loads independent)",
+        MINDSPEED_V2_LITE, "Ascend910B2", 8, V2_LITE, 2830, expert_load="1.33",
+        notes=[V2_LITE_ROUTING.format(ratio=1.33, which="1 + 0.937 / sqrt(8)")]),
+    PublishedRow(
+        "DeepSeek-V2-Lite 16B, the same, busiest expert rank at 1.94x (its 8 experts as busy as the busiest)",
+        MINDSPEED_V2_LITE, "Ascend910B2", 8, V2_LITE, 2830, expert_load="1.94",
+        notes=[V2_LITE_ROUTING.format(ratio=1.94, which="the bound")]),
     PublishedRow("Llama 3 8B, 8 H100, Float8, compile (torchtitan)", TT_BENCH, "H100-96GB", 8, [], 8532, 76.8,
                  not_planned="Float8 training: the planner times matmuls at the BF16 peak"),
     PublishedRow("Llama 3 70B, 256 H100, FSDP 32 x TP 8, Float8, compile", TT_BENCH, "H100-96GB", 256, [], 829, 71.9,
@@ -195,10 +220,11 @@ PUBLISHED = [
 
 # -- helpers ---------------------------------------------------------------------
 
-def _pool(argv):
+def _pool(argv, expert_load: str = ""):
     from npu_inject.planner import job, workers
 
-    return workers.executor(selection=os.environ.get("TORCHTITAN_NPU_PATCHES", ""), modules=job.model_packages(argv))
+    return workers.executor(selection=os.environ.get("TORCHTITAN_NPU_PATCHES", ""), modules=job.model_packages(argv),
+                            expert_load=expert_load)
 
 
 def predict_memory(ranks: int, argv: list[str], expandable: bool, pool=None) -> dict[int, tuple[int, int]]:
@@ -311,9 +337,9 @@ def cmd_published(args) -> int:
             continue
         profile = catalog.find(row.hardware)
         efficiency = catalog.efficiency[profile.family]
-        key = (tuple(row.argv), row.world_size)
+        key = (tuple(row.argv), row.world_size, row.expert_load)
         if key not in recordings:  # rows that read one run two ways share its recording
-            pool = _pool(row.argv)
+            pool = _pool(row.argv, row.expert_load)
             try:
                 recordings[key] = job.record(row.argv, world_size=row.world_size, pool=pool)
             finally:
