@@ -189,8 +189,8 @@ class Pending:
                     facts = described.result()
             pp = facts["pp"]
             self.microbatches = reduced_microbatches(facts)
-        # With fewer microbatches recorded, each recording runs its steps with the fewer and one more with the
-        # more (a step with the fewer is not recorded twice; the model is built once for both).
+        # With fewer microbatches recorded, each recording warms up with one microbatch per stage, then runs a step
+        # of the fewer and one of the more (the model built once for all three).
         fewer, more = self.microbatches[:2] if self.microbatches else (None, None)
         built = pp * WARM_UP_MICROBATCHES if self.microbatches else None
         self.futures = {(index, stage): pool.submit(workers.record, _with_microbatches(argv, facts, built), world_size,
