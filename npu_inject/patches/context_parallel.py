@@ -230,11 +230,28 @@ def apply(ctx: PatchContext) -> None:
 
     ctx.wrap("Trainer.Config.__post_init__", post_init)
     ctx.wrap("cp_shard", cp_shard)
+    wraps: dict[int, tuple[object, object]] = {}  # id of a shared definition's wrap -> (it, the function it wraps)
+    later: list[tuple[str, str]] = []  # (model module, qualname) not imported when this patch applied
     for name, wrapper in (("apply_cp_to_forward", apply_cp_to_forward), ("validate_config", validate_config)):
         for target in ctx.targets_named(name):
             module = split_target(target)[0]
             # A model's parallelize module binds its own copy of the function when it was imported
             # before this patch applied: wrap that copy too (importing no model otherwise).
-            if not module.startswith("torchtitan.models.") or module in sys.modules:
+            if not module.startswith("torchtitan.models."):
+                wrapped = ctx.wrap(target, wrapper)
+                wraps[id(wrapped)] = (wrapped, wrapped.__wrapped__)
+            elif module in sys.modules:
                 ctx.wrap(target, wrapper)
+            else:
+                later.append((module, name))
+
+    def unbind_later_imports() -> None:
+        # A model module imported while this patch applied bound the wrapped shared definition: give it the
+        # original back, as if it had been imported without the patch.
+        for module, name in later:
+            bound = getattr(sys.modules.get(module), name, None)
+            if bound is not None and id(bound) in wraps and wraps[id(bound)][0] is bound:
+                setattr(sys.modules[module], name, wraps[id(bound)][1])
+
+    ctx.add_cleanup(unbind_later_imports)
 

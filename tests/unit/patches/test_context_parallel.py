@@ -54,3 +54,30 @@ def test_ulysses_with_indivisible_heads_stops_at_config(trainer_with_scheme):
 def test_auto_accepts_any_degree(trainer_with_scheme):
     trainer = trainer_with_scheme("auto")
     _config(trainer, cp=3)
+
+
+def test_a_model_module_imported_while_the_patch_applied_gets_the_original_back_on_revert(monkeypatch):
+    """A parallelize module first imported while context_parallel applied binds the wrapped shared definition;
+    reverting gave only the shared definition back, and the model kept the wrapper (test_catalog's revert check
+    then failed in whichever test ran next in that process)."""
+    import sys
+
+    import torchtitan.distributed.context_parallel as shared
+
+    from npu_inject import registry, selection
+
+    original = shared.apply_cp_to_forward
+    monkeypatch.delitem(sys.modules, "torchtitan.models.llama3.parallelize", raising=False)
+    catalog = registry.load(None, entry_points=False)
+    involved = selection.apply_order(catalog, ["context_parallel"])
+    rt = runtime.activate(clean_env(TORCHTITAN_NPU="cpu", TORCHTITAN_NPU_PATCHES=",".join(involved)),
+                          install_hooks=False)
+    for required in involved:
+        for trigger in catalog.patches[required].triggers:
+            importlib.import_module(trigger)
+        assert rt.apply(required), rt.report.patches[required].reason
+    assert "torchtitan.models.llama3.parallelize" not in sys.modules  # imported only now, as a model would be
+    model = importlib.import_module("torchtitan.models.llama3.parallelize")
+    assert model.apply_cp_to_forward is not original
+    rt.revert_all()
+    assert model.apply_cp_to_forward is original
