@@ -230,7 +230,7 @@ def apply(ctx: PatchContext) -> None:
 
     ctx.wrap("Trainer.Config.__post_init__", post_init)
     ctx.wrap("cp_shard", cp_shard)
-    wraps: dict[int, tuple[object, object]] = {}  # id of a shared definition's wrap -> (it, the function it wraps)
+    shared_wraps: list = []  # what wraps the shared definitions (each holds the function it wraps as __wrapped__)
     later: list[tuple[str, str]] = []  # (model module, qualname) not imported when this patch applied
     for name, wrapper in (("apply_cp_to_forward", apply_cp_to_forward), ("validate_config", validate_config)):
         for target in ctx.targets_named(name):
@@ -238,8 +238,7 @@ def apply(ctx: PatchContext) -> None:
             # A model's parallelize module binds its own copy of the function when it was imported
             # before this patch applied: wrap that copy too (importing no model otherwise).
             if not module.startswith("torchtitan.models."):
-                wrapped = ctx.wrap(target, wrapper)
-                wraps[id(wrapped)] = (wrapped, wrapped.__wrapped__)
+                shared_wraps.append(ctx.wrap(target, wrapper))
             elif module in sys.modules:
                 ctx.wrap(target, wrapper)
             else:
@@ -250,8 +249,8 @@ def apply(ctx: PatchContext) -> None:
         # original back, as if it had been imported without the patch.
         for module, name in later:
             bound = getattr(sys.modules.get(module), name, None)
-            if bound is not None and id(bound) in wraps and wraps[id(bound)][0] is bound:
-                setattr(sys.modules[module], name, wraps[id(bound)][1])
+            if any(bound is wrap for wrap in shared_wraps):
+                setattr(sys.modules[module], name, bound.__wrapped__)
 
     ctx.add_cleanup(unbind_later_imports)
 

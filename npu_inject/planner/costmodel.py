@@ -359,7 +359,8 @@ def _play(traces, durations, profile, eff, layout: Layout, windows, reads) -> Ti
                 issued = (view_us if op.kind == "view" else host_us) + op.views * view_us
                 role.host += issued
                 role.issue += issued
-                start = max(role.host, role.stream[op.stream], inputs_ready)
+                free = max(role.host, role.stream[op.stream])  # when the op could start, its inputs aside
+                start = max(free, inputs_ready)
                 if op.collective == "recv":
                     sender = layout.role(op.group[op.peer]) if op.peer is not None and op.group else role_id
                     key = (sender, role_id)
@@ -407,7 +408,6 @@ def _play(traces, durations, profile, eff, layout: Layout, windows, reads) -> Ti
                             else:
                                 role.written_by[output] = source
                 else:
-                    free = max(role.host, role.stream[op.stream])
                     if op.stream == 0 and inputs_ready > free:
                         source = role.written_by.get(latest_input(role, op))
                         if source is not None:

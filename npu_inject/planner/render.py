@@ -132,7 +132,7 @@ def exposure_lines(timing) -> list[str]:
         return []
     parts = []
     for name, busy in sorted(timing.comm_by_group_s.items(), key=lambda kv: -kv[1]):
-        if busy < 0.0005 or name.endswith((" send", " recv")) or name in ("send", "recv"):  # 0.000 s: left out
+        if busy < 0.0005 or name.split()[-1] in ("send", "recv"):  # 0.000 s, and the pipeline's (its bubble): left out
             continue
         # Waited can pass busy: a collective queued behind others on its link keeps the stream waiting that long too.
         waited = timing.waited_by_group_s.get(name, 0.0)
