@@ -4,6 +4,7 @@
     python tools/bench_plan.py published [--calibrate] [--only PART,...]
     python tools/bench_plan.py depth
     python tools/bench_plan.py microbatches [--count N] [--schemes 'W:F,M;...'] [--only PART,...]
+    python tools/bench_plan.py stages [--count N] [--only PART,...]
     python tools/bench_plan.py syncs [--only NAME,...] [--verbose] [--json PATH]
     python tools/bench_plan.py search [--which llama3_8b,deepseek_v3_671b]
 
@@ -29,6 +30,10 @@ more repeats of the layer block, extrapolated) against full-depth plans.
 one recorded, against plans from the few :data:`npu_inject.planner.job.RECORDED_MICROBATCHES` records (each scheme
 ``W:F,M``: a warm-up step of W, then F and M microbatches per pipeline rank, extrapolated): the time each took to
 plan, the step time and each pipeline rank's reserved memory with their errors.
+
+``stages``: the same pipelines with every pipeline rank recorded, against plans in which one middle stage's
+recording, reordered, stands for the middle stages of its kind (:mod:`npu_inject.planner.stages`): the time each
+took to plan, the step time and each pipeline rank's reserved memory with their errors.
 
 ``syncs``: the host reads the planner marks in a step (:mod:`npu_inject.planner.host_reads`: torchtitan's, the
 runtime's) against the host synchronisations the CANN emulation counts in the same step of the same command run
@@ -495,6 +500,41 @@ def cmd_microbatches(args) -> int:
     return 0
 
 
+def cmd_stages(args) -> int:
+    """Pipelines planned with their middle stages sharing one recording, against every stage recorded."""
+    from npu_inject import hardware
+    from npu_inject.planner import job
+
+    catalog = hardware.load()
+    names = [name for name in PIPELINES if not args.only or any(part in name for part in args.only.split(","))]
+    print(f"{'case':34} {'recorded':>22} {'planned in s':>12} {'step s':>9}  reserved GiB per pp rank")
+    for name in names:
+        hardware_name, ranks, base = PIPELINES[name]
+        argv = [*base, "--training.local_batch_size", str(args.count), "--training.global_batch_size",
+                str(args.count)]
+        profile = catalog.find(hardware_name)
+        pool = _pool(argv)
+        plans = {}
+        try:
+            for label, share in (("every stage", False), ("middle stages shared", True)):
+                job.SHARE_STAGES = share
+                started = time.monotonic()
+                plan = job.plan_job(argv, profile=profile, efficiency=catalog.efficiency[profile.family],
+                                    world_size=ranks, pool=pool, progress=lambda line: None)
+                plans[label] = (plan, time.monotonic() - started)
+        finally:
+            job.SHARE_STAGES = True
+            pool.shutdown()
+        truth = plans["every stage"][0]
+        for label, (plan, seconds) in plans.items():
+            reserved = " ".join(f"{role.peak_reserved / GIB:6.2f}" for role in plan.roles)
+            errors = "" if plan is truth else "  errors: step {}, reserved {}".format(
+                _error(plan.step_s, truth.step_s),
+                " ".join(_error(a.peak_reserved, b.peak_reserved) for a, b in zip(plan.roles, truth.roles)))
+            print(f"{name:34} {label:>22} {seconds:12.1f} {plan.step_s:9.3f}  {reserved}{errors}", flush=True)
+    return 0
+
+
 DEPTH_CASES = {
     "llama3_8b FSDP 8 (A2)": ("A2", 8, LLAMA8B_TT),
     "llama3_8b PP 4 (A2)": ("A2", 8, [*LLAMA8B_TT, "--parallelism.pipeline_parallel_degree", "4",
@@ -582,6 +622,10 @@ def main(argv: list[str] | None = None) -> int:
                               help="';'-separated W:F,M: warm-up, fewer and more microbatches per pipeline rank")
     microbatches.add_argument("--only", help="comma-separated parts of the cases' names")
     microbatches.set_defaults(run=cmd_microbatches)
+    shared = commands.add_parser("stages")
+    shared.add_argument("--count", type=int, default=32, help="the job's microbatches per step")
+    shared.add_argument("--only", help="comma-separated parts of the cases' names")
+    shared.set_defaults(run=cmd_stages)
     syncs = commands.add_parser("syncs")
     syncs.add_argument("--only", help="comma-separated case names")
     syncs.add_argument("--verbose", action="store_true", help="also list the planned sites")

@@ -127,7 +127,22 @@ def describe(argv: list[str], world_size: int) -> dict[str, Any]:
         "dp": dp,
         "pp_schedule": parallelism.pipeline_parallel_schedule,
         "activation_checkpoint": activation_checkpoint_mode(config),
+        # What each pipeline stage holds: stages of one kind can share a recording (npu_inject.planner.stages).
+        "stage_kinds": stage_kinds(config) if parallelism.pipeline_parallel_degree > 1 else [],
+        "stage_first_layers": first_layers(config) if parallelism.pipeline_parallel_degree > 1 else [],
     }
+
+
+def stage_kinds(config) -> list[str]:
+    from npu_inject.planner import stages
+
+    return stages.stage_kinds(config)
+
+
+def first_layers(config) -> list[int]:
+    from npu_inject.planner import stages
+
+    return stages.first_layers(config)
 
 
 def experts(config) -> int | None:

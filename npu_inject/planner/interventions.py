@@ -37,6 +37,9 @@ What the planner changes, and why (recorded and undone like a patch's changes):
   process group cannot) is given statically: the first stage takes the token batch, the others the
   residual stream torchtitan's decoders pass between stages, (microbatch, sequence / cp / (tp with
   sequence parallel), dim) in the compute dtype; outputs come from running the stage on that input.
+* torch's 1F1B schedule (``Schedule1F1B._step_microbatches``), each microbatch's forward and backward on a
+  stage and each batch of sends and receives: marked in the trace where they begin and end, so that one middle
+  stage's recording can be laid out in another's order (:mod:`npu_inject.planner.stages`).
 * the NPU kernels' planning fakes (:mod:`npu_inject.ops.planning`, hook ``announce``): each call is one
   kernel launch the recorder counts, with the bytes it reads and writes.
 """
@@ -146,6 +149,10 @@ def planner_changes(recorder, fake_mode, config):
         "torchtitan.models.common.token_dispatcher:AllToAllTokenDispatcher._sync_token_count_exchange",
         "torch.distributed.fsdp._fully_shard._fsdp_param:_chunk_with_empty",
         "spmd_types._checker:_ShardPropagator._get_mesh",
+        "torch.distributed.pipelining.schedules:Schedule1F1B._step_microbatches",
+        "torch.distributed.pipelining.schedules:_batch_p2p",
+        "torch.distributed.pipelining.stage:_PipelineStageBase.forward_one_chunk",
+        "torch.distributed.pipelining.stage:_PipelineStageBase.backward_one_chunk",
     ))
 
     def init_distributed(original, trainer, *args, **kwargs):
@@ -226,6 +233,28 @@ def planner_changes(recorder, fake_mode, config):
         return original(schedule, stages, args, kwargs, *rest, **keywords)
 
     context.wrap("_PipelineSchedule._initialize_pp_stages", initialize_pp_stages)
+
+    # A 1F1B schedule's parts marked, so that the recording of one middle stage can stand for the others
+    # (npu_inject.planner.stages reorders its parts as another stage's schedule runs them).
+    from npu_inject.planner import stages as pipeline_stages
+
+    def marked(opening):
+        def around(original, *args, **kwargs):
+            if recorder.paused:
+                return original(*args, **kwargs)
+            recorder.mark(opening(*args, **kwargs))
+            try:
+                return original(*args, **kwargs)
+            finally:
+                recorder.mark(pipeline_stages.PART_END)
+        return around
+
+    context.wrap("Schedule1F1B._step_microbatches", marked(lambda *args, **kwargs: pipeline_stages.SCHEDULE))
+    context.wrap("_batch_p2p", marked(lambda *args, **kwargs: pipeline_stages.P2P))
+    context.wrap("_PipelineStageBase.forward_one_chunk", marked(
+        lambda stage, *args, **kwargs: f"{pipeline_stages.FORWARD} {args[0] if args else kwargs['fwd_chunk_id']}"))
+    context.wrap("_PipelineStageBase.backward_one_chunk", marked(
+        lambda stage, *args, **kwargs: f"{pipeline_stages.BACKWARD} {args[0] if args else kwargs['bwd_chunk_id']}"))
 
     def real_tensors(original, *args, **kwargs):
         # A device mesh holds its ranks in a real tensor and reads them back.

@@ -16,7 +16,7 @@ import time
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from npu_inject.planner import costmodel, depth, memory, session, workers
+from npu_inject.planner import costmodel, depth, memory, session, stages, workers
 
 GIB = 2**30
 
@@ -146,6 +146,9 @@ def _group_window(trace, step: int, group: int) -> tuple[int, int]:
 # and two put its first stage 4.3% high.
 RECORDED_MICROBATCHES = (2, 3)
 WARM_UP_MICROBATCHES = 1
+# A 1F1B pipeline's middle stages of one kind share one recording at full depth (npu_inject.planner.stages);
+# tools/bench_plan.py microbatches --stages turns it off to hold the copies against recordings of their own.
+SHARE_STAGES = True
 
 
 def reduced_microbatches(facts: dict[str, Any]) -> tuple[int, int, int] | None:
@@ -173,13 +176,16 @@ def _with_microbatches(argv: list[str], facts: dict[str, Any], count: int | None
 class Pending:
     """A recording under way: its roles' futures at each depth (and microbatch count, see
     :func:`reduced_microbatches`). ``facts`` (:func:`workers.describe`'s, with this job's degrees and batch) spare
-    a pipeline job the wait for its own: the search knows them for every layout it starts."""
+    a pipeline job the wait for its own: the search knows them for every layout it starts. A 1F1B pipeline's
+    middle stages of one kind are recorded once at full depth (:mod:`npu_inject.planner.stages`)."""
 
     def __init__(self, argv, world_size, depths, pool, pp: int | None, progress=None, facts=None) -> None:
         self.argv, self.world_size, self.depths, self.pool = list(argv), world_size, depths, pool
         self.progress = progress or (lambda line: None)
         self.started = time.monotonic()
         self.microbatches = None
+        self.shared: dict[int, int] = {}  # stage -> the stage whose recording stands for it
+        self.facts = facts
         if pp is None or pp > 1:
             # The parsed job says how many pipeline ranks to record and how many microbatches they run.
             if facts is None:
@@ -187,26 +193,40 @@ class Pending:
                 for _ in workers.wait_for([described], self.progress, lambda _, seconds: (
                         f"reading the job's configuration in the planner's workers ({seconds:.0f} s)")):
                     facts = described.result()
+                self.facts = facts
             pp = facts["pp"]
             self.microbatches = reduced_microbatches(facts)
-        # With fewer microbatches recorded, each recording warms up with one microbatch per stage, then runs a step
-        # of the fewer and one of the more (the model built once for all three).
+            if depths == (None,) and SHARE_STAGES:
+                self.shared = stages.donors(facts)
+        self.pp = pp
+        self.futures = {key: self._submit(*key) for key in
+                        ((index, stage) for index in range(len(depths)) for stage in range(pp)
+                         if stage not in self.shared)}
         fewer, more = self.microbatches[:2] if self.microbatches else (None, None)
-        built = pp * WARM_UP_MICROBATCHES if self.microbatches else None
-        self.futures = {(index, stage): pool.submit(workers.record, _with_microbatches(argv, facts, built), world_size,
-                                                    stage * (world_size // pp), units,
-                                                    (fewer, more) if self.microbatches else None)
-                        for index, units in enumerate(depths) for stage in range(pp)}
         depth_text = ("at full depth" if depths == (None,) else
                       f"with {depths[0]} and {depths[1]} repeats of the layer block per stage (extrapolated)")
         roles = f"{pp} pipeline ranks" if pp > 1 else "one rank (it stands for all)"
+        if self.shared:
+            by_donor: dict[int, list[int]] = {}
+            for stage, donor in self.shared.items():
+                by_donor.setdefault(donor, []).append(stage)
+            roles += " (" + "; ".join(f"stage {donor}'s recording reordered for stages {_stage_list(copies)}"
+                                      for donor, copies in sorted(by_donor.items())) + ")"
         if self.microbatches:
-            self.progress(f"recording {roles} {depth_text}, a step of {built} microbatches to warm up, then {fewer} "
-                          f"and {more} of the step's {self.microbatches[2]} (extrapolated): {len(self.futures)} "
-                          "recordings")
+            self.progress(f"recording {roles} {depth_text}, a step of {pp * WARM_UP_MICROBATCHES} microbatches to "
+                          f"warm up, then {fewer} and {more} of the step's {self.microbatches[2]} (extrapolated): "
+                          f"{len(self.futures)} recordings")
         else:
             self.progress(f"recording {roles} {depth_text}: {len(self.futures)} recording"
                           + ("s" if len(self.futures) > 1 else ""))
+
+    def _submit(self, index: int, stage: int):
+        # With fewer microbatches recorded, each recording warms up with one microbatch per stage, then runs a step
+        # of the fewer and one of the more (the model built once for all three).
+        built = self.pp * WARM_UP_MICROBATCHES if self.microbatches else None
+        return self.pool.submit(workers.record, _with_microbatches(self.argv, self.facts, built), self.world_size,
+                                stage * (self.world_size // self.pp), self.depths[index],
+                                self.microbatches[:2] if self.microbatches else None)
 
     def wait(self, timeout: float | None) -> bool:
         """Whether every recording has finished, waiting at most ``timeout`` seconds for them."""
@@ -214,27 +234,71 @@ class Pending:
 
         return not concurrent.futures.wait(self.futures.values(), timeout=timeout).not_done
 
-    def result(self) -> "Recording":
-        roles: list[dict[int, Any]] = [{} for _ in range(len(self.depths) * (2 if self.microbatches else 1))]
-
-        keys = {future: key for key, future in self.futures.items()}
+    def _collect(self, futures: dict) -> dict:
+        keys = {future: key for key, future in futures.items()}
+        results = {}
         try:
             for done, future in enumerate(workers.wait_for(keys, self.progress, lambda finished, _: (
                     f"recording: {finished} of {len(keys)} done "
                     f"({time.monotonic() - self.started:.0f} s)")), start=1):
-                index, stage = keys[future]
-                if self.microbatches:  # (depth, fewer), (depth, more): the order evaluate() pairs them in
-                    roles[2 * index][stage], roles[2 * index + 1][stage] = session.split_grown(future.result())
-                else:
-                    roles[index][stage] = future.result()
+                results[keys[future]] = future.result()
                 if len(keys) > 1:
                     self.progress(f"recorded {done} of {len(keys)} ({time.monotonic() - self.started:.0f} s)")
         except BaseException:
-            for future in self.futures.values():
+            for future in futures.values():
                 future.cancel()
             raise
+        return results
+
+    def _reordered(self, results: dict) -> dict:
+        """The shared stages' recordings, their donors' reordered; those that cannot be are recorded now."""
+        made, refused = {}, {}
+        ranks_per_stage = self.world_size // self.pp
+        first = self.facts.get("stage_first_layers") or []
+        for (index, donor), result in list(results.items()):
+            for stage in (stage for stage, of in self.shared.items() if of == donor):
+                try:
+                    trace = stages.as_stage(result.trace, donor=donor, stage=stage, stages=self.pp,
+                                            ranks_per_stage=ranks_per_stage,
+                                            layer_offset=first[stage] - first[donor] if first else 0)
+                except stages.NotShareable as exc:
+                    refused[(index, stage)] = str(exc)
+                    continue
+                made[(index, stage)] = replace(result, rank=stage * ranks_per_stage, trace=trace,
+                                               info=dict(result.info))
+        if refused:
+            reason = next(iter(refused.values()))
+            # Said, and recorded after all: a stage planned as its donor's copy would be wrong without a word.
+            self.progress(f"stages {_stage_list(sorted({stage for _, stage in refused}))} recorded after all: their "
+                          f"donor's recording could not be reordered ({reason})")
+            made.update(self._collect({key: self._submit(*key) for key in refused}))
+        return made
+
+    def result(self) -> "Recording":
+        results = self._collect(self.futures)
+        if self.shared:
+            results.update(self._reordered(results))
+        roles: list[dict[int, Any]] = [{} for _ in range(len(self.depths) * (2 if self.microbatches else 1))]
+        for (index, stage), result in results.items():
+            result.trace.events = None  # the order of events served the reordering
+            if self.microbatches:  # (depth, fewer), (depth, more): the order evaluate() pairs them in
+                roles[2 * index][stage], roles[2 * index + 1][stage] = session.split_grown(result)
+            else:
+                roles[index][stage] = result
         return Recording(self.argv, self.world_size, self.depths, [dict(sorted(r.items())) for r in roles],
                          time.monotonic() - self.started, self.microbatches)
+
+
+def _stage_list(numbers: list[int]) -> str:
+    """[3, 4, 5, 6, 9] -> "3-6 and 9"."""
+    runs: list[list[int]] = []
+    for number in sorted(numbers):
+        if runs and number == runs[-1][-1] + 1:
+            runs[-1].append(number)
+        else:
+            runs.append([number])
+    texts = [f"{run[0]}-{run[-1]}" if len(run) > 2 else ", ".join(map(str, run)) for run in runs]
+    return texts[0] if len(texts) == 1 else ", ".join(texts[:-1]) + " and " + texts[-1]
 
 
 def _evaluate(recorded: dict[int, Any], *, profile, efficiency, world_size, expandable, argv, started) -> JobPlan:

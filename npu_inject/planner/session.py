@@ -218,6 +218,8 @@ def run(argv: list[str], *, world_size: int, rank: int, steps: int = 2, selectio
     config.dataloader = NotBuilt("the data loader")
     fake_mode = FakeTensorMode(allow_non_fake_inputs=True)
     recorder = Recorder(fake_mode, {torch.cpu.current_stream(): 0})
+    if config.parallelism.pipeline_parallel_degree > 1:
+        recorder.keep_events()  # a middle stage's recording may stand for others (npu_inject.planner.stages)
     context = planner_changes(recorder, fake_mode, config)
     try:
         trainer = titan_trainer.Trainer(config)

@@ -96,6 +96,13 @@ class Trace:
     allocations: list[Allocation] = field(default_factory=list)
     # (op index, event): "reset_peaks" / "empty_cache" where torchtitan calls them, "step <n>" markers
     marks: list[tuple[int, str]] = field(default_factory=list)
+    # Everything above in the order it happened, when kept (a pipeline's, :mod:`npu_inject.planner.stages`):
+    # (OP, op index), (MARK, position in ``marks``), (ALLOCATED, allocation id), (FREED, allocation id). An
+    # allocation's ``op`` and ``freed`` say which ops it lived between, not whether a mark came before or after.
+    events: list[tuple[str, int]] | None = None
+
+
+OP, MARK, ALLOCATED, FREED = "op", "mark", "allocated", "freed"
 
 
 def _storage(tensor: torch.Tensor):
@@ -231,6 +238,7 @@ class Recorder(TorchDispatchMode):
                                 category=category)
         self.trace.allocations.append(allocation)
         self._ids[key] = allocation.id
+        self._event(ALLOCATED, allocation.id)
         return allocation
 
     def _watch(self, storage, key: int) -> None:
@@ -244,6 +252,8 @@ class Recorder(TorchDispatchMode):
             current = ids.pop(key, None)
             if current is not None and trace.allocations[current].freed is None:
                 trace.allocations[current].freed = len(trace.ops)
+                if trace.events is not None:
+                    trace.events.append((FREED, current))
 
         self._refs[key] = weakref.ref(storage, freed)
 
@@ -253,6 +263,7 @@ class Recorder(TorchDispatchMode):
         current = self._ids.pop(storage._cdata, None) if storage is not None else None
         if current is not None and self.trace.allocations[current].freed is None:
             self.trace.allocations[current].freed = len(self.trace.ops)
+            self._event(FREED, current)
 
     def resized(self, storage, nbytes: int) -> None:
         """``UntypedStorage.resize_``: FSDP2 frees an unsharded parameter's memory by resizing its storage
@@ -263,6 +274,7 @@ class Recorder(TorchDispatchMode):
         current = self._ids.pop(key, None)
         if current is not None and self.trace.allocations[current].freed is None:
             self.trace.allocations[current].freed = len(self.trace.ops)
+            self._event(FREED, current)
         if nbytes > 0:
             self._allocate(key, nbytes, len(self.trace.ops))
             self._watch(storage, key)
@@ -281,10 +293,21 @@ class Recorder(TorchDispatchMode):
                                  self._stream(), self._module_of(),
                                  tuple(i for i in ids[:len(inputs)] if i is not None),
                                  tuple(i for i in ids[len(inputs):] if i is not None), views=self._views))
+        self._event(OP, len(self.trace.ops) - 1)
         self._views = 0
 
     def mark(self, event: str) -> None:
         self.trace.marks.append((len(self.trace.ops), event))
+        self._event(MARK, len(self.trace.marks) - 1)
+
+    def keep_events(self) -> None:
+        """Log from now on the order in which ops, marks, allocations and frees happen (``Trace.events``)."""
+        if self.trace.events is None:
+            self.trace.events = []
+
+    def _event(self, kind: str, key: int) -> None:
+        if self.trace.events is not None:
+            self.trace.events.append((kind, key))
 
     def host_read(self, site: str) -> None:
         """The NPU job reads a device value on the host here (:mod:`npu_inject.planner.host_reads`)."""
@@ -345,6 +368,7 @@ class Recorder(TorchDispatchMode):
                     "output_tensors", values.get("output")))))[0] if isinstance(t, torch.Tensor)]
                 op.outputs = tuple(dict.fromkeys((*op.outputs, *(i for i in map(self.track, written) if i is not None))))
         self.trace.ops.append(op)
+        self._event(OP, index)
 
     def _flops(self, func, args, kwargs, out) -> float:
         formula = flop_registry.get(func._overloadpacket)

@@ -140,6 +140,48 @@ def test_a_pipeline_with_many_microbatches_is_extrapolated_from_fewer_and_agrees
         assert a.peak_allocated == pytest.approx(b.peak_allocated, rel=0.05)
 
 
+def test_a_middle_stage_reordered_plans_as_its_own_recording(monkeypatch):
+    """1F1B on 4 stages of the debug model (stages 1 and 2 hold two layers each): stage 1's recording reordered
+    for stage 2 against stage 2 recorded, op for op, and the plans made both ways."""
+    from npu_inject import hardware
+    from npu_inject.planner import job, memory, stages, workers
+
+    argv = [*DEBUG, "--parallelism.pipeline_parallel_degree", "4", "--parallelism.pipeline_parallel_schedule",
+            "1F1B", "--training.local_batch_size", "16", "--parallelism.pipeline_parallel_microbatch_size", "1"]
+    profile = hardware.load().find("A2")
+    efficiency = hardware.load().efficiency[profile.family]
+    pool = workers.executor(selection="", modules=job.model_packages(argv))
+    lines: list[str] = []
+    try:
+        facts = pool.submit(workers.describe, argv, 4).result()
+        built = job._with_microbatches(argv, facts, 4)
+        donor, own = (pool.submit(workers.record, built, 4, stage, None, (8, 12)) for stage in (1, 2))
+        donor, own = donor.result(), own.result()
+        shared = job.plan_job(argv, profile=profile, efficiency=efficiency, world_size=4, pool=pool,
+                              progress=lines.append)
+        monkeypatch.setattr(job, "SHARE_STAGES", False)
+        recorded = job.plan_job(argv, profile=profile, efficiency=efficiency, world_size=4, pool=pool)
+    finally:
+        pool.shutdown()
+    copy = stages.as_stage(donor.trace, donor=1, stage=2, stages=4, ranks_per_stage=1,
+                           layer_offset=facts["stage_first_layers"][2] - facts["stage_first_layers"][1])
+
+    def what(op):
+        return (op.name, op.flops, op.bytes, op.phase, op.module, op.collective, op.group, op.peer, op.shape)
+
+    assert [what(op) for op in copy.ops] == [what(op) for op in own.trace.ops]
+    # The same allocations between the same ops (numbered as each recording made them).
+    assert (sorted((a.op, a.freed if a.freed is not None else -1, a.nbytes) for a in copy.allocations)
+            == sorted((a.op, a.freed if a.freed is not None else -1, a.nbytes) for a in own.trace.allocations))
+    replayed = [memory.replay(trace, pad=512, expandable=False, device_memory=2**36).steps
+                for trace in (copy, own.trace)]
+    assert {name: step.peak_reserved for name, step in replayed[0].items()} == {
+        name: step.peak_reserved for name, step in replayed[1].items()}
+    assert any("stage 1's recording reordered for stages 2" in line for line in lines), lines
+    assert shared.step_s == pytest.approx(recorded.step_s, rel=1e-9)
+    assert [role.peak_reserved for role in shared.roles] == [role.peak_reserved for role in recorded.roles]
+
+
 def test_a_torchft_job_is_planned_as_one_replica_group_with_its_cross_group_all_reduce(tmp_path):
     # upstream's torchft config (llama3's debug model), HSDP across 4 replica groups of 8 ranks
     json_path = tmp_path / "plan.json"
