@@ -2,8 +2,10 @@
 
 A role is a pipeline rank: the ranks of one stage run the same code on equal shards (tensor, context,
 expert and data parallel shards are symmetric), so one rank stands for each. Every pipeline rank is
-recorded (their schedules differ: a 1F1B stage runs as many warm-up forwards as stages follow it),
-each by :mod:`npu_inject.planner.session` in a fork of a preloaded process (:mod:`workers`), as many
+recorded (their schedules differ: a 1F1B stage runs as many warm-up forwards as stages follow it), except
+the middle stages of a 1F1B pipeline that hold what an earlier middle stage holds: that stage's recording,
+reordered as their schedule runs its parts, stands for them (:mod:`npu_inject.planner.stages`). Each recording
+is made by :mod:`npu_inject.planner.session` in a fork of a preloaded process (:mod:`workers`), as many
 at once as the host has cores; a role's memory is replayed through the allocator model, and all
 roles' steps are played out together by the cost model. Recording every stage costs about what one
 unpipelined rank does: each holds its share of the layers. With ``units``, the job is recorded shallow at two
@@ -301,7 +303,11 @@ def _stage_list(numbers: list[int]) -> str:
     return texts[0] if len(texts) == 1 else ", ".join(texts[:-1]) + " and " + texts[-1]
 
 
-def _evaluate(recorded: dict[int, Any], *, profile, efficiency, world_size, expandable, argv, started) -> JobPlan:
+def _evaluate(recorded: dict[int, Any], *, profile, efficiency, world_size, expandable, argv, started,
+              replays: dict | None = None) -> JobPlan:
+    """``replays``: memory replays by trace, shared by the plans of one evaluation (a pipeline's fewer and more
+    microbatches are two steps of one trace)."""
+    replays = {} if replays is None else replays
     info = dict(recorded[0].info)
     pp = info["parallel"]["pp"]
     capacity = int(profile.memory_gib * GIB)
@@ -311,8 +317,11 @@ def _evaluate(recorded: dict[int, Any], *, profile, efficiency, world_size, expa
         collectives, peers = _communicators(result.trace)
         buffer = int(profile.comm_buffer_mib * 2**20)
         buffers = collectives * buffer + peers * buffer // 10
-        replayed = memory.replay(result.trace, pad=profile.allocator_pad_bytes, expandable=expandable,
-                                 device_memory=capacity, limit=max(capacity - buffers - runtime, 0))
+        replayed = replays.get(id(result.trace))
+        if replayed is None:
+            replayed = replays[id(result.trace)] = memory.replay(
+                result.trace, pad=profile.allocator_pad_bytes, expandable=expandable, device_memory=capacity,
+                limit=max(capacity - buffers - runtime, 0))
         steady = replayed.steps[f"step {result.info['steps_recorded']}"]
         counted = [replayed.steps[name] for name in result.info.get("peak_steps", replayed.steps)]
         by_module: dict[str, int] = {}
@@ -434,10 +443,11 @@ def evaluate(recording: Recording, *, profile, efficiency: dict[str, float], exp
     key = (id(profile), tuple(sorted(efficiency.items())), expandable)
     plans = recording.evaluated.get(key, (None, None))[1] if recording.microbatches else None
     if plans is None:
+        replays: dict = {}  # each trace replayed once (its traces live as long as the recording)
         with workers.saying(progress, lambda seconds: (
                 f"replaying the recorded memory through the allocator model, playing out the step ({seconds:.0f} s)")):
             plans = [_evaluate(roles, profile=profile, efficiency=efficiency, world_size=recording.world_size,
-                               expandable=expandable, argv=recording.argv, started=started)
+                               expandable=expandable, argv=recording.argv, started=started, replays=replays)
                      for roles in recording.roles]
         if recording.microbatches:  # _more_microbatches makes new plans from these: they stay as evaluated
             recording.evaluated[key] = (profile, plans)  # the profile held: its id stays its own
