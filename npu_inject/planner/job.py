@@ -212,8 +212,8 @@ class Pending:
             by_donor: dict[int, list[int]] = {}
             for stage, donor in self.shared.items():
                 by_donor.setdefault(donor, []).append(stage)
-            roles += " (" + "; ".join(f"stage {donor}'s recording reordered for stages {_stage_list(copies)}"
-                                      for donor, copies in sorted(by_donor.items())) + ")"
+            roles += " (" + "; ".join(f"stage {donor}'s recording reordered for stage{'s' if len(copies) > 1 else ''} "
+                                      f"{_stage_list(copies)}" for donor, copies in sorted(by_donor.items())) + ")"
         if self.microbatches:
             self.progress(f"recording {roles} {depth_text}, a step of {pp * WARM_UP_MICROBATCHES} microbatches to "
                           f"warm up, then {fewer} and {more} of the step's {self.microbatches[2]} (extrapolated): "

@@ -75,3 +75,66 @@ def test_stage_lists_read_as_ranges():
     assert _stage_list([3, 4, 5, 6]) == "3-6"
     assert _stage_list([2, 3]) == "2, 3"
     assert _stage_list([6, 3, 4, 5, 9]) == "3-6 and 9"
+
+
+def _recorded(parts, stage: int, pp: int) -> Trace:
+    """A trace as the recorder would leave it for ``parts`` (one_f_one_b's form) on ``stage``: each forward makes
+    an activation its backward frees; each send or receive is one op with the pipeline group (1 rank per stage)."""
+    from npu_inject.planner.trace import ALLOCATED, FREED, MARK, OP, Allocation, Op
+
+    trace = Trace(events=[])
+    activations: dict[int, int] = {}
+
+    def mark(text):
+        trace.marks.append((len(trace.ops), text))
+        trace.events.append((MARK, len(trace.marks) - 1))
+
+    def op(name, **fields):
+        trace.ops.append(Op(len(trace.ops), name, fields.pop("kind", "compute"), 1.0, 8, "bfloat16", "forward", 0,
+                            fields.pop("module", ""), (), (), **fields))
+        trace.events.append((OP, len(trace.ops) - 1))
+
+    mark(stages.SCHEDULE)
+    for kind, value in parts:
+        if kind == "p2p":
+            mark(stages.P2P)
+            for direction, _ in value:
+                peer = stage - 1 if direction in ("fwd_recv", "bwd_send") else stage + 1
+                op("c10d." + direction.split("_")[1], kind="collective", collective=direction.split("_")[1],
+                   group=tuple(range(pp)), peer=peer)
+            mark(stages.PART_END)
+            continue
+        mark(f"{stages.FORWARD if kind == 'F' else stages.BACKWARD} {value}")
+        if kind == "F":
+            trace.allocations.append(Allocation(len(trace.allocations), 100, 0, len(trace.ops), "forward"))
+            activations[value] = len(trace.allocations) - 1
+            trace.events.append((ALLOCATED, activations[value]))
+        op("aten.mm", module=f"layers.{stage}.feed_forward")
+        if kind == "B":
+            trace.allocations[activations[value]].freed = len(trace.ops)
+            trace.events.append((FREED, activations[value]))
+        mark(stages.PART_END)
+    mark(stages.PART_END)
+    return trace
+
+
+def test_a_recorded_order_is_laid_out_in_the_other_stages_order_with_its_peers_and_layers_moved():
+    donor = _recorded(stages.one_f_one_b(1, 4, 6), 1, 4)
+    copy = stages.as_stage(donor, donor=1, stage=2, stages=4, ranks_per_stage=1, layer_offset=1)
+    expected = _recorded(stages.one_f_one_b(2, 4, 6), 2, 4)
+    assert [(op.name, op.group, op.peer, op.module) for op in copy.ops] == [
+        (op.name, op.group, op.peer, op.module) for op in expected.ops]
+    # Each activation lives from its forward to its backward, as the stage's own order places them.
+    assert sorted((a.op, a.freed) for a in copy.allocations) == sorted((a.op, a.freed) for a in expected.allocations)
+    def parts(trace):  # a batch's marks go with its sends and receives, which the other order batches anew
+        return [(index, text) for index, text in trace.marks if text.startswith((stages.FORWARD, stages.BACKWARD))]
+
+    assert parts(copy) == parts(expected)
+
+
+def test_a_recorded_order_other_than_the_written_out_one_is_refused():
+    parts = stages.one_f_one_b(1, 4, 6)
+    first, second = [n for n, part in enumerate(parts) if part[0] == "F"][:2]
+    parts[first], parts[second] = parts[second], parts[first]
+    with pytest.raises(stages.NotShareable, match="does not follow torch's 1F1B"):
+        stages.as_stage(_recorded(parts, 1, 4), donor=1, stage=2, stages=4, ranks_per_stage=1)
