@@ -461,36 +461,37 @@ def _scheme(text: str) -> tuple[int, tuple[int, int]]:
     return int(warm), (fewer, more)
 
 
-def cmd_microbatches(args) -> int:
-    """A pipeline's many microbatches planned from a few, against recording every one of ``--count``."""
+def _compare_pipelines(args, variants: list[tuple[str, dict]]) -> int:
+    """Each case of :data:`PIPELINES` (``--only``) with ``--count`` microbatches per step, planned once per variant
+    (label, the settings of :mod:`npu_inject.planner.job` it plans with), against the first; the settings are put
+    back after."""
     from npu_inject import hardware
     from npu_inject.planner import job
 
     catalog = hardware.load()
     names = [name for name in PIPELINES if not args.only or any(part in name for part in args.only.split(","))]
+    saved = {name: getattr(job, name) for _, settings in variants for name in settings}
     print(f"{'case':34} {'recorded':>22} {'planned in s':>12} {'step s':>9}  reserved GiB per pp rank")
     for name in names:
         hardware_name, ranks, base = PIPELINES[name]
         argv = [*base, "--training.local_batch_size", str(args.count), "--training.global_batch_size",
                 str(args.count)]
         profile = catalog.find(hardware_name)
-        efficiency = catalog.efficiency[profile.family]
         pool = _pool(argv)
         plans = {}
         try:
-            for scheme in ["all", *args.schemes.split(";")]:
-                if scheme == "all":  # every microbatch recorded: the recorded counts above the job's
-                    job.RECORDED_MICROBATCHES, job.WARM_UP_MICROBATCHES = (args.count, args.count + 1), 1
-                    label = f"all {args.count}"
-                else:
-                    job.WARM_UP_MICROBATCHES, job.RECORDED_MICROBATCHES = _scheme(scheme)
-                    label = f"x pp {scheme}"
+            for label, settings in variants:
+                for setting, value in settings.items():
+                    setattr(job, setting, value)
                 started = time.monotonic()
-                plan = job.plan_job(argv, profile=profile, efficiency=efficiency, world_size=ranks, pool=pool)
+                plan = job.plan_job(argv, profile=profile, efficiency=catalog.efficiency[profile.family],
+                                    world_size=ranks, pool=pool)
                 plans[label] = (plan, time.monotonic() - started)
         finally:
+            for setting, value in saved.items():
+                setattr(job, setting, value)
             pool.shutdown()
-        truth = plans[f"all {args.count}"][0]
+        truth = plans[variants[0][0]][0]
         for label, (plan, seconds) in plans.items():
             reserved = " ".join(f"{role.peak_reserved / GIB:6.2f}" for role in plan.roles)
             errors = "" if plan is truth else "  errors: step {}, reserved {}".format(
@@ -498,41 +499,23 @@ def cmd_microbatches(args) -> int:
                 " ".join(_error(a.peak_reserved, b.peak_reserved) for a, b in zip(plan.roles, truth.roles)))
             print(f"{name:34} {label:>22} {seconds:12.1f} {plan.step_s:9.3f}  {reserved}{errors}", flush=True)
     return 0
+
+
+def cmd_microbatches(args) -> int:
+    """A pipeline's many microbatches planned from a few, against recording every one of ``--count``."""
+    # Every microbatch recorded: the recorded counts above the job's.
+    variants = [(f"all {args.count}", {"RECORDED_MICROBATCHES": (args.count, args.count + 1),
+                                       "WARM_UP_MICROBATCHES": 1})]
+    for scheme in args.schemes.split(";"):
+        warm_up, counts = _scheme(scheme)
+        variants.append((f"x pp {scheme}", {"RECORDED_MICROBATCHES": counts, "WARM_UP_MICROBATCHES": warm_up}))
+    return _compare_pipelines(args, variants)
 
 
 def cmd_stages(args) -> int:
     """Pipelines planned with their middle stages sharing one recording, against every stage recorded."""
-    from npu_inject import hardware
-    from npu_inject.planner import job
-
-    catalog = hardware.load()
-    names = [name for name in PIPELINES if not args.only or any(part in name for part in args.only.split(","))]
-    print(f"{'case':34} {'recorded':>22} {'planned in s':>12} {'step s':>9}  reserved GiB per pp rank")
-    for name in names:
-        hardware_name, ranks, base = PIPELINES[name]
-        argv = [*base, "--training.local_batch_size", str(args.count), "--training.global_batch_size",
-                str(args.count)]
-        profile = catalog.find(hardware_name)
-        pool = _pool(argv)
-        plans = {}
-        try:
-            for label, share in (("every stage", False), ("middle stages shared", True)):
-                job.SHARE_STAGES = share
-                started = time.monotonic()
-                plan = job.plan_job(argv, profile=profile, efficiency=catalog.efficiency[profile.family],
-                                    world_size=ranks, pool=pool, progress=lambda line: None)
-                plans[label] = (plan, time.monotonic() - started)
-        finally:
-            job.SHARE_STAGES = True
-            pool.shutdown()
-        truth = plans["every stage"][0]
-        for label, (plan, seconds) in plans.items():
-            reserved = " ".join(f"{role.peak_reserved / GIB:6.2f}" for role in plan.roles)
-            errors = "" if plan is truth else "  errors: step {}, reserved {}".format(
-                _error(plan.step_s, truth.step_s),
-                " ".join(_error(a.peak_reserved, b.peak_reserved) for a, b in zip(plan.roles, truth.roles)))
-            print(f"{name:34} {label:>22} {seconds:12.1f} {plan.step_s:9.3f}  {reserved}{errors}", flush=True)
-    return 0
+    return _compare_pipelines(args, [("every stage", {"SHARE_STAGES": False}),
+                                     ("middle stages shared", {"SHARE_STAGES": True})])
 
 
 DEPTH_CASES = {
