@@ -480,6 +480,26 @@ def _line_dict(a: dict, b: dict, line) -> dict:
     return {key: line(a.get(key, 0.0), value) for key, value in b.items()}
 
 
+def _timing_along(ta: costmodel.Timing, tb: costmodel.Timing, line, **given) -> costmodel.Timing:
+    """The Timing each of whose quantities lies on ``line(a, b)`` through ``ta``'s and ``tb``'s (a wait or a count
+    no lower than 0), those in ``given`` as they are given."""
+    def at_least_0(a, b):
+        return max(line(a, b), 0.0)
+
+    values = dict(
+        step_s=line(ta.step_s, tb.step_s), compute_s=line(ta.compute_s, tb.compute_s),
+        optimizer_s=line(ta.optimizer_s, tb.optimizer_s), bubble_s=line(ta.bubble_s, tb.bubble_s),
+        comm_s=_line_dict(ta.comm_s, tb.comm_s, line), kernels=int(line(ta.kernels, tb.kernels)),
+        comm_by_group_s=_line_dict(ta.comm_by_group_s, tb.comm_by_group_s, line),
+        waited_by_group_s=_line_dict(ta.waited_by_group_s, tb.waited_by_group_s, at_least_0),
+        host_s=line(ta.host_s, tb.host_s), overhead_s=line(ta.overhead_s, tb.overhead_s),
+        by_module=_line_dict(ta.by_module, tb.by_module, line), by_class=_line_dict(ta.by_class, tb.by_class, line),
+        by_module_class=_line_dict(ta.by_module_class, tb.by_module_class, line),
+        host_wait_s=at_least_0(ta.host_wait_s, tb.host_wait_s),
+        host_reads=_line_dict(ta.host_reads, tb.host_reads, lambda a, b: max(round(line(a, b)), 0)))
+    return costmodel.Timing(**{**values, **given}).settle()
+
+
 def _more_microbatches(fewer: JobPlan, more: JobPlan, counts: tuple[int, int, int]) -> JobPlan:
     """The plan of the step's microbatches from plans of two fewer counts, each quantity on the line through them
     (a 1F1B schedule's peak memory stays put past the warm-up; GPipe's grows with every microbatch)."""
@@ -498,18 +518,7 @@ def _more_microbatches(fewer: JobPlan, more: JobPlan, counts: tuple[int, int, in
                              at_peak={name: int(line(a.at_peak.get(name, 0), value)) for name, value in b.at_peak.items()},
                              peak_by_module={name: int(line(a.peak_by_module.get(name, 0), value))
                                              for name, value in b.peak_by_module.items()}))
-    ta, tb = fewer.timing, more.timing
-    timing = costmodel.Timing(
-        step_s=line(ta.step_s, tb.step_s), compute_s=line(ta.compute_s, tb.compute_s),
-        optimizer_s=line(ta.optimizer_s, tb.optimizer_s), bubble_s=line(ta.bubble_s, tb.bubble_s),
-        comm_s=_line_dict(ta.comm_s, tb.comm_s, line), kernels=int(line(ta.kernels, tb.kernels)),
-        comm_by_group_s=_line_dict(ta.comm_by_group_s, tb.comm_by_group_s, line),
-        waited_by_group_s=_line_dict(ta.waited_by_group_s, tb.waited_by_group_s, lambda a, b: max(line(a, b), 0.0)),
-        host_s=line(ta.host_s, tb.host_s), overhead_s=line(ta.overhead_s, tb.overhead_s),
-        by_module=_line_dict(ta.by_module, tb.by_module, line), by_class=_line_dict(ta.by_class, tb.by_class, line),
-        by_module_class=_line_dict(ta.by_module_class, tb.by_module_class, line),
-        host_wait_s=max(line(ta.host_wait_s, tb.host_wait_s), 0.0),
-        host_reads=_line_dict(ta.host_reads, tb.host_reads, lambda a, b: max(round(line(a, b)), 0))).settle()
+    timing = _timing_along(fewer.timing, more.timing, line)
     info = {**more.info, "pp_microbatches": target, "microbatches_recorded": [low, high],
             "local_batch_size": more.info["local_batch_size"] * target // high,
             "global_batch_size": more.info["global_batch_size"] * target // high}
@@ -605,21 +614,9 @@ def _extrapolate(shallow: JobPlan, deeper: JobPlan, units: tuple[int, int], seco
     # The step lasts as long as the stage with the most repeats makes it.
     target = max(shape.rank_units(stage, pp) for stage in range(pp))
     ta, tb = shallow.timing, deeper.timing
-    timing = costmodel.Timing(
-        step_s=line(ta.step_s, tb.step_s, target), compute_s=line(ta.compute_s, tb.compute_s, target),
-        optimizer_s=line(ta.optimizer_s, tb.optimizer_s, target), bubble_s=line(ta.bubble_s, tb.bubble_s, target),
-        comm_s={kind: line(ta.comm_s.get(kind, 0.0), seconds_b, target) for kind, seconds_b in tb.comm_s.items()},
-        comm_by_group_s={kind: line(ta.comm_by_group_s.get(kind, 0.0), seconds_b, target)
-                         for kind, seconds_b in tb.comm_by_group_s.items()},
-        waited_by_group_s={kind: max(line(ta.waited_by_group_s.get(kind, 0.0), seconds_b, target), 0.0)
-                           for kind, seconds_b in tb.waited_by_group_s.items()},
-        kernels=int(line(ta.kernels, tb.kernels, target)), host_s=line(ta.host_s, tb.host_s, target),
-        overhead_s=line(ta.overhead_s, tb.overhead_s, target), by_module_class=dict(tb.by_module_class),
-        by_class={key: line(ta.by_class.get(key, 0.0), seconds_b, target) for key, seconds_b in tb.by_class.items()},
-        by_module=_full_depth_modules(tb.by_module, shape, pp, line(ta.by_module.get("optimizer", 0.0),
-                                                                     tb.by_module.get("optimizer", 0.0), target)),
-        host_wait_s=max(line(ta.host_wait_s, tb.host_wait_s, target), 0.0),
-        host_reads=_line_dict(ta.host_reads, tb.host_reads, lambda a, b: max(round(line(a, b, target)), 0))).settle()
+    timing = _timing_along(ta, tb, lambda a, b: line(a, b, target), by_module_class=dict(tb.by_module_class),
+                           by_module=_full_depth_modules(tb.by_module, shape, pp, line(
+                               ta.by_module.get("optimizer", 0.0), tb.by_module.get("optimizer", 0.0), target)))
     info = dict(deeper.info)
     held = [stage for stage in range(len(shape.stages)) if any(n.startswith("layers.") for n in shape.stages[stage])]
     total_units = sum(shape.units(stage) for stage in range(len(shape.stages)))
