@@ -205,6 +205,8 @@ def _tokens(trace, region: _Run, stage: int, ranks_per_stage: int) -> tuple[list
     ("fwd_recv", i): events, ...}`` (a send or receive with the events up to the next)."""
     parts = region.parts
     microbatches = sum(1 for part in parts if part.label[0] == "F")
+    if not microbatches:
+        raise NotShareable("a schedule run without a forward")
     directions = {("recv", stage - 1): "fwd_recv", ("send", stage + 1): "fwd_send",
                   ("recv", stage + 1): "bwd_recv", ("send", stage - 1): "bwd_send"}
     per_direction: dict[str, list[list]] = {}
