@@ -270,8 +270,9 @@ class Pending:
                                                info=dict(result.info))
         if refused:
             reason = next(iter(refused.values()))
+            again = sorted({stage for _, stage in refused})
             # Said, and recorded after all: a stage planned as its donor's copy would be wrong without a word.
-            self.progress(f"stages {_stage_list(sorted({stage for _, stage in refused}))} recorded after all: their "
+            self.progress(f"stage{'s' if len(again) > 1 else ''} {_stage_list(again)} recorded after all: the "
                           f"donor's recording could not be reordered ({reason})")
             made.update(self._collect({key: self._submit(*key) for key in refused}))
         return made

@@ -138,3 +138,30 @@ def test_a_recorded_order_other_than_the_written_out_one_is_refused():
     parts[first], parts[second] = parts[second], parts[first]
     with pytest.raises(stages.NotShareable, match="does not follow torch's 1F1B"):
         stages.as_stage(_recorded(parts, 1, 4), donor=1, stage=2, stages=4, ranks_per_stage=1)
+
+
+def test_a_stage_whose_donor_cannot_be_reordered_is_said_and_recorded_after_all():
+    import concurrent.futures
+
+    from npu_inject.planner import job
+    from npu_inject.planner.session import RoleResult
+
+    submitted = []
+
+    class Pool:  # records nothing: each "recording" is a trace without its order of events
+        def submit(self, function, argv, world_size, rank, units, microbatches):
+            submitted.append(rank)
+            future = concurrent.futures.Future()
+            future.set_result(RoleResult(rank, world_size, Trace(), {}))
+            return future
+
+    facts = {"pp": 4, "microbatch_size": 1, "local_batch_size": 4, "global_batch_size": 4, "dp": 1,
+             "pp_schedule": "1F1B", "stage_kinds": ["e", "a", "a", "o"], "stage_first_layers": [-1, 0, 2, 4]}
+    lines: list[str] = []
+    pending = job.Pending(["--module", "llama3"], 4, (None,), Pool(), 4, lines.append, facts)
+    assert submitted == [0, 1, 3] and "stage 1's recording reordered for stage 2" in lines[0]
+    recording = pending.result()
+    assert submitted == [0, 1, 3, 2]
+    assert sorted(recording.roles[0]) == [0, 1, 2, 3] and recording.roles[0][2].rank == 2
+    assert any(line.startswith("stage 2 recorded after all: the donor's recording could not be reordered (the "
+                               "donor's recording kept no order of events)") for line in lines), lines
