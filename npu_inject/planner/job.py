@@ -187,6 +187,7 @@ class Pending:
         self.started = time.monotonic()
         self.microbatches = None
         self.shared: dict[int, int] = {}  # stage -> the stage whose recording stands for it
+        self.reordered: dict[int, int] = {}  # of those, the stages whose donor's recording could be reordered
         self.facts = facts
         if pp is None or pp > 1:
             # The parsed job says how many pipeline ranks to record and how many microbatches they run.
@@ -213,7 +214,7 @@ class Pending:
             for stage, donor in self.shared.items():
                 by_donor.setdefault(donor, []).append(stage)
             roles += " (" + "; ".join(f"stage {donor}'s recording reordered for stage{'s' if len(copies) > 1 else ''} "
-                                      f"{_stage_list(copies)}" for donor, copies in sorted(by_donor.items())) + ")"
+                                      f"{stages.stage_list(copies)}" for donor, copies in sorted(by_donor.items())) + ")"
         if self.microbatches:
             self.progress(f"recording {roles} {depth_text}, a step of {pp * WARM_UP_MICROBATCHES} microbatches to "
                           f"warm up, then {fewer} and {more} of the step's {self.microbatches[2]} (extrapolated): "
@@ -256,6 +257,7 @@ class Pending:
         """The shared stages' recordings, their donors' reordered; those that cannot be are recorded now."""
         made, refused = {}, {}
         ranks_per_stage = self.world_size // self.pp
+        self.reordered = {}
         first = self.facts.get("stage_first_layers") or []
         for (index, donor), result in list(results.items()):
             for stage in (stage for stage, of in self.shared.items() if of == donor):
@@ -268,11 +270,14 @@ class Pending:
                     continue
                 made[(index, stage)] = replace(result, rank=stage * ranks_per_stage, trace=trace,
                                                info=dict(result.info))
+                self.reordered[stage] = donor
+        for _, stage in refused:  # a copy at one depth and a recording at another: counted as recorded
+            self.reordered.pop(stage, None)
         if refused:
             reason = next(iter(refused.values()))
             again = sorted({stage for _, stage in refused})
             # Said, and recorded after all: a stage planned as its donor's copy would be wrong without a word.
-            self.progress(f"stage{'s' if len(again) > 1 else ''} {_stage_list(again)} recorded after all: the "
+            self.progress(f"stage{'s' if len(again) > 1 else ''} {stages.stage_list(again)} recorded after all: the "
                           f"donor's recording could not be reordered ({reason})")
             made.update(self._collect({key: self._submit(*key) for key in refused}))
         return made
@@ -289,19 +294,7 @@ class Pending:
             else:
                 roles[index][stage] = result
         return Recording(self.argv, self.world_size, self.depths, [dict(sorted(r.items())) for r in roles],
-                         time.monotonic() - self.started, self.microbatches)
-
-
-def _stage_list(numbers: list[int]) -> str:
-    """[3, 4, 5, 6, 9] -> "3-6 and 9"."""
-    runs: list[list[int]] = []
-    for number in sorted(numbers):
-        if runs and number == runs[-1][-1] + 1:
-            runs[-1].append(number)
-        else:
-            runs.append([number])
-    texts = [f"{run[0]}-{run[-1]}" if len(run) > 2 else ", ".join(map(str, run)) for run in runs]
-    return texts[0] if len(texts) == 1 else ", ".join(texts[:-1]) + " and " + texts[-1]
+                         time.monotonic() - self.started, self.microbatches, reordered=dict(self.reordered))
 
 
 def _evaluate(recorded: dict[int, Any], *, profile, efficiency, world_size, expandable, argv, started,
@@ -412,6 +405,7 @@ class Recording:
     # A pipeline's recorded counts as evaluated, by (profile, efficiency, expandable): another count of the same
     # recordings (the advice's smaller batch) is only another point on their line. Shared by its copies.
     evaluated: dict = field(default_factory=dict, repr=False, compare=False)
+    reordered: dict[int, int] = field(default_factory=dict)  # pipeline stage -> the stage whose recording, reordered, stands for it
 
 
 def submit(argv: list[str], *, world_size: int, pool, units: int | None = None, pp: int | None = None,
@@ -455,8 +449,12 @@ def evaluate(recording: Recording, *, profile, efficiency: dict[str, float], exp
     if recording.microbatches:
         plans = [_more_microbatches(fewer, more, recording.microbatches) for fewer, more in zip(plans[::2], plans[1::2])]
     if recording.depths == (None,):
-        return plans[0]
-    return _extrapolate(*plans, recording.depths, time.monotonic() - started)
+        plan = plans[0]
+    else:
+        plan = _extrapolate(*plans, recording.depths, time.monotonic() - started)
+    if recording.reordered:
+        plan = replace(plan, info={**plan.info, "stages_reordered": dict(recording.reordered)})
+    return plan
 
 
 def evaluate_microbatches(recording: Recording, count: int, **evaluate_kwargs) -> JobPlan | None:

@@ -10,6 +10,7 @@ from typing import Any
 
 from npu_inject.planner import host_memory, search
 from npu_inject.planner.job import GIB
+from npu_inject.planner.stages import stage_list
 
 
 def gib(value: float) -> str:
@@ -205,6 +206,11 @@ def notes(plan) -> list[str]:
         low, high = plan.info["microbatches_recorded"]
         out.append(f"the pipeline's {plan.info['pp_microbatches']} microbatches per step extrapolated from recordings "
                    f"of {low} and {high}")
+    reordered = plan.info.get("stages_reordered") or {}
+    for donor in sorted(set(reordered.values())):
+        copies = sorted(stage for stage, of in reordered.items() if of == donor)
+        out.append(f"pipeline stage{'s' if len(copies) > 1 else ''} {stage_list(copies)} planned from stage {donor}'s "
+                   "recording, reordered as their 1F1B schedule runs its parts (npu_inject/planner/stages.py)")
     load = plan.info.get("expert_load")
     if plan.parallel.get("ep", 1) > 1 and load:
         if load["ratio"] == 1.0:
@@ -233,6 +239,8 @@ def plan_dict(plan, candidate=None) -> dict[str, Any]:
             "peak_allocated_bytes": role.peak_allocated, "peak_reserved_bytes": role.peak_reserved,
             "comm_buffer_bytes": role.comm_buffers, "runtime_bytes": role.runtime, "total_bytes": role.total,
             "at_peak_bytes": role.at_peak, "communicators": role.communicators,
+            # another pipeline stage's recording, reordered, stood for this one (npu_inject.planner.stages)
+            "reordered_from": (plan.info.get("stages_reordered") or {}).get(role.role),
         } for role in plan.roles],
         "step_s": timing.step_s,
         "tokens_per_s_per_npu": plan.tokens_per_s_per_npu,

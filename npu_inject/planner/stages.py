@@ -137,6 +137,18 @@ def one_f_one_b(stage: int, stages: int, microbatches: int) -> list[tuple]:
     return parts
 
 
+def stage_list(numbers: list[int]) -> str:
+    """[3, 4, 5, 6, 9] -> "3-6 and 9"."""
+    runs: list[list[int]] = []
+    for number in sorted(numbers):
+        if runs and number == runs[-1][-1] + 1:
+            runs[-1].append(number)
+        else:
+            runs.append([number])
+    texts = [f"{run[0]}-{run[-1]}" if len(run) > 2 else ", ".join(map(str, run)) for run in runs]
+    return texts[0] if len(texts) == 1 else ", ".join(texts[:-1]) + " and " + texts[-1]
+
+
 @dataclasses.dataclass
 class _Part:
     label: tuple  # ("F", i), ("B", i) or ("p2p", None)

@@ -178,6 +178,7 @@ def test_a_middle_stage_reordered_plans_as_its_own_recording(monkeypatch):
     assert {name: step.peak_reserved for name, step in replayed[0].items()} == {
         name: step.peak_reserved for name, step in replayed[1].items()}
     assert any("stage 1's recording reordered for stage 2)" in line for line in lines), lines
+    assert shared.info["stages_reordered"] == {2: 1} and "stages_reordered" not in recorded.info
     assert shared.step_s == pytest.approx(recorded.step_s, rel=1e-9)
     assert [role.peak_reserved for role in shared.roles] == [role.peak_reserved for role in recorded.roles]
 

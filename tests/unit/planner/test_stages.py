@@ -9,7 +9,6 @@ from __future__ import annotations
 import pytest
 
 from npu_inject.planner import stages
-from npu_inject.planner.job import _stage_list
 from npu_inject.planner.trace import Trace
 
 
@@ -72,9 +71,9 @@ def test_a_recording_without_its_order_or_a_schedule_run_is_refused_with_the_rea
 
 
 def test_stage_lists_read_as_ranges():
-    assert _stage_list([3, 4, 5, 6]) == "3-6"
-    assert _stage_list([2, 3]) == "2, 3"
-    assert _stage_list([6, 3, 4, 5, 9]) == "3-6 and 9"
+    assert stages.stage_list([3, 4, 5, 6]) == "3-6"
+    assert stages.stage_list([2, 3]) == "2, 3"
+    assert stages.stage_list([6, 3, 4, 5, 9]) == "3-6 and 9"
 
 
 def _recorded(parts, stage: int, pp: int) -> Trace:
@@ -165,3 +164,15 @@ def test_a_stage_whose_donor_cannot_be_reordered_is_said_and_recorded_after_all(
     assert sorted(recording.roles[0]) == [0, 1, 2, 3] and recording.roles[0][2].rank == 2
     assert any(line.startswith("stage 2 recorded after all: the donor's recording could not be reordered (the "
                                "donor's recording kept no order of events)") for line in lines), lines
+    assert recording.reordered == {}  # planned as recorded: the plan does not say it was reordered
+
+
+def test_a_plan_says_which_stages_were_planned_from_another_stages_recording():
+    from types import SimpleNamespace
+
+    from npu_inject.planner import render
+
+    plan = SimpleNamespace(info={"stages_reordered": {3: 2, 4: 2, 5: 2, 6: 2}}, extrapolated=None,
+                           parallel={"pp": 8, "ep": 1}, roles=[])
+    assert ("pipeline stages 3-6 planned from stage 2's recording, reordered as their 1F1B schedule runs its parts "
+            "(npu_inject/planner/stages.py)") in render.notes(plan)
