@@ -104,6 +104,8 @@ def layout_problem(parallelism, world_size: int) -> str | None:
 
 def describe(argv: list[str], world_size: int) -> dict[str, Any]:
     """What the layout search needs to know of the job: the model's shape and the batch it trains on."""
+    from npu_inject.planner import stages
+
     config = guard(with_flags(argv, list(FORCED_FLAGS)), world_size)
     model = config.model_spec.model
     layers = getattr(model, "layers", None) or []
@@ -128,21 +130,9 @@ def describe(argv: list[str], world_size: int) -> dict[str, Any]:
         "pp_schedule": parallelism.pipeline_parallel_schedule,
         "activation_checkpoint": activation_checkpoint_mode(config),
         # What each pipeline stage holds: stages of one kind can share a recording (npu_inject.planner.stages).
-        "stage_kinds": stage_kinds(config) if parallelism.pipeline_parallel_degree > 1 else [],
-        "stage_first_layers": first_layers(config) if parallelism.pipeline_parallel_degree > 1 else [],
+        **(stages.stage_facts(config) if parallelism.pipeline_parallel_degree > 1
+           else {"stage_kinds": [], "stage_first_layers": []}),
     }
-
-
-def stage_kinds(config) -> list[str]:
-    from npu_inject.planner import stages
-
-    return stages.stage_kinds(config)
-
-
-def first_layers(config) -> list[int]:
-    from npu_inject.planner import stages
-
-    return stages.first_layers(config)
 
 
 def experts(config) -> int | None:

@@ -149,7 +149,7 @@ def _group_window(trace, step: int, group: int) -> tuple[int, int]:
 RECORDED_MICROBATCHES = (2, 3)
 WARM_UP_MICROBATCHES = 1
 # A 1F1B pipeline's middle stages of one kind share one recording at full depth (npu_inject.planner.stages);
-# tools/bench_plan.py microbatches --stages turns it off to hold the copies against recordings of their own.
+# tools/bench_plan.py stages turns it off to hold the copies against recordings of their own.
 SHARE_STAGES = True
 
 
@@ -257,7 +257,6 @@ class Pending:
         """The shared stages' recordings, their donors' reordered; those that cannot be are recorded now."""
         made, refused = {}, {}
         ranks_per_stage = self.world_size // self.pp
-        self.reordered = {}
         first = self.facts.get("stage_first_layers") or []
         for (index, donor), result in list(results.items()):
             for stage in (stage for stage, of in self.shared.items() if of == donor):
@@ -270,14 +269,12 @@ class Pending:
                     continue
                 made[(index, stage)] = replace(result, rank=stage * ranks_per_stage, trace=trace,
                                                info=dict(result.info))
-                self.reordered[stage] = donor
-        for _, stage in refused:  # a copy at one depth and a recording at another: counted as recorded
-            self.reordered.pop(stage, None)
+        again = {stage for _, stage in refused}  # a copy at one depth and a recording at another: recorded
+        self.reordered = {stage: donor for stage, donor in self.shared.items() if stage not in again}
         if refused:
             reason = next(iter(refused.values()))
-            again = sorted({stage for _, stage in refused})
             # Said, and recorded after all: a stage planned as its donor's copy would be wrong without a word.
-            self.progress(f"stage{'s' if len(again) > 1 else ''} {stages.stage_list(again)} recorded after all: the "
+            self.progress(f"stage{'s' if len(again) > 1 else ''} {stages.stage_list(sorted(again))} recorded after all: the "
                           f"donor's recording could not be reordered ({reason})")
             made.update(self._collect({key: self._submit(*key) for key in refused}))
         return made
@@ -298,10 +295,9 @@ class Pending:
 
 
 def _evaluate(recorded: dict[int, Any], *, profile, efficiency, world_size, expandable, argv, started,
-              replays: dict | None = None) -> JobPlan:
+              replays: dict) -> JobPlan:
     """``replays``: memory replays by trace, shared by the plans of one evaluation (a pipeline's fewer and more
     microbatches are two steps of one trace)."""
-    replays = {} if replays is None else replays
     info = dict(recorded[0].info)
     pp = info["parallel"]["pp"]
     capacity = int(profile.memory_gib * GIB)

@@ -17,7 +17,7 @@ the other stage. Anything it cannot account for raises :class:`NotShareable`, an
 What it assumes: a part's work and memory do not depend on when it runs. That holds for what is recorded (fake
 tensors compute nothing; the same requests reach the allocator model in the other order). The reordered stage's
 first and last parts, its optimizer step and everything outside the schedule are the donor's as they were.
-``python tools/bench_plan.py microbatches --stages`` holds it against recording every stage.
+``python tools/bench_plan.py stages`` holds it against recording every stage.
 """
 
 from __future__ import annotations
@@ -40,31 +40,23 @@ class NotShareable(Exception):
     """The donor's recording cannot stand for the stage: why, in one line."""
 
 
-def stage_kinds(config) -> list[str]:
-    """What each pipeline stage of ``config``'s job holds: its modules other than layers, and the kind of each layer
-    (:func:`npu_inject.planner.depth._kind`). Stages of one kind run the same work."""
+def stage_facts(config) -> dict[str, list]:
+    """What each pipeline stage of ``config``'s job holds, for :func:`config.describe`: ``stage_kinds``, its modules
+    other than layers and the kind of each layer (:func:`npu_inject.planner.depth._kind`; stages of one kind run the
+    same work), and ``stage_first_layers``, the index of its first layer (-1 for a stage without layers)."""
     from npu_inject.planner import depth
 
     shape = depth.shape(config)
     if shape is None:
-        return []
+        return {"stage_kinds": [], "stage_first_layers": []}
     layers = config.model_spec.model.layers
-    kinds = []
+    kinds, firsts = [], []
     for names in shape.stages:
         others = tuple(name for name in names if not name.startswith("layers."))
-        held = tuple(depth._kind(layers[int(name.split(".")[1])]) for name in names if name.startswith("layers."))
-        kinds.append(repr((others, held)))
-    return kinds
-
-
-def first_layers(config) -> list[int]:
-    """The index of each pipeline stage's first layer (-1 for a stage without layers)."""
-    from npu_inject.planner import depth
-
-    shape = depth.shape(config)
-    return [] if shape is None else [
-        min((int(name.split(".")[1]) for name in names if name.startswith("layers.")), default=-1)
-        for names in shape.stages]
+        held = [int(name.split(".")[1]) for name in names if name.startswith("layers.")]
+        kinds.append(repr((others, tuple(depth._kind(layers[index]) for index in held))))
+        firsts.append(min(held, default=-1))
+    return {"stage_kinds": kinds, "stage_first_layers": firsts}
 
 
 def donors(facts: dict[str, Any]) -> dict[int, int]:
@@ -172,49 +164,46 @@ def _parse_part(text: str) -> tuple | None:
 
 def _regions(trace) -> list:
     """The trace's events as a list of plain events and schedule runs (:class:`_Run`)."""
+    from npu_inject.planner.trace import MARK
+
     out: list = []
     region: _Run | None = None
-    depth = 0
+    inside_part = False
+    between: list = []  # since the last part ended: the next part's predecessor's, or the run's end
     for event in trace.events:
-        text = trace.marks[event[1]][1] if event[0] == "mark" else None
+        text = trace.marks[event[1]][1] if event[0] == MARK else None
         if region is None:
             if text == SCHEDULE:
-                region, depth = _Run([event], [], []), 1
+                region, between = _Run([event], [], []), []
             else:
                 out.append(event)
-            continue
-        prefix, parts, suffix = region.prefix, region.parts, region.suffix
-        if depth == 1 and text is not None and _parse_part(text) is not None:
-            parts.append(_Part(_parse_part(text), [event]))
-            depth = 2
-        elif depth == 2:
-            parts[-1].events.append(event)
+        elif inside_part:
+            region.parts[-1].events.append(event)
             if text == PART_END:
-                depth = 1
+                inside_part = False
             elif text is not None and (text == SCHEDULE or _parse_part(text) is not None):
                 raise NotShareable(f"a pipeline part began inside another ({text!r})")
-        elif text == PART_END:  # the schedule run ends: what ran after its last part stays last
-            suffix.append(event)
+        elif text is not None and _parse_part(text) is not None:
+            # What ran between two parts goes with the one before (before the first: the run's start).
+            (region.parts[-1].events if region.parts else region.prefix).extend(between)
+            region.parts.append(_Part(_parse_part(text), [event]))
+            between, inside_part = [], True
+        elif text == PART_END:  # the run ends: what ran after its last part stays last
+            region.suffix.extend([*between, event])
             out.append(region)
-            region, depth = None, 0
-        else:  # between parts: goes with the part before it (after the last part: the run's end)
-            (parts[-1].events if parts else prefix).append(event)
+            region = None
+        else:
+            between.append(event)
     if region is not None:
         raise NotShareable("a pipeline schedule run was not closed")
-    for item in out:
-        if isinstance(item, _Run) and item.parts:
-            # After the last part, until the run's end: the run's end, not the last part's.
-            last = item.parts[-1]
-            closing = max(i for i, event in enumerate(last.events)
-                          if event[0] == "mark" and trace.marks[event[1]][1] == PART_END)
-            item.suffix[:0] = last.events[closing + 1:]
-            del last.events[closing + 1:]
     return out
 
 
 def _tokens(trace, region: _Run, stage: int, ranks_per_stage: int) -> tuple[list, dict]:
     """A schedule run's parts as :func:`one_f_one_b` names them, and the events of each: ``{("F", i): events,
     ("fwd_recv", i): events, ...}`` (a send or receive with the events up to the next)."""
+    from npu_inject.planner.trace import OP
+
     parts = region.parts
     microbatches = sum(1 for part in parts if part.label[0] == "F")
     if not microbatches:
@@ -233,7 +222,7 @@ def _tokens(trace, region: _Run, stage: int, ranks_per_stage: int) -> tuple[list
         batch = []
         current: list | None = None
         for event in part.events:
-            if event[0] != "op":
+            if event[0] != OP:
                 (current if current is not None else leftover).append(event)
                 continue
             op = trace.ops[event[1]]
@@ -282,7 +271,7 @@ def as_stage(trace, *, donor: int, stage: int, stages: int, ranks_per_stage: int
     """``trace`` (the recording of pipeline stage ``donor``) as stage ``stage`` would have recorded it: a new Trace
     (module docstring), its layers named ``layer_offset`` further on. Raises :class:`NotShareable` with the reason
     when it cannot."""
-    from npu_inject.planner.trace import Trace
+    from npu_inject.planner.trace import ALLOCATED, MARK, OP, Trace
 
     if trace.events is None:
         raise NotShareable("the donor's recording kept no order of events")
@@ -338,7 +327,7 @@ def as_stage(trace, *, donor: int, stage: int, stages: int, ranks_per_stage: int
     allocations = [dataclasses.replace(allocation) for allocation in trace.allocations]
     for kind, key in emitted:
         position = len(new.ops)
-        if kind == "op":
+        if kind == OP:
             op = trace.ops[key]
             changes: dict[str, Any] = {"index": position, "module": renamed(op.module)}
             if op.group:
@@ -349,11 +338,11 @@ def as_stage(trace, *, donor: int, stage: int, stages: int, ranks_per_stage: int
                 else:
                     changes["group"] = moved(op.group)
             new.ops.append(dataclasses.replace(op, **changes))
-            new.events.append(("op", position))
-        elif kind == "mark":
+            new.events.append((OP, position))
+        elif kind == MARK:
             new.marks.append((position, trace.marks[key][1]))
-            new.events.append(("mark", len(new.marks) - 1))
-        elif kind == "allocated":
+            new.events.append((MARK, len(new.marks) - 1))
+        elif kind == ALLOCATED:
             if allocations[key].op >= 0:
                 allocations[key].op = position
             new.events.append((kind, key))

@@ -101,6 +101,18 @@ class Trace:
     # allocation's ``op`` and ``freed`` say which ops it lived between, not whether a mark came before or after.
     events: list[tuple[str, int]] | None = None
 
+    def log(self, kind: str, key: int) -> None:
+        """One entry of ``events``, when they are kept."""
+        if self.events is not None:
+            self.events.append((kind, key))
+
+    def free(self, allocation_id: int) -> None:
+        """Allocation ``allocation_id`` freed before the next op (once: the first free counts)."""
+        allocation = self.allocations[allocation_id]
+        if allocation.freed is None:
+            allocation.freed = len(self.ops)
+            self.log(FREED, allocation_id)
+
 
 OP, MARK, ALLOCATED, FREED = "op", "mark", "allocated", "freed"
 
@@ -238,7 +250,7 @@ class Recorder(TorchDispatchMode):
                                 category=category)
         self.trace.allocations.append(allocation)
         self._ids[key] = allocation.id
-        self._event(ALLOCATED, allocation.id)
+        self.trace.log(ALLOCATED, allocation.id)
         return allocation
 
     def _watch(self, storage, key: int) -> None:
@@ -250,10 +262,8 @@ class Recorder(TorchDispatchMode):
         def freed(_ref, key=key):
             refs.pop(key, None)
             current = ids.pop(key, None)
-            if current is not None and trace.allocations[current].freed is None:
-                trace.allocations[current].freed = len(trace.ops)
-                if trace.events is not None:
-                    trace.events.append((FREED, current))
+            if current is not None:
+                trace.free(current)
 
         self._refs[key] = weakref.ref(storage, freed)
 
@@ -261,9 +271,8 @@ class Recorder(TorchDispatchMode):
         """Record ``tensor``'s memory as freed here, whatever still holds the tensor (it is not used again)."""
         storage = _storage(tensor)
         current = self._ids.pop(storage._cdata, None) if storage is not None else None
-        if current is not None and self.trace.allocations[current].freed is None:
-            self.trace.allocations[current].freed = len(self.trace.ops)
-            self._event(FREED, current)
+        if current is not None:
+            self.trace.free(current)
 
     def resized(self, storage, nbytes: int) -> None:
         """``UntypedStorage.resize_``: FSDP2 frees an unsharded parameter's memory by resizing its storage
@@ -272,9 +281,8 @@ class Recorder(TorchDispatchMode):
             return
         key = storage._cdata  # a fake tensor's storage is a meta storage: its device says nothing
         current = self._ids.pop(key, None)
-        if current is not None and self.trace.allocations[current].freed is None:
-            self.trace.allocations[current].freed = len(self.trace.ops)
-            self._event(FREED, current)
+        if current is not None:
+            self.trace.free(current)
         if nbytes > 0:
             self._allocate(key, nbytes, len(self.trace.ops))
             self._watch(storage, key)
@@ -293,21 +301,17 @@ class Recorder(TorchDispatchMode):
                                  self._stream(), self._module_of(),
                                  tuple(i for i in ids[:len(inputs)] if i is not None),
                                  tuple(i for i in ids[len(inputs):] if i is not None), views=self._views))
-        self._event(OP, len(self.trace.ops) - 1)
+        self.trace.log(OP, len(self.trace.ops) - 1)
         self._views = 0
 
     def mark(self, event: str) -> None:
         self.trace.marks.append((len(self.trace.ops), event))
-        self._event(MARK, len(self.trace.marks) - 1)
+        self.trace.log(MARK, len(self.trace.marks) - 1)
 
     def keep_events(self) -> None:
         """Log from now on the order in which ops, marks, allocations and frees happen (``Trace.events``)."""
         if self.trace.events is None:
             self.trace.events = []
-
-    def _event(self, kind: str, key: int) -> None:
-        if self.trace.events is not None:
-            self.trace.events.append((kind, key))
 
     def host_read(self, site: str) -> None:
         """The NPU job reads a device value on the host here (:mod:`npu_inject.planner.host_reads`)."""
@@ -368,7 +372,7 @@ class Recorder(TorchDispatchMode):
                     "output_tensors", values.get("output")))))[0] if isinstance(t, torch.Tensor)]
                 op.outputs = tuple(dict.fromkeys((*op.outputs, *(i for i in map(self.track, written) if i is not None))))
         self.trace.ops.append(op)
-        self._event(OP, index)
+        self.trace.log(OP, index)
 
     def _flops(self, func, args, kwargs, out) -> float:
         formula = flop_registry.get(func._overloadpacket)
