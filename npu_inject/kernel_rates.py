@@ -8,7 +8,9 @@ Each class is a table of measured points, looked up by shape:
   a shape between grid points is interpolated (trilinearly, in log2 of each dimension), one beyond
   the grid takes the nearest edge.
 * ``attention``: TFLOP/s of the fused attention by kernel and direction (forward, backward) over the
-  sequence length and head dimension (causal and full masks apart), interpolated in log2 of the length.
+  sequence length and head dimension (causal and full masks apart), interpolated in log2 of the length. A
+  point taken from others' measurements may carry ``range`` ``[low, high]``: what its sources span (or an
+  estimate's stated bounds); the plan prints attention's time at both ends (:meth:`Rates.at_attention_end`).
 * ``memory``: GB/s (bytes read plus written) of elementwise kernels by the bytes they move, per dtype.
 * ``fused``: GB/s of the fused elementwise kernels the patches call (``npu_rms_norm``, ``npu_rotary_mul``,
   ``npu_swiglu``), forward and backward, by the bytes they move.
@@ -25,7 +27,7 @@ from __future__ import annotations
 
 import bisect
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from npu_inject.errors import ConfigError
@@ -86,13 +88,24 @@ class MatmulGrid:
 
 @dataclass
 class AttentionCurve:
-    """TFLOP/s of one kernel, direction, mask and head dimension over the sequence length."""
+    """TFLOP/s of one kernel, direction, mask and head dimension over the sequence length; ``low`` and ``high``
+    the ends of each point's range (the point itself where it has none)."""
 
     seqs: list[float]
     tflops: list[float]
+    low: list[float] = field(default_factory=list)
+    high: list[float] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        self.low = self.low or list(self.tflops)
+        self.high = self.high or list(self.tflops)
 
     def at(self, seq: float) -> float:
         return _lerp_log(self.seqs, self.tflops, seq)
+
+    @property
+    def ranged(self) -> bool:
+        return self.low != self.tflops or self.high != self.tflops
 
 
 @dataclass
@@ -131,6 +144,18 @@ class Rates:
         if not candidates:
             return None
         return min(candidates, key=lambda pair: pair[0])[1].at(seq)
+
+    @property
+    def attention_ranged(self) -> bool:
+        """Whether any of the planned kernel's attention points carries a range."""
+        return any(curve.ranged for key, curve in self.attention.items() if key[0] == self.attention_kernel)
+
+    def at_attention_end(self, end: str) -> "Rates":
+        """These rates with every attention point at the ``low`` or ``high`` end of its range."""
+        if end not in ("low", "high"):
+            raise ValueError(f"end must be 'low' or 'high', got {end!r}")
+        curves = {key: AttentionCurve(curve.seqs, list(getattr(curve, end))) for key, curve in self.attention.items()}
+        return replace(self, attention=curves)
 
     def memory_gbps_at(self, nbytes: float, dtype: str = "") -> float | None:
         """GB/s of an elementwise kernel moving ``nbytes`` in ``dtype`` (the first measured dtype's curve for
@@ -240,7 +265,7 @@ def _parse_matmul(where: str, raw: Any, rates: Rates) -> None:
 
 
 def _parse_attention(where: str, raw: Any, rates: Rates) -> None:
-    curves: dict[tuple[str, str, bool, int], list[tuple[float, float]]] = {}
+    curves: dict[tuple[str, str, bool, int], list[tuple[float, float, float, float]]] = {}
     for i, point in enumerate(_points(where, raw)):
         at = f"{where}[{i}]"
         _source(at, point)
@@ -252,11 +277,20 @@ def _parse_attention(where: str, raw: Any, rates: Rates) -> None:
         if not isinstance(point.get("causal"), bool):
             raise ConfigError(f"{at}.causal must be true or false")
         key = (kernel, direction, point["causal"], int(positive(f"{at}.head_dim", point.get("head_dim"))))
-        curves.setdefault(key, []).append((positive(f"{at}.seq", point.get("seq")),
-                                           positive(f"{at}.tflops", point.get("tflops"))))
+        tflops = positive(f"{at}.tflops", point.get("tflops"))
+        low = high = tflops
+        if "range" in point:
+            bounds = point["range"]
+            if not isinstance(bounds, list) or len(bounds) != 2:
+                raise ConfigError(f"{at}.range must be [low, high] in TFLOP/s, got {bounds!r}")
+            low, high = (positive(f"{at}.range[{end}]", value) for end, value in enumerate(bounds))
+            if not low <= tflops <= high:
+                raise ConfigError(f"{at}.range [{low:g}, {high:g}] must hold its tflops {tflops:g} (low <= tflops <= high)")
+        curves.setdefault(key, []).append((positive(f"{at}.seq", point.get("seq")), tflops, low, high))
     for key, points in curves.items():
-        by_seq: dict[float, list[float]] = {}
-        for seq, tflops in points:
-            by_seq.setdefault(seq, []).append(tflops)  # shapes of one length (batch, heads): their mean
+        by_seq: dict[float, list[tuple[float, float, float]]] = {}
+        for seq, *values in points:
+            by_seq.setdefault(seq, []).append(tuple(values))  # shapes of one length (batch, heads): their mean
         seqs = sorted(by_seq)
-        rates.attention[key] = AttentionCurve(seqs, [sum(by_seq[seq]) / len(by_seq[seq]) for seq in seqs])
+        means = [[sum(column) / len(column) for column in zip(*by_seq[seq])] for seq in seqs]
+        rates.attention[key] = AttentionCurve(seqs, *(list(column) for column in zip(*means)))
