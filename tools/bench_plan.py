@@ -55,7 +55,7 @@ import sys
 import tempfile
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
@@ -355,6 +355,12 @@ def cmd_published(args) -> int:
         tag = " (calibration)" if row.calibrates else ""
         print(f"{(row.name + tag)[:100]:100} {row.tokens_per_s:9,.0f} {plan.tokens_per_s_per_npu:9,.0f} "
               f"{_error(plan.tokens_per_s_per_npu, row.tokens_per_s):>7}  {memory}", flush=True)
+        if profile.rates is not None and profile.rates.attention_ranged:
+            # The kernel rates taken from others' measurements carry their sources' span: the row's plan at both ends.
+            ends = [job.evaluate(recording, profile=replace(profile, rates=profile.rates.at_attention_end(end)),
+                                 efficiency=efficiency).tokens_per_s_per_npu for end in ("low", "high")]
+            print(f"    attention at the slow and fast ends of its rates' sourced ranges: {ends[0]:,.0f} to {ends[1]:,.0f} "
+                  f"tokens/s ({_error(ends[0], row.tokens_per_s)} to {_error(ends[1], row.tokens_per_s)})", flush=True)
         if args.calibrate and row.calibrates:
             fitted, fitted_plan = _calibrate(recording, profile, efficiency, row.tokens_per_s)
             reach = ("below zero: with no overhead the kernels' rates already predict fewer tokens/s"

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import math
 from collections import defaultdict
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 CUBE_OPS = {"aten.mm", "aten.addmm", "aten.bmm", "aten.baddbmm", "aten.matmul", "aten._grouped_mm",
             "aten.convolution", "aten.convolution_backward", "npu_inject.npu_grouped_matmul",
@@ -478,6 +478,26 @@ def grouped_check_seconds(op, profile, eff) -> float:
     products = GROUPED_PRODUCTS[op.name]
     return (GROUPED_CHECK_BYTES * op.bytes / (profile.memory_bandwidth_gbps * 1e9 * eff["memory"])
             + products * GROUPED_CHECK_LAUNCHES * eff["kernel_us"] * 1e-6)
+
+
+def attention_rate_range(traces: dict[int, object], profile, eff, windows: dict[int, tuple[int, int]]
+                         ) -> dict[str, float] | None:
+    """Attention's device time in ``windows`` with every attention rate at the slow (``low``) and the fast (``high``)
+    end of its range, over its time at the rates themselves (the pipeline rank with the most attention); None where
+    the profile's attention points carry no range (measured on the machine) or the window runs no attention."""
+    rates = profile.rates
+    if rates is None or not rates.attention_ranged:
+        return None
+    eff = efficiency_with_rates(profile, eff)
+    slow, fast = (replace(profile, rates=rates.at_attention_end(end)) for end in ("low", "high"))
+    most = (0.0, 0.0, 0.0)
+    for role, trace in traces.items():
+        start, stop = windows[role]
+        ops = [op for op in trace.ops[start:stop] if op.kind == "compute" and op.name in ATTENTION_OPS]
+        seconds = tuple(sum(op_seconds(op, at, eff) for op in ops) for at in (profile, slow, fast))
+        most = max(most, seconds)
+    at_rates, at_slow, at_fast = most
+    return {"slow": at_slow / at_rates, "fast": at_fast / at_rates} if at_rates > 0 else None
 
 
 def matmul_check_cost(traces: dict[int, object], profile, eff, windows: dict[int, tuple[int, int]]) -> dict[str, float]:

@@ -364,6 +364,7 @@ def _evaluate(recorded: dict[int, Any], *, profile, efficiency, world_size, expa
     global_batch = info["global_batch_size"] if info["global_batch_size"] > 0 else info["local_batch_size"] * batch_degree
     info["peak_flops"] = profile.peak("bf16")
     info["matmul_check_seconds"] = checks
+    info["attention_rate_range"] = costmodel.attention_rate_range(traces, profile, efficiency, windows)
     if info.get("replica_groups", 1) > 1:
         info["torchft"] = _cross_group_allreduce(info["replica_groups"], roles, profile, efficiency)
     return JobPlan(list(argv), profile.name, world_size, info["parallel"], roles, timing,

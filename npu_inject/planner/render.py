@@ -104,6 +104,7 @@ def time_lines(plan) -> list[str]:
         f" + host waits {timing.host_wait_s:.3f}"
         + (f" + overhead {timing.overhead_s:.3f}" if timing.overhead_s else ""),
         *where_lines(timing),
+        *attention_range_lines(plan),
         *host_read_lines(timing),
         f"  collectives, busy time on their links (s): {comm or '-'}",
         *exposure_lines(timing),
@@ -148,6 +149,29 @@ def host_read_lines(timing) -> list[str]:
     sites = ", ".join(f"{site} x{count:g}" for site, count in sorted(timing.host_reads.items(), key=lambda kv: -kv[1]))
     return [f"  host reads per step {sum(timing.host_reads.values()):g}, the device idle {timing.host_wait_s * 1e3:.2f} "
             f"ms after them (the host waits for the device at each, then issues again): {sites}"]
+
+
+def attention_range(plan) -> tuple[float, float, float] | None:
+    """Attention's seconds per step at the profile's rates, and at the fast and slow ends of their ranges (rates
+    taken from others' measurements carry the span of their sources); None where the rates carry no range."""
+    ratio = plan.info.get("attention_rate_range")
+    seconds = sum(value for (name, _phase), value in plan.timing.by_class.items() if name == "attention")
+    if not ratio or not seconds:
+        return None
+    return seconds, seconds * ratio["fast"], seconds * ratio["slow"]
+
+
+def attention_range_lines(plan) -> list[str]:
+    spread = attention_range(plan)
+    if spread is None:
+        return []
+    seconds, fast, slow = spread
+    timing = plan.timing
+    # The device's operators take the overhead's fraction longer (the time line's "+ overhead"), attention's too.
+    stretch = 1.0 + (timing.overhead_s / timing.compute_s if timing.compute_s else 0.0)
+    return [f"  attention {seconds:.3f} s at the profile's rates, {fast:.3f} to {slow:.3f} s across the ranges of their "
+            f"sources (published points and estimates' bounds; the step {timing.step_s + (fast - seconds) * stretch:.3f} "
+            f"to {timing.step_s + (slow - seconds) * stretch:.3f} s if attention's time moves it one for one)"]
 
 
 def matmul_check_lines(plan) -> list[str]:
@@ -227,6 +251,7 @@ def notes(plan) -> list[str]:
 
 def plan_dict(plan, candidate=None) -> dict[str, Any]:
     timing = plan.timing
+    spread = attention_range(plan)
     data = {
         "fits": plan.fits,
         "hardware": plan.hardware,
@@ -254,6 +279,8 @@ def plan_dict(plan, candidate=None) -> dict[str, Any]:
                       "host_bound": timing.host_bound},
         "time_by_module": time_by_module(timing),
         "time_by_class": time_by_class(timing),
+        # attention's seconds at the fast and slow ends of its rates' sourced ranges (None: measured rates)
+        "attention_range_s": [spread[1], spread[2]] if spread else None,
         "time_by_module_class": {module: {name: seconds for (owner, name), seconds in timing.by_module_class.items()
                                           if owner == module} for module in time_by_module(timing)},
         "tokens_per_step": plan.tokens_per_step,

@@ -2,6 +2,7 @@
 
 import json
 import math
+from dataclasses import replace
 from types import SimpleNamespace
 
 import pytest
@@ -67,6 +68,75 @@ def test_attention_by_kernel_direction_and_length_and_the_planned_kernel_must_be
     assert rates.attention_tflops("backward", 99999, 128, True) == pytest.approx(100.0)
     with pytest.raises(ConfigError, match=r"attention_kernel 'other' is not a measured kernel \(measured: fa\)"):
         _rates(attention=points, attention_kernel="other")
+
+
+def _ranged_attention(forward=(200.0, [150.0, 250.0]), backward=(100.0, None)):
+    points = []
+    for direction, (tflops, bounds) in (("forward", forward), ("backward", backward)):
+        point = {"kernel": "fa", "direction": direction, "causal": True, "head_dim": 128, "seq": 4096,
+                 "tflops": tflops, "source": SOURCE}
+        if bounds is not None:
+            point["range"] = bounds
+        points.append(point)
+    return points
+
+
+def test_an_attention_point_may_carry_its_sources_range_and_the_rates_take_either_end():
+    rates = _rates(attention=_ranged_attention(), attention_kernel="fa")
+    assert rates.attention_ranged
+    assert rates.attention_tflops("forward", 4096, 128, True) == 200.0
+    slow, fast = rates.at_attention_end("low"), rates.at_attention_end("high")
+    assert slow.attention_tflops("forward", 4096, 128, True) == 150.0
+    assert fast.attention_tflops("forward", 4096, 128, True) == 250.0
+    # A point without a range is its own two ends; the ends carry no range of their own.
+    assert slow.attention_tflops("backward", 4096, 128, True) == fast.attention_tflops("backward", 4096, 128, True) == 100.0
+    assert not slow.attention_ranged
+    assert not _rates(attention=_ranged_attention(forward=(200.0, None)), attention_kernel="fa").attention_ranged
+    with pytest.raises(ValueError, match="end must be 'low' or 'high'"):
+        rates.at_attention_end("middle")
+
+
+@pytest.mark.parametrize("bounds, message", [
+    ([250.0, 150.0], r"test.rates.attention\[0\].range \[250, 150\] must hold its tflops 200"),
+    ([210.0, 250.0], r"test.rates.attention\[0\].range \[210, 250\] must hold its tflops 200"),
+    ([150.0], r"test.rates.attention\[0\].range must be \[low, high\] in TFLOP/s"),
+    ([0.0, 250.0], r"test.rates.attention\[0\].range\[0\] must be a finite number above 0"),
+])
+def test_a_range_that_does_not_hold_its_point_is_refused_naming_the_point(bounds, message):
+    with pytest.raises(ConfigError, match=message):
+        _rates(attention=_ranged_attention(forward=(200.0, bounds)), attention_kernel="fa")
+
+
+def test_the_plan_times_attention_at_either_end_of_its_range():
+    """Attention's time at the slow and fast ends over its time at the rates: the rates' ratio where the kernels
+    are compute-bound (a 4096-token causal forward of 1 TFLOP at 200, 150 and 250 TFLOP/s)."""
+    rates = _rates(attention=_ranged_attention(), attention_kernel="fa")
+    profile = hardware.load().find("Ascend910B2")
+    profile = replace(profile, rates=rates)
+    eff = {"kernel_us": 1.0, "memory": 1.0, "cube": 0.1, "attention": 0.1, "host_us": 1.0}
+    forward = SimpleNamespace(kind="compute", name="npu_inject.npu_fusion_attention", flops=1e12, bytes=0,
+                              dtype="bfloat16", shape=(4096, 128, True))
+    matmul = _op("aten.mm", 1e12, 0, (2048, 2048, 2048))
+    trace = SimpleNamespace(ops=[matmul, forward, matmul])
+    ratio = costmodel.attention_rate_range({0: trace}, profile, eff, {0: (0, 3)})
+    assert ratio == pytest.approx({"slow": 200 / 150, "fast": 200 / 250})
+    # Rates measured on the machine carry no range: nothing to print.
+    assert costmodel.attention_rate_range({0: trace}, replace(profile, rates=_rates()), eff, {0: (0, 3)}) is None
+    # A window without attention has no ratio.
+    assert costmodel.attention_rate_range({0: trace}, profile, eff, {0: (0, 1)}) is None
+
+
+def test_the_packaged_ascend_attention_points_hold_their_sources_spans():
+    """tools/make_ascend_rates.py's 32K forward, full mask: the point 0.46 of the 910B2's peak within 0.39 (the
+    training kernel at 10 heads, WAN) to 0.49 (PTO's 910B2 watermark); the backward's range 0.76-0.95 of those."""
+    profile = hardware.load().find("Ascend910B2")
+    peak = profile.peak("bf16") / 1e12
+    slow, fast = (profile.rates.at_attention_end(end) for end in ("low", "high"))
+    assert profile.rates.attention_tflops("forward", 32768, 128, False) == pytest.approx(0.46 * peak, rel=1e-3)
+    assert slow.attention_tflops("forward", 32768, 128, False) == pytest.approx(0.39 * peak, rel=1e-3)
+    assert fast.attention_tflops("forward", 32768, 128, False) == pytest.approx(0.49 * peak, rel=1e-3)
+    assert slow.attention_tflops("backward", 32768, 128, False) == pytest.approx(0.76 * 0.39 * peak, rel=1e-3)
+    assert fast.attention_tflops("backward", 32768, 128, False) == pytest.approx(0.95 * 0.49 * peak, rel=1e-3)
 
 
 def _op(name, flops, nbytes, shape=(), dtype="bfloat16"):
@@ -159,3 +229,18 @@ def test_the_trace_records_a_matrix_kernels_shape_as_its_rate_is_looked_up():
     x_MK, y_KN = torch.empty(32, 64, dtype=torch.bfloat16), torch.empty(64, 16, dtype=torch.bfloat16)
     assert _kernel_shape(aten._grouped_mm.default, (x_MK, y_KN, offsets_G), {}) == (32, 16, 16)
     assert _kernel_shape(aten.add.Tensor, (a_MK, a_MK), {}) == ()
+
+
+def test_the_plan_prints_attentions_time_at_both_ends_and_the_step_it_would_make():
+    from npu_inject.planner import render
+
+    timing = SimpleNamespace(step_s=10.0, by_class={("attention", "forward"): 1.0, ("attention", "backward"): 3.0,
+                                                     ("matmul", "forward"): 2.0}, compute_s=6.0, overhead_s=1.5)
+    plan = SimpleNamespace(info={"attention_rate_range": {"slow": 1.5, "fast": 0.75}}, timing=timing)
+    assert render.attention_range(plan) == (4.0, 3.0, 6.0)
+    assert render.attention_range_lines(plan) == [
+        "  attention 4.000 s at the profile's rates, 3.000 to 6.000 s across the ranges of their sources (published "
+        "points and estimates' bounds; the step 8.750 to 12.500 s if attention's time moves it one for one)"]
+    # the step moves by attention's change and the overhead's share of it (0.25 of the compute): -1.25 and +2.5 s
+    plan.info["attention_rate_range"] = None  # measured rates
+    assert render.attention_range(plan) is None and render.attention_range_lines(plan) == []
