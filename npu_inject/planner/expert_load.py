@@ -9,8 +9,11 @@ the mean rank's. The ratio comes from
 * a JSON file of router counts, tokens per expert (a list for one layer, a list of lists for several, or an object
   whose ``tokens_per_expert`` holds either): torchtitan keeps them per MoE layer as ``moe.tokens_per_expert_E`` (the
   load-balancing bias update reads them), a rehearsal's or a real run's. Experts sit on the expert-parallel ranks
-  in contiguous blocks (torchtitan's sharding of the expert dimension), so the ratio is the largest block's sum
-  over the mean block's, at the planned expert-parallel degree, the worst layer's;
+  in contiguous blocks (torchtitan's sharding of the expert dimension), so a layer's ratio is its largest block's
+  sum over its mean block's, at the planned expert-parallel degree. The plan takes the mean of the layers' ratios:
+  each MoE layer waits at its all-to-all for its own busiest rank, so the step's expert time is the sum of each
+  layer's busiest rank's, and no rank holds more of the layers' activations than that sum (another layer's
+  busiest rank may be another rank);
 * without the flag, 1 (balanced): no public per-rank figure for torchtitan's routers was found to stand as a
   default (docs/planner.md says what a measured one changes).
 
@@ -41,7 +44,7 @@ class ExpertLoad:
             return self.given
         if not self.counts or ep <= 1:
             return 1.0
-        worst = 1.0
+        ratios = []
         for layer, counts in enumerate(self.counts):
             if len(counts) != experts:
                 from npu_inject.planner.config import PlanError
@@ -51,9 +54,8 @@ class ExpertLoad:
             per_rank = len(counts) // ep
             blocks = [sum(counts[rank * per_rank:(rank + 1) * per_rank]) for rank in range(ep)]
             mean = sum(blocks) / ep
-            if mean > 0:
-                worst = max(worst, max(blocks) / mean)
-        return worst
+            ratios.append(max(blocks) / mean if mean > 0 else 1.0)  # a layer that routed nothing waits for no one
+        return sum(ratios) / len(ratios)
 
 
 def parse(value: str | None) -> ExpertLoad:
