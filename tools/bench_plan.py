@@ -117,10 +117,16 @@ V2_LITE = ["--module", "deepseek_v3", "--config", "deepseek_v3_16b", "--training
 # loss, 64 routed experts, top 6: MaxVio_global 0.937, the busiest expert 1.94 times the mean (as two independent
 # summaries of the paper quote it; the paper's own text was not reachable from here). A rank of EP 8 holds 8
 # experts: 1.94 is its bound (all 8 as busy as the busiest), 1 + 0.937 / sqrt(8) = 1.33 its share were their loads
-# independent. Planned at both ends.
+# independent. DeepSeek's own routing logs of a V2-Lite model (deepseek-ai/ESFT, counted in
+# docs/measured/esft_v2_lite_router_counts.json) put the busiest of 8 contiguous ranks, averaged over the 26 layers,
+# at 1.27 with four domains pooled and 1.38-1.69 with one domain alone (translation the most uneven).
 V2_LITE_ROUTING = ("MindSpeed's softmax_topk routing balances nothing; the busiest rank's share is not published: "
                    "planned at {ratio} ({which}) from Wang et al. 2024 Table 6 (softmax gate, auxiliary loss, 64 "
                    "experts top 6: the busiest expert 1.94 times the mean)")
+ESFT_COUNTS = os.path.join(REPO, "docs", "measured", "esft_v2_lite_router_counts.json")
+ESFT_ROUTING = ("the busiest of 8 ranks {which}, each layer's averaged, counted from DeepSeek's routing logs of a "
+                "V2-Lite model (deepseek-ai/ESFT at 579a7711, ESFT-vanilla-lite on chat data of four domains; "
+                "docs/measured/esft_v2_lite_router_counts.json)")
 LLAMA8B_TT = ["--module", "llama3", "--config", "llama3_8b", "--training.seq_len", "8192"]
 TTN_DSV3 = ["--module", "deepseek_v3", "--config", "deepseek_v3_671b", "--training.seq_len", "4096",
             "--training.local_batch_size", "1", "--training.global_batch_size", "1024",
@@ -197,11 +203,16 @@ PUBLISHED = [
                      "each rank, where torchtitan's all-to-all sends each its own), each expert's matmuls one by "
                      "one (no --moe-grouped-gemm) and the distributed optimizer; torchtitan's deepseek_v3 16B flavor "
                      "stands for the model; marked [Test] in the source",
-                     "routing planned balanced: the two rows below plan the busiest rank"]),
+                     "routing planned balanced: the three rows below plan the busiest rank"]),
     PublishedRow(
-        "DeepSeek-V2-Lite 16B, the same, busiest expert rank at 1.33x (its 8 experts' loads independent)",
-        MINDSPEED_V2_LITE, "Ascend910B2", 8, V2_LITE, 2830, expert_load="1.33",
-        notes=[V2_LITE_ROUTING.format(ratio=1.33, which="1 + 0.937 / sqrt(8)")]),
+        "DeepSeek-V2-Lite 16B, the same, routing as DeepSeek's V2-Lite logs, four domains pooled (1.27x)",
+        MINDSPEED_V2_LITE, "Ascend910B2", 8, V2_LITE, 2830, expert_load=ESFT_COUNTS,
+        notes=[ESFT_ROUTING.format(which="with the four domains' tokens pooled: 1.27 times the mean")]),
+    PublishedRow(
+        "DeepSeek-V2-Lite 16B, the same, routing as those logs' most uneven domain (1.69x)",
+        MINDSPEED_V2_LITE, "Ascend910B2", 8, V2_LITE, 2830, expert_load="1.69",
+        notes=[ESFT_ROUTING.format(which="with one domain's tokens alone (translation; the others 1.38-1.44): 1.69 "
+                                         "times the mean")]),
     PublishedRow(
         "DeepSeek-V2-Lite 16B, the same, busiest expert rank at 1.94x (its 8 experts as busy as the busiest)",
         MINDSPEED_V2_LITE, "Ascend910B2", 8, V2_LITE, 2830, expert_load="1.94",
