@@ -38,3 +38,22 @@ def test_a_timing_extrapolated_lies_on_the_line_through_two_with_waits_and_count
                                                                                   {"loss": 0})
     assert timing.by_module == {"layers.0": 9.0}  # given as it is
     assert timing.exposed_comm_s == pytest.approx(2.0)  # settled: the step less compute
+
+
+def test_more_microbatches_take_the_allocated_peak_on_the_line_and_the_cache_as_the_fewer_left_it():
+    """16 and 24 microbatches recorded, 64 planned: the allocated peak on the line through the two (10 and 11 GiB:
+    16 GiB at 64); the cache beyond it the fewer's (2 GiB), not the more's (4 GiB, after a second rebuild)."""
+    from npu_inject.planner import costmodel
+
+    gib = 2**30
+
+    def plan(allocated, reserved, count):
+        role = job.RolePlan(0, 0, allocated * gib, reserved * gib, 0, 0, {}, [], 1)
+        return job.JobPlan(["--module", "llama3"], "A2", 8, {"pp": 8}, [role], costmodel.Timing(step_s=count),
+                           count * 8192, 64 * gib, {"pp_microbatches": count, "local_batch_size": count,
+                                                   "global_batch_size": count})
+
+    planned = job._more_microbatches(plan(10, 12, 16), plan(11, 15, 24), (16, 24, 64))
+    assert planned.roles[0].peak_allocated == 16 * gib
+    assert planned.roles[0].peak_reserved == 18 * gib
+    assert planned.step_s == pytest.approx(64.0) and planned.info["pp_microbatches"] == 64
