@@ -293,4 +293,5 @@ def _parse_attention(where: str, raw: Any, rates: Rates) -> None:
             by_seq.setdefault(seq, []).append(tuple(values))  # shapes of one length (batch, heads): their mean
         seqs = sorted(by_seq)
         means = [[sum(column) / len(column) for column in zip(*by_seq[seq])] for seq in seqs]
-        rates.attention[key] = AttentionCurve(seqs, *(list(column) for column in zip(*means)))
+        tflops, low, high = (list(column) for column in zip(*means))
+        rates.attention[key] = AttentionCurve(seqs, tflops, low, high)

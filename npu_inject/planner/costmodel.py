@@ -493,7 +493,7 @@ def attention_rate_range(traces: dict[int, object], profile, eff, windows: dict[
     most = (0.0, 0.0, 0.0)
     for role, trace in traces.items():
         start, stop = windows[role]
-        ops = [op for op in trace.ops[start:stop] if op.kind == "compute" and op.name in ATTENTION_OPS]
+        ops = [op for op in trace.ops[start:stop] if op_class(op) == "attention"]
         seconds = tuple(sum(op_seconds(op, at, eff) for op in ops) for at in (profile, slow, fast))
         most = max(most, seconds)
     at_rates, at_slow, at_fast = most

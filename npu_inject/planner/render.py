@@ -155,7 +155,7 @@ def attention_range(plan) -> tuple[float, float, float] | None:
     """Attention's seconds per step at the profile's rates, and at the fast and slow ends of their ranges (rates
     taken from others' measurements carry the span of their sources); None where the rates carry no range."""
     ratio = plan.info.get("attention_rate_range")
-    seconds = sum(value for (name, _phase), value in plan.timing.by_class.items() if name == "attention")
+    seconds = sum(time_by_class(plan.timing).get("attention", {}).values())
     if not ratio or not seconds:
         return None
     return seconds, seconds * ratio["fast"], seconds * ratio["slow"]
