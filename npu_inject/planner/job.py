@@ -294,24 +294,35 @@ class Pending:
                          time.monotonic() - self.started, self.microbatches, reordered=dict(self.reordered))
 
 
+def _replay(trace, profile, expandable: bool, buffers: int):
+    """``trace``'s memory through the allocator model, with what lives outside the allocator (``buffers``, the
+    runtime's reserve) kept out of its reach."""
+    capacity = int(profile.memory_gib * GIB)
+    limit = max(capacity - buffers - int(profile.runtime_reserved_gib * GIB), 0)
+    return memory.replay(trace, pad=profile.allocator_pad_bytes, expandable=expandable, device_memory=capacity,
+                         limit=limit)
+
+
+def _comm_buffers(trace, profile) -> tuple[int, int]:
+    """The communicators ``trace`` uses, and the bytes of their buffers (outside the allocator)."""
+    collectives, peers = _communicators(trace)
+    buffer = int(profile.comm_buffer_mib * 2**20)
+    return collectives + peers, collectives * buffer + peers * buffer // 10
+
+
 def _evaluate(recorded: dict[int, Any], *, profile, efficiency, world_size, expandable, argv, started,
               replays: dict) -> JobPlan:
     """``replays``: memory replays by trace, shared by the plans of one evaluation (a pipeline's fewer and more
     microbatches are two steps of one trace)."""
     info = dict(recorded[0].info)
     pp = info["parallel"]["pp"]
-    capacity = int(profile.memory_gib * GIB)
     runtime = int(profile.runtime_reserved_gib * GIB)
     roles = []
     for stage, result in sorted(recorded.items()):
-        collectives, peers = _communicators(result.trace)
-        buffer = int(profile.comm_buffer_mib * 2**20)
-        buffers = collectives * buffer + peers * buffer // 10
+        communicators, buffers = _comm_buffers(result.trace, profile)
         replayed = replays.get(id(result.trace))
         if replayed is None:
-            replayed = replays[id(result.trace)] = memory.replay(
-                result.trace, pad=profile.allocator_pad_bytes, expandable=expandable, device_memory=capacity,
-                limit=max(capacity - buffers - runtime, 0))
+            replayed = replays[id(result.trace)] = _replay(result.trace, profile, expandable, buffers)
         steady = replayed.steps[f"step {result.info['steps_recorded']}"]
         counted = [replayed.steps[name] for name in result.info.get("peak_steps", replayed.steps)]
         by_module: dict[str, int] = {}
@@ -321,7 +332,7 @@ def _evaluate(recorded: dict[int, Any], *, profile, efficiency, world_size, expa
         roles.append(RolePlan(stage, result.rank,
                               max(s.peak_allocated for s in counted),
                               max(s.peak_reserved for s in counted), buffers, runtime,
-                              steady.at_peak, replayed.timeline, collectives + peers, replayed.retries, replayed.failed,
+                              steady.at_peak, replayed.timeline, communicators, replayed.retries, replayed.failed,
                               by_module))
     layout = costmodel.Layout(world_size, pp, profile.scale_up_devices,
                               {name: info["parallel"].get(name, 1) for name in costmodel.MESH_ORDER})
@@ -368,7 +379,8 @@ def _evaluate(recorded: dict[int, Any], *, profile, efficiency, world_size, expa
     if info.get("replica_groups", 1) > 1:
         info["torchft"] = _cross_group_allreduce(info["replica_groups"], roles, profile, efficiency)
     return JobPlan(list(argv), profile.name, world_size, info["parallel"], roles, timing,
-                   global_batch * info["seq_len"], capacity, info, time.monotonic() - started, expandable)
+                   global_batch * info["seq_len"], int(profile.memory_gib * GIB), info, time.monotonic() - started,
+                   expandable)
 
 
 def _cross_group_allreduce(groups: int, roles: list[RolePlan], profile, efficiency) -> dict[str, Any]:
@@ -444,7 +456,13 @@ def evaluate(recording: Recording, *, profile, efficiency: dict[str, float], exp
         if recording.microbatches:  # _more_microbatches makes new plans from these: they stay as evaluated
             recording.evaluated[key] = (profile, plans)  # the profile held: its id stays its own
     if recording.microbatches:
-        plans = [_more_microbatches(fewer, more, recording.microbatches) for fewer, more in zip(plans[::2], plans[1::2])]
+        count = recording.microbatches[2]
+        caches = recording.evaluated.get((key, count))
+        if caches is None:  # each recording replayed once more, as a job of the step's microbatches holds them
+            caches = recording.evaluated[(key, count)] = [_held_caches(fewer, profile, expandable, count)
+                                                          for fewer in recording.roles[::2]]
+        plans = [_more_microbatches(fewer, more, recording.microbatches, cache)
+                 for fewer, more, cache in zip(plans[::2], plans[1::2], caches)]
     if recording.depths == (None,):
         plan = plans[0]
     else:
@@ -496,9 +514,41 @@ def _timing_along(ta: costmodel.Timing, tb: costmodel.Timing, line, **given) -> 
     return costmodel.Timing(**{**values, **given}).settle()
 
 
-def _more_microbatches(fewer: JobPlan, more: JobPlan, counts: tuple[int, int, int]) -> JobPlan:
+def _as_built_for(trace, schedules: list[tuple[int, list[int]]], count: int):
+    """``trace`` with its pipeline receive buffers as a job built for ``count`` microbatches holds them: made
+    where the recording's first schedule made its own (at its first step) and kept. ``schedules``: each schedule's
+    (microbatches, buffer allocation ids), the first's repeated to ``count`` microbatches' worth; the later
+    schedules' buffers are not made at all."""
+    (built, first), later = schedules[0], schedules[1:]
+    by_id = {allocation.id: allocation for allocation in trace.allocations}
+    kept, dropped = set(first), {i for _, ids in later for i in ids}
+    allocations = [replace(allocation, freed=None) if allocation.id in kept else allocation
+                   for allocation in trace.allocations if allocation.id not in dropped]
+    # Ids below zero: the recorder's count from zero up.
+    allocations += [replace(by_id[first[n % len(first)]], id=-1 - n, freed=None)
+                    for n in range(len(first) * count // built - len(first))]
+    return replace(trace, allocations=allocations)
+
+
+def _held_caches(recorded: dict[int, Any], profile, expandable: bool, count: int) -> dict[int, int]:
+    """Each pipeline rank's cache beyond its allocated peak (bytes) in a job of ``count`` microbatches: its
+    recording's steps with the fewer microbatches (``peak_steps``) replayed with the receive buffers held as that
+    job holds them (:func:`_as_built_for`)."""
+    caches = {}
+    for stage, result in recorded.items():
+        _, buffers = _comm_buffers(result.trace, profile)
+        replayed = _replay(_as_built_for(result.trace, result.info["receive_buffers"], count), profile, expandable,
+                           buffers)
+        counted = [replayed.steps[name] for name in result.info["peak_steps"]]
+        caches[stage] = max(max(s.peak_reserved for s in counted) - max(s.peak_allocated for s in counted), 0)
+    return caches
+
+
+def _more_microbatches(fewer: JobPlan, more: JobPlan, counts: tuple[int, int, int],
+                       caches: dict[int, int]) -> JobPlan:
     """The plan of the step's microbatches from plans of two fewer counts, each quantity on the line through them
-    (a 1F1B schedule's peak memory stays put past the warm-up; GPipe's grows with every microbatch)."""
+    (a 1F1B schedule's peak memory stays put past the warm-up; GPipe's grows with every microbatch), the cache
+    beyond the allocated peak ``caches``' (pipeline rank -> bytes, :func:`_held_caches`)."""
     low, high, target = counts
 
     def line(a: float, b: float) -> float:
@@ -507,11 +557,12 @@ def _more_microbatches(fewer: JobPlan, more: JobPlan, counts: tuple[int, int, in
     roles = []
     for a, b in zip(fewer.roles, more.roles):
         allocated = int(line(a.peak_allocated, b.peak_allocated))
-        # The cache beyond the allocated bytes as the fewer's steps left it (the warm-up's and the fewer's, as the
-        # job's first two steps; a line through two caches can fall below zero). The more's step follows a second
-        # rebuild of the schedule, whose freed buffers fragment the cache: llama3_70b PP 8's last stage at 64
-        # microbatches +4.6% from it, +3.2% from the fewer's (tools/bench_plan.py microbatches).
-        cached = max(a.peak_reserved - a.peak_allocated, 0)
+        # Not a line: a job's receive buffers, all made at its first step, fill the holes its earlier allocations
+        # left, so the cache shrinks as the microbatches grow, and stops where the holes run out (llama3_70b PP 8,
+        # every microbatch recorded: the last stage's 6.54, 6.42, 6.29, 6.16, 5.92, 5.53 GiB at 8, 16, 24, 32, 48,
+        # 64; the one before, 7.07, 6.82, 6.44, 6.36, 6.36, 6.45). Taking the fewer's cache put the last stage
+        # +3.2% high at 64.
+        cached = caches[a.role]
         roles.append(replace(b, peak_allocated=allocated, peak_reserved=allocated + cached,
                              at_peak={name: int(line(a.at_peak.get(name, 0), value)) for name, value in b.at_peak.items()},
                              peak_by_module={name: int(line(a.peak_by_module.get(name, 0), value))

@@ -232,17 +232,21 @@ def run(argv: list[str], *, world_size: int, rank: int, steps: int = 2, selectio
         groups = min(trainer.gradient_accumulation_steps, 2)
         reads = host_reads.runtime_reads(runtime.current().selection.enabled, world_size,
                                          torchft=replica_groups > 1)
+        schedules = []  # each schedule's receive buffers: (its microbatches, their allocation ids)
         for step in range(1, steps + 1):
             if microbatches is not None and step == steps \
                     and microbatches[0] != trainer.num_pipeline_parallel_microbatches:
-                _grow_pipeline(trainer, recorder, microbatches[0])
+                schedules.append(_grow_pipeline(trainer, recorder, microbatches[0]))
             _step(trainer, recorder, step, groups, reads)
             _name_state(trainer, recorder)  # this step's gradients, which the next may free and make again
         if microbatches is not None:
             info["fewer"] = _pipeline_batch(trainer)
-            _grow_pipeline(trainer, recorder, microbatches[1])
+            schedules.append(_grow_pipeline(trainer, recorder, microbatches[1]))
             _step(trainer, recorder, steps + 1, groups, reads)
             info["grown"] = _pipeline_batch(trainer)
+            held = (recorder.allocation_of(buffer) for buffer in _receive_buffers(trainer.pp_schedule))
+            schedules.append((trainer.num_pipeline_parallel_microbatches, [i for i in held if i is not None]))
+            info["receive_buffers"] = schedules
         _categorize(trainer, recorder)
     finally:
         context.restore()
@@ -260,30 +264,41 @@ def _pipeline_batch(trainer) -> dict[str, int]:
             "pp_microbatches": trainer.num_pipeline_parallel_microbatches}
 
 
-def _grow_pipeline(trainer, recorder, microbatches: int) -> None:
+def _schedule_stages(schedule) -> list:
+    return getattr(schedule, "_stages", None) or [schedule._stage]
+
+
+def _receive_buffers(schedule) -> list:
+    """The buffers a pipeline schedule's stages receive activations and gradients into, one set per microbatch,
+    made at the schedule's first step."""
+    return [info.buffer for stage in _schedule_stages(schedule)
+            for infos in (*stage.args_recv_info.values(), *stage.grad_recv_info.values())
+            for info in infos if getattr(info, "buffer", None) is not None]
+
+
+def _grow_pipeline(trainer, recorder, microbatches: int) -> tuple[int, list[int]]:
     """Give the trainer's pipeline schedule ``microbatches`` per step, as torchtitan builds it for that local
-    batch (gradient accumulation kept): the stages, their parameters, gradients and optimizer states stay."""
+    batch (gradient accumulation kept): the stages, their parameters, gradients and optimizer states stay. The
+    old schedule's microbatches and the allocation ids of its receive buffers."""
     from torchtitan.distributed import pipeline_parallel
 
     training, parallelism = trainer.config.training, trainer.config.parallelism
     local_batches_per_step = training.global_batch_size // training.local_batch_size  # data parallel x accumulated
     training.local_batch_size = parallelism.pipeline_parallel_microbatch_size * microbatches
     training.global_batch_size = training.local_batch_size * local_batches_per_step
-    schedule = trainer.pp_schedule
-    stages = getattr(schedule, "_stages", None) or [schedule._stage]
+    schedule, old = trainer.pp_schedule, trainer.num_pipeline_parallel_microbatches
+    stages = _schedule_stages(schedule)
     # The fewer microbatches' receive buffers: the new schedule makes its own. Something of the last step's
     # autograd state still holds a few of them, so they are recorded as freed here, as a job that ran the more
     # microbatches from the start never had them.
+    released = [recorder.release(buffer) for buffer in _receive_buffers(schedule)]
     for stage in stages:
-        for infos in (*stage.args_recv_info.values(), *stage.grad_recv_info.values()):
-            for info in infos:
-                if getattr(info, "buffer", None) is not None:
-                    recorder.release(info.buffer)
         stage.args_recv_info.clear()
         stage.grad_recv_info.clear()
     trainer.pp_schedule = pipeline_parallel._build_pipeline_schedule(
         parallelism=parallelism, local_batch_size=training.local_batch_size, stages=stages, loss_fn=trainer.loss_fn)
     trainer.num_pipeline_parallel_microbatches = microbatches
+    return old, [i for i in released if i is not None]
 
 
 def split_grown(result: RoleResult) -> tuple[RoleResult, RoleResult]:

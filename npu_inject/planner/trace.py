@@ -267,12 +267,19 @@ class Recorder(TorchDispatchMode):
 
         self._refs[key] = weakref.ref(storage, freed)
 
-    def release(self, tensor: torch.Tensor) -> None:
-        """Record ``tensor``'s memory as freed here, whatever still holds the tensor (it is not used again)."""
+    def release(self, tensor: torch.Tensor) -> int | None:
+        """Record ``tensor``'s memory as freed here, whatever still holds the tensor (it is not used again); the
+        allocation id it had, None when it was not tracked."""
         storage = _storage(tensor)
         current = self._ids.pop(storage._cdata, None) if storage is not None else None
         if current is not None:
             self.trace.free(current)
+        return current
+
+    def allocation_of(self, tensor: torch.Tensor) -> int | None:
+        """The id of the live allocation holding ``tensor``'s storage, None when it is not tracked."""
+        storage = _storage(tensor)
+        return self._ids.get(storage._cdata) if storage is not None else None
 
     def resized(self, storage, nbytes: int) -> None:
         """``UntypedStorage.resize_``: FSDP2 frees an unsharded parameter's memory by resizing its storage

@@ -12,7 +12,8 @@ from npu_inject.planner import job
 def test_another_microbatch_count_of_the_same_recordings_is_not_replayed_again(monkeypatch):
     replayed, lines = [], []
     monkeypatch.setattr(job, "_evaluate", lambda roles, **kwargs: replayed.append(roles) or ("plan", roles))
-    monkeypatch.setattr(job, "_more_microbatches", lambda fewer, more, counts: lines.append(counts) or counts)
+    monkeypatch.setattr(job, "_more_microbatches", lambda fewer, more, counts, caches: lines.append(counts) or counts)
+    monkeypatch.setattr(job, "_held_caches", lambda recorded, profile, expandable, count: {0: count})
     recording = job.Recording(["--module", "llama3"], 8, (None,), [{0: "fewer"}, {0: "more"}], 1.0, (8, 16, 512))
     profile, other = SimpleNamespace(name="A2"), SimpleNamespace(name="A3")
     assert job.evaluate(recording, profile=profile, efficiency={"overhead": 0.1}) == (8, 16, 512)
@@ -40,9 +41,10 @@ def test_a_timing_extrapolated_lies_on_the_line_through_two_with_waits_and_count
     assert timing.exposed_comm_s == pytest.approx(2.0)  # settled: the step less compute
 
 
-def test_more_microbatches_take_the_allocated_peak_on_the_line_and_the_cache_as_the_fewer_left_it():
+def test_more_microbatches_take_the_allocated_peak_on_the_line_and_the_cache_given():
     """16 and 24 microbatches recorded, 64 planned: the allocated peak on the line through the two (10 and 11 GiB:
-    16 GiB at 64); the cache beyond it the fewer's (2 GiB), not the more's (4 GiB, after a second rebuild)."""
+    16 GiB at 64); the cache beyond it the one given (the recording replayed holding 64's buffers), not the
+    fewer's (2 GiB) or the more's (4 GiB)."""
     from npu_inject.planner import costmodel
 
     gib = 2**30
@@ -53,7 +55,31 @@ def test_more_microbatches_take_the_allocated_peak_on_the_line_and_the_cache_as_
                            count * 8192, 64 * gib, {"pp_microbatches": count, "local_batch_size": count,
                                                    "global_batch_size": count})
 
-    planned = job._more_microbatches(plan(10, 12, 16), plan(11, 15, 24), (16, 24, 64))
+    planned = job._more_microbatches(plan(10, 12, 16), plan(11, 15, 24), (16, 24, 64), {0: gib})
     assert planned.roles[0].peak_allocated == 16 * gib
-    assert planned.roles[0].peak_reserved == 18 * gib
+    assert planned.roles[0].peak_reserved == 17 * gib
     assert planned.step_s == pytest.approx(64.0) and planned.info["pp_microbatches"] == 64
+
+
+def test_a_recording_replayed_as_built_holds_the_first_schedules_buffers_repeated_and_none_of_the_later():
+    """Warm-up built for 2 microbatches (buffers 1, 2, freed at the rebuild), the fewer's 3 (ids 4-6), the more's
+    (7): as a job of 6 microbatches, 1 and 2 kept, two copies of each made where they were, 4-7 never made."""
+    from npu_inject.planner import memory
+    from npu_inject.planner.trace import Allocation, Op, Trace
+
+    mib = 2**20
+    ops = [Op(i, "aten.add", "compute", 0.0, 0, "bf16", "forward", 0, "", (), ()) for i in range(25)]
+    trace = Trace(ops=ops, allocations=[
+        Allocation(0, 100 * mib, 0, -1, "setup"),  # parameters
+        Allocation(1, 16 * mib, 0, 1, "forward", freed=10), Allocation(2, 16 * mib, 0, 1, "forward", freed=10),
+        Allocation(3, 64 * mib, 0, 5, "forward", freed=6),  # an activation
+        *(Allocation(i, 16 * mib, 0, 11, "forward", freed=20) for i in (4, 5, 6)),
+        Allocation(7, 16 * mib, 0, 21, "forward")])
+    built = job._as_built_for(trace, [(2, [1, 2]), (3, [4, 5, 6]), (4, [7])], 6)
+    by_id = {allocation.id: allocation for allocation in built.allocations}
+    assert sorted(by_id) == [-4, -3, -2, -1, 0, 1, 2, 3]
+    assert all(by_id[i].freed is None and by_id[i].op == 1 and by_id[i].nbytes == 16 * mib
+               for i in (-4, -3, -2, -1, 1, 2))
+    assert by_id[3] == trace.allocations[3]
+    replayed = memory.replay(built, pad=32, expandable=False, device_memory=2**30)
+    assert replayed.peak_allocated == pytest.approx((100 + 6 * 16 + 64) * mib, abs=mib)  # six buffers, not nine
