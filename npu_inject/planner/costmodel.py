@@ -86,7 +86,8 @@ class Timing:
     # stretched by the fitted ``overhead`` fraction, counted here and not in compute_s or any kernel's rate.
     overhead_s: float = 0.0
     comm_s: dict[str, float] = field(default_factory=dict)  # collective time by kind
-    # By the group's mesh dimensions and kind ("cp all_to_all"): busy time on the links, and how long the compute
+    # By the group's device mesh dimension (torchtitan's name: "dp_shard_cp" is FSDP's; a group of no mesh by the
+    # dimensions its ranks differ in) and kind ("cp all_to_all"): busy time on the links, and how long the compute
     # stream waited on them (an operator held back by a collective's result, a blocking collective holding the
     # stream): the part of that busy time nothing hid. A ring's exchange issued before the block it overlaps
     # shows as waited near zero.
@@ -334,12 +335,14 @@ def _play(traces, durations, profile, eff, layout: Layout, windows, reads) -> Ti
     sends: dict[tuple[int, int], list[float]] = defaultdict(list)  # (from role, to role) -> arrival times
     received: dict[tuple[int, int], int] = defaultdict(int)
     host_us, view_us = eff["host_us"] * 1e-6, eff["host_view_us"] * 1e-6
-    labels: dict[tuple[tuple[int, ...], str], str] = {}
+    labels: dict[tuple[tuple[int, ...], str, str], str] = {}
 
     def label(op) -> str:
-        key = (op.group, op.collective)
+        # The mesh's own name where the group is a mesh dimension's: FSDP's "dp_shard_cp" and the ring's "cp" can
+        # span the same ranks (dp_shard 1).
+        key = (op.group, op.mesh, op.collective)
         if key not in labels:
-            labels[key] = " ".join(filter(None, (layout.dimensions(op.group), op.collective)))
+            labels[key] = " ".join(filter(None, (op.mesh or layout.dimensions(op.group), op.collective)))
         return labels[key]
 
     def latest_input(role, op) -> int:

@@ -81,7 +81,8 @@ class JobPlan:
 
 
 def _communicators(trace) -> tuple[int, int]:
-    """(collective communicators, point-to-point peers) this rank used."""
+    """(collective communicators, point-to-point peers) this rank used: a communicator per process group, two
+    mesh dimensions over the same ranks (FSDP's dp_shard_cp and cp with dp_shard 1) two of them."""
     groups, peers = set(), set()
     for op in trace.ops:
         if op.kind != "collective" or len(op.group) < 2:
@@ -89,7 +90,7 @@ def _communicators(trace) -> tuple[int, int]:
         if op.collective in ("send", "recv"):
             peers.add(op.group[op.peer] if op.peer is not None else op.group)
         else:
-            groups.add(op.group)
+            groups.add((op.group, op.mesh))
     return len(groups), len(peers)
 
 
@@ -144,8 +145,8 @@ def _group_window(trace, step: int, group: int) -> tuple[int, int]:
 # recorded with both counts per rank and extrapolated: past the warm-up each microbatch adds the same work to every
 # stage. The first step, which only warms up (the optimizer's states made, the allocator's cache filled), runs the
 # fewest 1F1B takes, one per stage: recordings of full depth are the planner's cost. Two and three per stage hold
-# llama3_70b TP 8 x PP 4's 32 microbatches within 1.5% of recording them all (tools/bench_plan.py microbatches); one
-# and two put its first stage 4.3% high.
+# llama3_70b TP 8 x PP 4's 32 microbatches and PP 8's 64 within 0.05% of recording them all (tools/bench_plan.py
+# microbatches); one and two put PP 4's first stage 4.3% high (with an earlier cache rule).
 RECORDED_MICROBATCHES = (2, 3)
 WARM_UP_MICROBATCHES = 1
 # A 1F1B pipeline's middle stages of one kind share one recording at full depth (npu_inject.planner.stages);

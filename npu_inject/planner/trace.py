@@ -70,6 +70,7 @@ class Op:
     outputs: tuple[int, ...]  # allocation ids written (new or in place)
     collective: str | None = None
     group: tuple[int, ...] = ()  # global ranks of the collective's group
+    mesh: str = ""  # the device mesh dimension whose group it is ("fsdp", "cp": torchtitan's names), else ""
     comm_bytes: int = 0  # the collective's payload: the full (gathered) tensor for all-gather/reduce-scatter
     peer: int | None = None  # send/recv: the other end's rank within the group
     blocking: bool = False  # a c10d collective issued with async_op=False: its stream waits for it
@@ -200,7 +201,7 @@ class Recorder(TorchDispatchMode):
         self._ids: dict[int, int] = {}  # storage _cdata -> allocation id, while alive
         self.paused = 0  # > 0 inside DTensor's sharding propagation (global shapes, not this rank's work)
         self._refs: dict[int, weakref.ref] = {}  # storage _cdata -> weakref whose callback records the free
-        self._group_cache: dict[Any, tuple[int, ...]] = {}
+        self._group_cache: dict[Any, tuple[tuple[int, ...], str]] = {}  # group -> its ranks, its mesh dimension
         self._views = 0  # views since the last recorded op
 
     def __enter__(self):
@@ -369,7 +370,7 @@ class Recorder(TorchDispatchMode):
                 shape=_kernel_shape(func, args, kwargs) if kind == "compute" else ())
         self._views = 0
         if collective is not None:
-            op.group, op.comm_bytes = self._collective(func, args, kwargs, in_tensors, out_tensors)
+            op.group, op.mesh, op.comm_bytes = self._collective(func, args, kwargs, in_tensors, out_tensors)
             values = _by_name(func, args, kwargs)
             op.peer = values.get("dst", values.get("src"))
             op.blocking = namespace == "c10d" and values.get("async_op", True) is False
@@ -388,7 +389,7 @@ class Recorder(TorchDispatchMode):
         kernel = _KERNEL_FLOPS.get(func._schema.name.split("::")[-1]) if func.namespace == "npu_inject" else None
         return float(kernel(**_by_name(func, args, kwargs))) if kernel is not None else 0.0
 
-    def _collective(self, func, args, kwargs, in_tensors, out_tensors) -> tuple[tuple[int, ...], int]:
+    def _collective(self, func, args, kwargs, in_tensors, out_tensors) -> tuple[tuple[int, ...], str, int]:
         import torch.distributed as dist
 
         group = None
@@ -402,12 +403,15 @@ class Recorder(TorchDispatchMode):
             if isinstance(value, torch.ScriptObject):
                 group = dist.ProcessGroup.unbox(value)
                 break
-        ranks = self._group_cache.get(group)
-        if ranks is None:
+        known = self._group_cache.get(group)
+        if known is None:
             ranks = tuple(dist.get_process_group_ranks(group)) if group is not None else ()
-            self._group_cache[group] = ranks
+            # DeviceMesh describes each dimension's group as "mesh_<name>" (torchtitan's "fsdp", "cp", "ep").
+            description = getattr(group, "group_desc", "") or ""
+            known = self._group_cache[group] = (ranks, description.removeprefix("mesh_")
+                                                if description.startswith("mesh_") else "")
         sizes = [t.numel() * t.element_size() for t in (*in_tensors, *out_tensors)]
-        return ranks, max(sizes, default=0)
+        return *known, max(sizes, default=0)
 
 
 def _kernel_shape(func, args, kwargs) -> tuple:

@@ -123,11 +123,25 @@ def test_a_groups_mesh_dimensions_are_named_as_torchtitans_mesh_orders_them():
     assert costmodel.Layout(world_size=64, pp=2, scale_up_devices=8).dimensions((0, 1)) == ""
 
 
-def _collective_op(index: int, collective: str, ranks, inputs, output: int):
+def _collective_op(index: int, collective: str, ranks, inputs, output: int, mesh: str = ""):
     return SimpleNamespace(kind="collective", name=f"c10d.{collective}", collective=collective, group=tuple(ranks),
-                           comm_bytes=64 * 2**20, blocking=False, peer=None, stream=0, inputs=inputs,
+                           mesh=mesh, comm_bytes=64 * 2**20, blocking=False, peer=None, stream=0, inputs=inputs,
                            outputs=(output,), views=0, flops=0, bytes=0, dtype="bf16", phase="forward", module="",
                            shape=())
+
+
+def test_collectives_of_two_mesh_dimensions_over_the_same_ranks_are_named_by_their_meshes():
+    """dp_shard 1 x cp 4: FSDP's all-gather (torchtitan's dp_shard_cp mesh) and the ring's (cp) span the same
+    ranks; a group of no mesh is named by the dimensions its ranks differ in."""
+    a2 = hardware.load().find("A2")
+    layout = costmodel.Layout(world_size=32, pp=1, scale_up_devices=8, degrees={"cp": 4, "tp": 8})
+    ops = [_collective_op(0, "all_gather", (0, 8, 16, 24), (), 100, mesh="dp_shard_cp"),
+           _collective_op(1, "all_gather", (0, 8, 16, 24), (), 101, mesh="cp"),
+           _collective_op(2, "all_gather", (0, 8, 16, 24), (), 102)]
+    eff = {"kernel_us": 4.0, "memory": 1.0, "host_us": 20.0, "host_view_us": 1.0, "comm": 1.0}
+    timing = costmodel.simulate({0: SimpleNamespace(ops=ops, marks=[])}, a2, eff, layout, {0: (0, len(ops))})
+    one = costmodel.collective_seconds(ops[0], a2, costmodel.efficiency_with_rates(a2, eff), layout)
+    assert timing.comm_by_group_s == pytest.approx({"dp_shard_cp all_gather": one, "cp all_gather": 2 * one})
 
 
 def test_a_collective_issued_ahead_of_the_compute_it_overlaps_is_hidden_one_read_at_once_is_waited_on():

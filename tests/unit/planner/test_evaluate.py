@@ -83,3 +83,14 @@ def test_a_recording_replayed_as_built_holds_the_first_schedules_buffers_repeate
     assert by_id[3] == trace.allocations[3]
     replayed = memory.replay(built, pad=32, expandable=False, device_memory=2**30)
     assert replayed.peak_allocated == pytest.approx((100 + 6 * 16 + 64) * mib, abs=mib)  # six buffers, not nine
+
+
+def test_two_mesh_dimensions_over_the_same_ranks_are_two_communicators():
+    """Each process group is an HCCL communicator with buffers of its own, whatever ranks it shares."""
+    from types import SimpleNamespace as Op
+
+    ops = [Op(kind="collective", collective="all_gather", group=(0, 8), mesh="dp_shard_cp", peer=None),
+           Op(kind="collective", collective="all_gather", group=(0, 8), mesh="cp", peer=None),
+           Op(kind="collective", collective="reduce_scatter", group=(0, 8), mesh="cp", peer=None),
+           Op(kind="collective", collective="send", group=(0, 1), mesh="pp", peer=1)]
+    assert job._communicators(SimpleNamespace(ops=ops)) == (2, 1)
