@@ -70,7 +70,7 @@ class Op:
     outputs: tuple[int, ...]  # allocation ids written (new or in place)
     collective: str | None = None
     group: tuple[int, ...] = ()  # global ranks of the collective's group
-    mesh: str = ""  # the device mesh dimension whose group it is ("fsdp", "cp": torchtitan's names), else ""
+    mesh: str = ""  # the device mesh dimension whose group it is ("dp_shard_cp", "cp": torchtitan's names), else ""
     comm_bytes: int = 0  # the collective's payload: the full (gathered) tensor for all-gather/reduce-scatter
     peer: int | None = None  # send/recv: the other end's rank within the group
     blocking: bool = False  # a c10d collective issued with async_op=False: its stream waits for it
