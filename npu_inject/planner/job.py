@@ -304,23 +304,19 @@ def _replay(trace, profile, expandable: bool, buffers: int):
                          limit=limit)
 
 
-def _comm_buffers(trace, profile) -> tuple[int, int]:
-    """The communicators ``trace`` uses, and the bytes of their buffers (outside the allocator)."""
-    collectives, peers = _communicators(trace)
-    buffer = int(profile.comm_buffer_mib * 2**20)
-    return collectives + peers, collectives * buffer + peers * buffer // 10
-
-
 def _evaluate(recorded: dict[int, Any], *, profile, efficiency, world_size, expandable, argv, started,
               replays: dict) -> JobPlan:
     """``replays``: memory replays by trace, shared by the plans of one evaluation (a pipeline's fewer and more
     microbatches are two steps of one trace)."""
     info = dict(recorded[0].info)
     pp = info["parallel"]["pp"]
+    capacity = int(profile.memory_gib * GIB)
     runtime = int(profile.runtime_reserved_gib * GIB)
     roles = []
     for stage, result in sorted(recorded.items()):
-        communicators, buffers = _comm_buffers(result.trace, profile)
+        collectives, peers = _communicators(result.trace)
+        buffer = int(profile.comm_buffer_mib * 2**20)
+        buffers = collectives * buffer + peers * buffer // 10
         replayed = replays.get(id(result.trace))
         if replayed is None:
             replayed = replays[id(result.trace)] = _replay(result.trace, profile, expandable, buffers)
@@ -333,7 +329,7 @@ def _evaluate(recorded: dict[int, Any], *, profile, efficiency, world_size, expa
         roles.append(RolePlan(stage, result.rank,
                               max(s.peak_allocated for s in counted),
                               max(s.peak_reserved for s in counted), buffers, runtime,
-                              steady.at_peak, replayed.timeline, communicators, replayed.retries, replayed.failed,
+                              steady.at_peak, replayed.timeline, collectives + peers, replayed.retries, replayed.failed,
                               by_module))
     layout = costmodel.Layout(world_size, pp, profile.scale_up_devices,
                               {name: info["parallel"].get(name, 1) for name in costmodel.MESH_ORDER})
@@ -380,8 +376,7 @@ def _evaluate(recorded: dict[int, Any], *, profile, efficiency, world_size, expa
     if info.get("replica_groups", 1) > 1:
         info["torchft"] = _cross_group_allreduce(info["replica_groups"], roles, profile, efficiency)
     return JobPlan(list(argv), profile.name, world_size, info["parallel"], roles, timing,
-                   global_batch * info["seq_len"], int(profile.memory_gib * GIB), info, time.monotonic() - started,
-                   expandable)
+                   global_batch * info["seq_len"], capacity, info, time.monotonic() - started, expandable)
 
 
 def _cross_group_allreduce(groups: int, roles: list[RolePlan], profile, efficiency) -> dict[str, Any]:
@@ -460,8 +455,8 @@ def evaluate(recording: Recording, *, profile, efficiency: dict[str, float], exp
         count = recording.microbatches[2]
         caches = recording.evaluated.get((key, count))
         if caches is None:  # each recording replayed once more, as a job of the step's microbatches holds them
-            caches = recording.evaluated[(key, count)] = [_held_caches(fewer, profile, expandable, count)
-                                                          for fewer in recording.roles[::2]]
+            caches = recording.evaluated[(key, count)] = [_held_caches(fewer, plan, profile, expandable, count)
+                                                          for fewer, plan in zip(recording.roles[::2], plans[::2])]
         plans = [_more_microbatches(fewer, more, recording.microbatches, cache)
                  for fewer, more, cache in zip(plans[::2], plans[1::2], caches)]
     if recording.depths == (None,):
@@ -531,15 +526,16 @@ def _as_built_for(trace, schedules: list[tuple[int, list[int]]], count: int):
     return replace(trace, allocations=allocations)
 
 
-def _held_caches(recorded: dict[int, Any], profile, expandable: bool, count: int) -> dict[int, int]:
+def _held_caches(recorded: dict[int, Any], plan: JobPlan, profile, expandable: bool, count: int) -> dict[int, int]:
     """Each pipeline rank's cache beyond its allocated peak (bytes) in a job of ``count`` microbatches: its
     recording's steps with the fewer microbatches (``peak_steps``) replayed with the receive buffers held as that
-    job holds them (:func:`_as_built_for`)."""
+    job holds them (:func:`_as_built_for`), the communicators' buffers kept out as ``plan`` (their evaluation) has
+    them."""
+    buffers = {role.role: role.comm_buffers for role in plan.roles}
     caches = {}
     for stage, result in recorded.items():
-        _, buffers = _comm_buffers(result.trace, profile)
         replayed = _replay(_as_built_for(result.trace, result.info["receive_buffers"], count), profile, expandable,
-                           buffers)
+                           buffers[stage])
         counted = [replayed.steps[name] for name in result.info["peak_steps"]]
         caches[stage] = max(max(s.peak_reserved for s in counted) - max(s.peak_allocated for s in counted), 0)
     return caches

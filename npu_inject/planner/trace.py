@@ -406,7 +406,7 @@ class Recorder(TorchDispatchMode):
         known = self._group_cache.get(group)
         if known is None:
             ranks = tuple(dist.get_process_group_ranks(group)) if group is not None else ()
-            # DeviceMesh describes each dimension's group as "mesh_<name>" (torchtitan's "fsdp", "cp", "ep").
+            # DeviceMesh describes each dimension's group as "mesh_<name>" (torchtitan 0.3's "dp_shard_cp", "cp").
             description = getattr(group, "group_desc", "") or ""
             known = self._group_cache[group] = (ranks, description.removeprefix("mesh_")
                                                 if description.startswith("mesh_") else "")

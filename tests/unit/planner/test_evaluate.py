@@ -13,7 +13,7 @@ def test_another_microbatch_count_of_the_same_recordings_is_not_replayed_again(m
     replayed, lines = [], []
     monkeypatch.setattr(job, "_evaluate", lambda roles, **kwargs: replayed.append(roles) or ("plan", roles))
     monkeypatch.setattr(job, "_more_microbatches", lambda fewer, more, counts, caches: lines.append(counts) or counts)
-    monkeypatch.setattr(job, "_held_caches", lambda recorded, profile, expandable, count: {0: count})
+    monkeypatch.setattr(job, "_held_caches", lambda recorded, plan, profile, expandable, count: {0: count})
     recording = job.Recording(["--module", "llama3"], 8, (None,), [{0: "fewer"}, {0: "more"}], 1.0, (8, 16, 512))
     profile, other = SimpleNamespace(name="A2"), SimpleNamespace(name="A3")
     assert job.evaluate(recording, profile=profile, efficiency={"overhead": 0.1}) == (8, 16, 512)
